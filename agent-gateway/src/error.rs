@@ -1,0 +1,124 @@
+//! Error types of the gateway's pure-library modules: observation parsing
+//! ([`ObservationError`]), action validation ([`ActionError`]) and corpus loading
+//! ([`CorpusError`]). Each variant says what was expected and what was found.
+
+use std::path::PathBuf;
+
+/// An observation (uiautomator XML or AndroidWorld UI elements) could not be turned into a
+/// [`crate::observation::Screen`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ObservationError {
+    /// The XML is not well-formed. `line` and `column` are 1-based and count from the start
+    /// of the text the caller passed (including any junk stripped before `<?xml`).
+    #[error("malformed uiautomator XML at line {line}, column {column}: {message}")]
+    MalformedXml { line: u32, column: u32, message: String },
+    /// No `<?xml` declaration and no `<hierarchy>` / element start was found in the text.
+    #[error("not a uiautomator dump: expected `<?xml` or `<hierarchy`, found {found:?}")]
+    NotXml { found: String },
+    /// The UI-element text is not valid JSON (or not valid Python repr for the repr parser).
+    #[error("malformed UI element list at line {line}, column {column}: {message}")]
+    MalformedElements { line: u32, column: u32, message: String },
+    /// The UI-element JSON parsed but has the wrong shape.
+    #[error("UI element list: expected {expected}, found {found}")]
+    UnexpectedShape { expected: &'static str, found: String },
+    /// The observation holds no listable control (empty text, or nothing visible and
+    /// interactive or labelled).
+    #[error("observation holds no visible control")]
+    Empty,
+}
+
+/// A model output is not a valid AndroidWorld-style JSON action.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ActionError {
+    /// The output is not exactly one JSON value (leading/trailing whitespace is allowed).
+    #[error("action is not JSON at line {line}, column {column}: {message}")]
+    NotJson { line: usize, column: usize, message: String },
+    /// The JSON value is not an object.
+    #[error("action: expected a JSON object, found {found}")]
+    NotAnObject { found: &'static str },
+    /// The object has no `action_type` field (or it is null).
+    #[error("action object has no \"action_type\" field")]
+    MissingActionType,
+    /// `action_type` is not one of the supported action types.
+    #[error("unknown action_type {action_type:?}; expected one of {expected:?}")]
+    UnknownActionType { action_type: String, expected: &'static [&'static str] },
+    /// A field the action type requires is absent (or null).
+    #[error("action {action_type:?} requires field {field:?}")]
+    MissingField { action_type: &'static str, field: &'static str },
+    /// A field that this action type does not take is present with a non-null value.
+    #[error("action {action_type:?} does not take field {field:?}")]
+    UnexpectedField { action_type: &'static str, field: String },
+    /// A field has the wrong JSON type or range.
+    #[error("field {field:?}: expected {expected}, found {found}")]
+    WrongFieldType { field: &'static str, expected: &'static str, found: String },
+    /// A string field holds a value outside its enumeration.
+    #[error("field {field:?}: expected one of {expected:?}, found {found:?}")]
+    InvalidValue { field: &'static str, expected: &'static [&'static str], found: String },
+    /// `index` does not name a control of the current screen.
+    #[error("index {index} out of range: the screen lists indices 0..{n_controls}")]
+    IndexOutOfRange { index: u64, n_controls: u32 },
+    /// `index` is below the bound but no listed control carries it (AndroidWorld screens keep
+    /// the source element indices, so the listed indices may have gaps).
+    #[error("index {index} names no listed control of this screen")]
+    IndexNotListed { index: u32 },
+}
+
+/// A corpus episode could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum CorpusError {
+    /// Reading a file or directory failed.
+    #[error("reading {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A JSON episode log is not valid JSON.
+    #[error("{path} is not valid JSON: {source}")]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A file parsed but lacks something an episode needs.
+    #[error("{path}: {what}")]
+    Invalid { path: PathBuf, what: String },
+    /// A step's observation does not parse.
+    #[error("{path}: step {step}: {source}")]
+    Observation {
+        path: PathBuf,
+        step: usize,
+        #[source]
+        source: ObservationError,
+    },
+    /// No episode has this id.
+    #[error("no episode with id {id:?} under {root}; known ids: {known:?}")]
+    UnknownEpisode { id: String, root: PathBuf, known: Vec<String> },
+    /// The corpus root holds no usable episode.
+    #[error("no usable episode under {root}")]
+    NoEpisodes { root: PathBuf },
+}
+
+/// Errors of the gateway's services and commands (configuration, workers, replay).
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// A setting is missing or invalid.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// A worker call failed (transport, or a status the worker returned).
+    #[error("worker {worker}: {status}")]
+    Worker { worker: String, status: Box<tonic::Status> },
+    /// The gateway could not be reached or returned an error (replay client).
+    #[error("gateway: {0}")]
+    Gateway(String),
+    #[error(transparent)]
+    Observation(#[from] ObservationError),
+    #[error(transparent)]
+    Corpus(#[from] CorpusError),
+    #[error("writing {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}

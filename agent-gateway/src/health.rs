@@ -1,0 +1,54 @@
+//! `agent-gateway health`: asks a gateway or worker for its gRPC health status, optionally
+//! waiting until it is SERVING (scripts use it to wait for a worker to load its model).
+
+use std::time::{Duration, Instant};
+
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+use crate::error::GatewayError;
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct HealthArgs {
+    /// Address of the gateway or worker.
+    #[arg(long, default_value = "http://127.0.0.1:50051")]
+    pub addr: String,
+    /// Service name to check ("" = the whole server).
+    #[arg(long, default_value = "")]
+    pub service: String,
+    /// Keep trying for this many seconds until SERVING (0: ask once).
+    #[arg(long, default_value_t = 0)]
+    pub wait: u64,
+}
+
+/// Prints the status; errors unless SERVING (within `--wait`).
+pub async fn run(args: &HealthArgs) -> Result<(), GatewayError> {
+    let deadline = Instant::now() + Duration::from_secs(args.wait);
+    loop {
+        let status = check(&args.addr, &args.service).await;
+        match &status {
+            Ok(ServingStatus::Serving) => {
+                println!("{}: SERVING", args.addr);
+                return Ok(());
+            }
+            _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
+            Ok(s) => return Err(GatewayError::Gateway(format!("{} is {}", args.addr, s.as_str_name()))),
+            Err(e) => return Err(GatewayError::Gateway(format!("{}: {e}", args.addr))),
+        }
+    }
+}
+
+async fn check(addr: &str, service: &str) -> Result<ServingStatus, String> {
+    let channel = tonic::transport::Endpoint::from_shared(addr.to_string())
+        .map_err(|e| format!("invalid address: {e}"))?
+        .connect()
+        .await
+        .map_err(|e| format!("cannot connect: {e}"))?;
+    let mut client = HealthClient::new(channel);
+    let resp = client
+        .check(HealthCheckRequest { service: service.to_string() })
+        .await
+        .map_err(|s| format!("health check failed: {}", s.message()))?;
+    Ok(ServingStatus::try_from(resp.into_inner().status).unwrap_or(ServingStatus::Unknown))
+}

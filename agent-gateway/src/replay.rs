@@ -1,0 +1,221 @@
+//! `agent-gateway replay`: drives real corpus episodes through a running gateway (and its
+//! workers) over gRPC, like a controller would: one observation at a time, waiting for the
+//! action before sending the next screen. Prints a per-step table and writes JSONL.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use tandem_proto::agent::v1 as apb;
+use tandem_proto::agent::v1::agent_service_client::AgentServiceClient;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
+
+use crate::corpus::{load_episode, load_episodes, Episode, ObservationSource};
+use crate::error::GatewayError;
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct ReplayConfig {
+    /// Gateway address (AgentService).
+    #[arg(long, default_value = "http://127.0.0.1:50052")]
+    pub gateway: String,
+    /// Corpus folder holding the raw episodes (see its SOURCES.md).
+    #[arg(long, env = "TANDEM_CORPUS", default_value = "../shared/corpus/raw")]
+    pub corpus: PathBuf,
+    /// Episode ids to replay (repeatable). Default: the first `--count` episodes.
+    #[arg(long = "episode")]
+    pub episodes: Vec<String>,
+    /// How many episodes to replay when no --episode is given.
+    #[arg(long, default_value_t = 1)]
+    pub count: usize,
+    /// Replay at most this many steps per episode (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub max_steps: usize,
+    /// Output budget per step (0: the gateway's default).
+    #[arg(long, default_value_t = 0)]
+    pub max_tokens: u32,
+    /// JSONL file with one object per step.
+    #[arg(long, default_value = "replay-out/replay.jsonl")]
+    pub out: PathBuf,
+    /// List the episodes found in the corpus and exit.
+    #[arg(long)]
+    pub list: bool,
+}
+
+/// One replayed step, as written to the JSONL file.
+#[derive(Debug, serde::Serialize)]
+pub struct StepRecord {
+    pub episode: String,
+    pub source: String,
+    pub step: u32,
+    pub prompt_tokens: u32,
+    pub reused_tokens: u32,
+    pub new_tokens: u32,
+    pub kv_bound_tokens: u32,
+    pub decode_tokens: u32,
+    pub server_ms: f64,
+    pub prefill_ms: f64,
+    pub decode_ms: f64,
+    pub ms_per_token: f64,
+    pub step_ms: f64,
+    /// Milliseconds from sending the observation to the first action token.
+    pub first_token_ms: Option<f64>,
+    pub action: String,
+    pub error: String,
+    pub raw_output: String,
+    pub recorded_action: Option<String>,
+}
+
+/// Summary of a replay run.
+#[derive(Debug, Default)]
+pub struct ReplaySummary {
+    pub steps: usize,
+    pub valid_actions: usize,
+    pub errors: usize,
+}
+
+/// Runs the replay; returns the per-step records.
+///
+/// Errors: corpus problems, an unreachable gateway, a broken stream.
+pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary), GatewayError> {
+    if cfg.list {
+        for e in load_episodes(&cfg.corpus)? {
+            println!("{:<48} {:>3} steps  {}  task: {}", e.id, e.steps.len(), e.source, e.task);
+        }
+        return Ok((vec![], ReplaySummary::default()));
+    }
+    let episodes: Vec<Episode> = if cfg.episodes.is_empty() {
+        load_episodes(&cfg.corpus)?.into_iter().take(cfg.count.max(1)).collect()
+    } else {
+        cfg.episodes.iter().map(|id| load_episode(&cfg.corpus, id)).collect::<Result<_, _>>()?
+    };
+    let mut client = AgentServiceClient::connect(cfg.gateway.clone())
+        .await
+        .map_err(|e| GatewayError::Gateway(format!("cannot connect to {}: {e}", cfg.gateway)))?;
+    if let Some(dir) = cfg.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|source| GatewayError::Io { path: dir.to_path_buf(), source })?;
+    }
+    let mut out = std::fs::File::create(&cfg.out).map_err(|source| GatewayError::Io { path: cfg.out.clone(), source })?;
+    let total_steps: usize = episodes.iter().map(|e| steps_of(e, cfg.max_steps)).sum();
+    eprintln!("replaying {} episode(s), {} step(s) via {}", episodes.len(), total_steps, cfg.gateway);
+    print_header();
+    let mut records = Vec::new();
+    let mut summary = ReplaySummary::default();
+    let mut done = 0usize;
+    for ep in &episodes {
+        let n = steps_of(ep, cfg.max_steps);
+        println!("# episode {} ({} steps) task: {}", ep.id, n, ep.task);
+        let (tx, rx) = mpsc::channel(4);
+        let start = apb::EpisodeInput {
+            input: Some(apb::episode_input::Input::Start(apb::EpisodeStart {
+                episode_id: format!("replay-{}-{}", ep.id, std::process::id()),
+                task: ep.task.clone(),
+                max_tokens: cfg.max_tokens,
+            })),
+        };
+        tx.send(start).await.map_err(|_| GatewayError::Gateway("episode stream closed".into()))?;
+        let mut events = client
+            .run_episode(ReceiverStream::new(rx))
+            .await
+            .map_err(|s| GatewayError::Gateway(format!("RunEpisode: {}", s.message())))?
+            .into_inner();
+        for (i, st) in ep.steps.iter().take(n).enumerate() {
+            let obs = apb::Observation {
+                screen: Some(match &st.observation {
+                    ObservationSource::Xml(x) => apb::observation::Screen::UiautomatorXml(x.clone()),
+                    ObservationSource::UiElementsJson(j) => apb::observation::Screen::UiElementsJson(j.clone()),
+                }),
+                screenshot_png: vec![],
+                foreground_app: st.foreground_app.clone().unwrap_or_default(),
+            };
+            let sent = Instant::now();
+            tx.send(apb::EpisodeInput { input: Some(apb::episode_input::Input::Observation(obs)) })
+                .await
+                .map_err(|_| GatewayError::Gateway("episode stream closed".into()))?;
+            let mut first_token_ms = None;
+            let result = loop {
+                match events.next().await {
+                    Some(Ok(apb::StepEvent { event: Some(apb::step_event::Event::Token(_)) })) => {
+                        first_token_ms.get_or_insert_with(|| sent.elapsed().as_secs_f64() * 1e3);
+                    }
+                    Some(Ok(apb::StepEvent { event: Some(apb::step_event::Event::Result(r)) })) => break r,
+                    Some(Ok(_)) => {}
+                    Some(Err(s)) => return Err(GatewayError::Gateway(format!("RunEpisode stream: {}", s.message()))),
+                    None => return Err(GatewayError::Gateway("RunEpisode stream ended early".into())),
+                }
+            };
+            let s = result.stats.clone().unwrap_or_default();
+            let rec = StepRecord {
+                episode: ep.id.clone(),
+                source: ep.source.clone(),
+                step: i as u32,
+                prompt_tokens: s.prompt_tokens,
+                reused_tokens: s.reused_tokens,
+                new_tokens: s.new_tokens,
+                kv_bound_tokens: s.kv_bound_tokens,
+                decode_tokens: s.decode_tokens,
+                server_ms: s.server_ms,
+                prefill_ms: s.prefill_ms,
+                decode_ms: s.decode_ms,
+                ms_per_token: s.ms_per_token,
+                step_ms: s.step_ms,
+                first_token_ms,
+                action: result.action_json.clone(),
+                error: result.error.clone(),
+                raw_output: result.raw_output.clone(),
+                recorded_action: st.recorded_action.clone(),
+            };
+            done += 1;
+            print_row(&rec, done, total_steps);
+            summary.steps += 1;
+            if rec.error.is_empty() {
+                summary.valid_actions += 1;
+            } else {
+                summary.errors += 1;
+            }
+            let line = serde_json::to_string(&rec).map_err(|e| GatewayError::Gateway(format!("encoding a record: {e}")))?;
+            writeln!(out, "{line}").map_err(|source| GatewayError::Io { path: cfg.out.clone(), source })?;
+            records.push(rec);
+        }
+        drop(tx);
+    }
+    println!(
+        "{} step(s): {} valid action(s), {} error(s); JSONL written to {}",
+        summary.steps,
+        summary.valid_actions,
+        summary.errors,
+        cfg.out.display()
+    );
+    Ok((records, summary))
+}
+
+fn steps_of(ep: &Episode, max_steps: usize) -> usize {
+    if max_steps == 0 {
+        ep.steps.len()
+    } else {
+        ep.steps.len().min(max_steps)
+    }
+}
+
+fn print_header() {
+    println!(
+        "{:>9} {:>4} {:>7} {:>7} {:>5} {:>9} {:>8}  action",
+        "progress", "step", "prompt", "reused", "new", "server_ms", "ms/token"
+    );
+}
+
+fn print_row(r: &StepRecord, done: usize, total: usize) {
+    let action = if r.error.is_empty() { r.action.clone() } else { format!("ERROR: {}", r.error) };
+    println!(
+        "{:>9} {:>4} {:>7} {:>7} {:>5} {:>9.1} {:>8.1}  {}",
+        format!("{done}/{total}"),
+        r.step,
+        r.prompt_tokens,
+        r.reused_tokens,
+        r.new_tokens,
+        r.server_ms,
+        r.ms_per_token,
+        action
+    );
+}

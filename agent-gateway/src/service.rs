@@ -1,0 +1,136 @@
+//! The gRPC `AgentService`: `RunEpisode` (bidirectional) and `Step` (unary in, stream out).
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tandem_proto::agent::v1 as apb;
+use tandem_proto::agent::v1::agent_service_server::{AgentService, AgentServiceServer};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::error::GatewayError;
+use crate::step::{parse_observation, StepRunner};
+
+const STREAM_BUFFER: usize = 64;
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<apb::StepEvent, Status>> + Send>>;
+
+pub struct AgentServiceImpl {
+    runner: Arc<StepRunner>,
+}
+
+impl AgentServiceImpl {
+    pub fn new(runner: Arc<StepRunner>) -> Self {
+        Self { runner }
+    }
+}
+
+fn new_episode_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros()).unwrap_or(0);
+    format!("ep-{t:x}-{}", N.fetch_add(1, Ordering::Relaxed))
+}
+
+fn result_event(r: apb::StepResult) -> apb::StepEvent {
+    apb::StepEvent { event: Some(apb::step_event::Event::Result(r)) }
+}
+
+#[tonic::async_trait]
+impl AgentService for AgentServiceImpl {
+    type RunEpisodeStream = EventStream;
+    type StepStream = EventStream;
+
+    async fn run_episode(&self, request: Request<Streaming<apb::EpisodeInput>>) -> Result<Response<Self::RunEpisodeStream>, Status> {
+        let mut inputs = request.into_inner();
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let runner = self.runner.clone();
+        tokio::spawn(async move {
+            let mut episode: Option<apb::EpisodeStart> = None;
+            while let Some(msg) = inputs.next().await {
+                let input = match msg {
+                    Ok(m) => m,
+                    Err(s) => {
+                        tracing::info!(status = %s, "controller stream ended with an error");
+                        break;
+                    }
+                };
+                match input.input {
+                    Some(apb::episode_input::Input::Start(mut start)) => {
+                        if start.episode_id.is_empty() {
+                            start.episode_id = new_episode_id();
+                        }
+                        tracing::info!(episode = %start.episode_id, task = %start.task, "episode started");
+                        episode = Some(start);
+                    }
+                    Some(apb::episode_input::Input::Observation(obs)) => {
+                        let Some(ep) = episode.as_ref() else {
+                            let _ = tx
+                                .send(Err(Status::failed_precondition("send EpisodeStart before the first observation")))
+                                .await;
+                            break;
+                        };
+                        let result = match parse_observation(&obs) {
+                            Ok(screen) => {
+                                runner.run(&ep.episode_id, &ep.task, Some(&obs.foreground_app), screen, ep.max_tokens, &tx).await
+                            }
+                            Err(e) => {
+                                let st = runner.episodes.begin_step(&ep.episode_id, &ep.task);
+                                runner.episodes.end_step(&ep.episode_id, None);
+                                apb::StepResult {
+                                    episode_id: ep.episode_id.clone(),
+                                    step: st.steps,
+                                    error: format!("observation rejected: {e}"),
+                                    ..Default::default()
+                                }
+                            }
+                        };
+                        if tx.send(Ok(result_event(result))).await.is_err() {
+                            break;
+                        }
+                    }
+                    None => {}
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn step(&self, request: Request<apb::StepRequest>) -> Result<Response<Self::StepStream>, Status> {
+        let req = request.into_inner();
+        let obs = req.observation.ok_or_else(|| Status::invalid_argument("observation is missing"))?;
+        let screen = parse_observation(&obs).map_err(|e| Status::invalid_argument(format!("observation rejected: {e}")))?;
+        let episode_id = if req.episode_id.is_empty() { new_episode_id() } else { req.episode_id };
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let runner = self.runner.clone();
+        tokio::spawn(async move {
+            let result = runner.run(&episode_id, &req.task, Some(&obs.foreground_app), screen, req.max_tokens, &tx).await;
+            let _ = tx.send(Ok(result_event(result))).await;
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// Serves AgentService, health and reflection on `listener` until `shutdown` resolves.
+pub async fn serve(
+    runner: Arc<StepRunner>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), GatewayError> {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter.set_serving::<AgentServiceServer<AgentServiceImpl>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(tandem_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| GatewayError::Config(format!("reflection: {e}")))?;
+    tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(AgentServiceServer::new(AgentServiceImpl::new(runner)))
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+        .await
+        .map_err(|e| GatewayError::Config(format!("gRPC server: {e}")))
+}

@@ -1,0 +1,126 @@
+//! The agent prompt: fixed section order, shared prefixes between consecutive steps, the
+//! history window, caps, and that every example in the rules is a valid action.
+
+use std::path::{Path, PathBuf};
+
+use agent_gateway::action::{parse_action, ACTION_TYPES};
+use agent_gateway::corpus::load_episode;
+use agent_gateway::observation::{Control, Screen};
+use agent_gateway::prompt::{build_prompt, PromptInput, HISTORY_WINDOW, MAX_CONTROLS, RULES};
+
+fn corpus() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/raw")
+}
+
+fn common_prefix_len(a: &str, b: &str) -> usize {
+    a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count()
+}
+
+/// Every `{...}` on the rules' example lines.
+fn rule_examples() -> Vec<&'static str> {
+    RULES
+        .lines()
+        .filter(|l| l.starts_with("- "))
+        .filter_map(|l| Some(&l[l.find('{')?..=l.rfind('}')?]))
+        .collect()
+}
+
+#[test]
+fn every_rule_example_parses_and_covers_all_action_types() {
+    let examples = rule_examples();
+    let mut types: Vec<&str> = Vec::new();
+    for ex in &examples {
+        let a = parse_action(ex, 10).unwrap_or_else(|e| panic!("rules example {ex}: {e}"));
+        types.push(a.action_type());
+    }
+    types.sort();
+    types.dedup();
+    let mut want = ACTION_TYPES.to_vec();
+    want.sort();
+    assert_eq!(types, want);
+    // ~300 tokens: at ~4 chars per token, between 200 and 450 tokens.
+    assert!((800..1800).contains(&RULES.len()), "rules are {} bytes", RULES.len());
+}
+
+#[test]
+fn consecutive_corpus_steps_share_a_long_prefix() {
+    let e = load_episode(&corpus(), "androidworld/ContactsAddContact_base_o4-mini_trial1").unwrap();
+    let mut history: Vec<String> = Vec::new();
+    let mut prev: Option<(String, String)> = None;
+    for st in e.steps.iter().take(5) {
+        let screen = st.observation.parse().unwrap();
+        let p = build_prompt(&PromptInput {
+            task: &e.task,
+            foreground_app: screen.foreground_package.as_deref(),
+            history: &history,
+            screen: &screen,
+        });
+        assert_eq!(p.system, RULES);
+        assert!(p.user.starts_with(&format!("Task: {}\n", e.task)));
+        if let Some((sys, user)) = &prev {
+            assert_eq!(&p.system, sys);
+            // The task line and the history up to the previous step are shared.
+            let shared = common_prefix_len(user, &p.user);
+            assert!(shared > "Task: ".len() + e.task.len(), "shared {shared} bytes");
+        }
+        // Section order: task, app, history, controls.
+        let pos = |needle: &str| p.user.find(needle).unwrap_or_else(|| panic!("{needle} missing"));
+        assert!(pos("Task:") < pos("Foreground app:"));
+        assert!(pos("Foreground app:") < pos("Last actions"));
+        assert!(pos("Last actions") < pos("Screen controls"));
+        prev = Some((p.system, p.user));
+        history.push(st.recorded_action.clone().unwrap_or_default());
+    }
+}
+
+#[test]
+fn history_window_keeps_the_last_three() {
+    let screen = Screen {
+        controls: vec![Control { index: 0, class: "Button".into(), text: "OK".into(), clickable: true, ..Default::default() }],
+        width: 100,
+        height: 100,
+        foreground_package: None,
+    };
+    let empty = build_prompt(&PromptInput { task: "t", foreground_app: None, history: &[], screen: &screen });
+    assert!(empty.user.contains("Last actions (oldest first): none yet"));
+    assert!(empty.user.contains("Foreground app: unknown"));
+
+    let history: Vec<String> = (0..5).map(|i| format!("{{\"action_type\":\"click\",\"index\":{i}}}")).collect();
+    let p = build_prompt(&PromptInput { task: "t", foreground_app: Some("com.app"), history: &history, screen: &screen });
+    for (i, h) in history.iter().enumerate() {
+        assert_eq!(p.user.contains(h.as_str()), i >= history.len() - HISTORY_WINDOW, "history item {i}");
+    }
+    assert!(p.user.contains("3. {\"action_type\":\"click\",\"index\":2}"));
+    assert!(p.user.contains("[0] Button \"OK\" (clickable)"));
+    // Deterministic.
+    let again = build_prompt(&PromptInput { task: "t", foreground_app: Some("com.app"), history: &history, screen: &screen });
+    assert_eq!(p, again);
+}
+
+#[test]
+fn long_texts_and_long_lists_are_capped() {
+    let controls: Vec<Control> = (0..75)
+        .map(|i| Control { index: i, class: "TextView".into(), text: format!("{i} {}", "long ".repeat(40)), ..Default::default() })
+        .collect();
+    let screen = Screen { controls, width: 100, height: 100, foreground_package: None };
+    let p = build_prompt(&PromptInput { task: "t", foreground_app: None, history: &[], screen: &screen });
+    let lines: Vec<&str> = p.user.lines().filter(|l| l.starts_with('[')).collect();
+    assert_eq!(lines.len(), MAX_CONTROLS);
+    assert!(p.user.contains(&format!("... {} more controls not shown", 75 - MAX_CONTROLS)));
+    for l in lines {
+        assert!(l.chars().count() < 90, "line not capped: {l}");
+        assert!(l.contains('…'));
+    }
+}
+
+#[test]
+fn corpus_prompt_sizes_are_reasonable() {
+    // Every LlamaTouch step: the user message stays compact (about 60 controls at most).
+    let e = load_episode(&corpus(), "llamatouch/trace_7").unwrap();
+    for (i, st) in e.steps.iter().enumerate() {
+        let screen = st.observation.parse().unwrap();
+        let p = build_prompt(&PromptInput { task: &e.task, foreground_app: st.foreground_app.as_deref(), history: &[], screen: &screen });
+        assert!(p.user.len() < 8000, "step {i}: {} bytes", p.user.len());
+        assert!(p.user.lines().filter(|l| l.starts_with('[')).count() == screen.controls.len().min(MAX_CONTROLS));
+    }
+}

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Benchmark the llama.cpp peer with llama-bench: prompt processing (prefill) and decode speed.
+#
+# Usage: bench/peer_bench.sh [--model GGUF] [--threads T] [--prompt-sizes 512,800]
+#                            [--gen 64] [--reps 3] [--json-out FILE]
+# Runs
+#   llama-bench -m MODEL -t T -p 512,800 -n 64 -r 3 -o json          (pp512, pp800, tg64 at depth 0)
+#   llama-bench -m MODEL -t T -p 0 -n 64 -d 512 -r 3 -o json         (tg64 after a 512-token context)
+# and prints prompt tok/s and decode tok/s. --json-out writes
+#   {"threads": T, "model": path, "pp": {"512": tok/s, ...}, "tg": tok/s, "tg_d512": tok/s,
+#    "prefill_tokens_per_s": pp512, "decode_tokens_per_s": tg}
+# Needs the peer build (tools/peer/build_llama_cpp.sh). ~1 minute for SmolLM2-135M on 2 threads.
+# Never run in CI.
+set -euo pipefail
+CACHE="${TANDEM_CACHE:-$HOME/.cache/tandem}"
+BIN="${LLAMA_BENCH:-$CACHE/peer/llama-cpp-python-0.3.36/vendor/llama.cpp/build/bin/llama-bench}"
+MODEL="${TANDEM_MODEL:-$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+THREADS=2
+PROMPTS="512,800"
+GEN=64
+REPS=3
+JSON_OUT=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --model) MODEL="$2"; shift 2 ;;
+    --threads) THREADS="$2"; shift 2 ;;
+    --prompt-sizes) PROMPTS="$2"; shift 2 ;;
+    --gen) GEN="$2"; shift 2 ;;
+    --reps) REPS="$2"; shift 2 ;;
+    --json-out) JSON_OUT="$2"; shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) echo "peer_bench: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+[[ -x "$BIN" ]] || { echo "peer_bench: $BIN missing; run tools/peer/build_llama_cpp.sh" >&2; exit 1; }
+[[ -f "$MODEL" ]] || { echo "peer_bench: model $MODEL missing" >&2; exit 1; }
+DEPTH="${PROMPTS%%,*}"
+
+# Other processes on the cores distort llama-bench badly (its threads spin-wait on each other):
+# warn when the 1-minute load average is above half the core count.
+read -r LOAD1 _ < /proc/loadavg
+NCPU="$(nproc)"
+if python3 -c "import sys; sys.exit(0 if float('$LOAD1') > $NCPU / 2 else 1)"; then
+  echo "peer_bench: WARNING load average $LOAD1 on $NCPU cores before the run; numbers will be low" >&2
+fi
+
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+echo "peer_bench: $(basename "$MODEL"), threads=$THREADS, pp=$PROMPTS, tg=$GEN (depth 0 and $DEPTH), reps=$REPS" >&2
+"$BIN" -m "$MODEL" -t "$THREADS" -p "$PROMPTS" -n "$GEN" -r "$REPS" -o json > "$TMP/a.json" 2> "$TMP/a.err" \
+  || { cat "$TMP/a.err" >&2; exit 1; }
+"$BIN" -m "$MODEL" -t "$THREADS" -p 0 -n "$GEN" -d "$DEPTH" -r "$REPS" -o json > "$TMP/b.json" 2> "$TMP/b.err" \
+  || { cat "$TMP/b.err" >&2; exit 1; }
+
+python3 - "$TMP/a.json" "$TMP/b.json" "$THREADS" "$MODEL" "$JSON_OUT" "$DEPTH" <<'PY'
+import json, sys
+a, b, threads, model, json_out, depth = sys.argv[1:7]
+rows = json.load(open(a)) + json.load(open(b))
+pp, tg, tg_d = {}, None, None
+for r in rows:
+    if r["n_gen"] == 0 and r["n_prompt"] > 0:
+        pp[str(r["n_prompt"])] = (r["avg_ts"], r["stddev_ts"])
+    elif r["n_prompt"] == 0 and r["n_depth"] == 0:
+        tg = (r["avg_ts"], r["stddev_ts"])
+    elif r["n_prompt"] == 0:
+        tg_d = (r["avg_ts"], r["stddev_ts"])
+gen = rows[-1]["n_gen"]
+print(f"{'test':<22}{'tok/s':>10}{'± sd':>9}")
+for n, (m, s) in pp.items():
+    print(f"{'prompt pp' + n:<22}{m:>10.1f}{s:>9.1f}")
+if tg:
+    print(f"{'decode tg' + str(gen):<22}{tg[0]:>10.1f}{tg[1]:>9.1f}")
+if tg_d:
+    print(f"{'decode tg' + str(gen) + ' @d' + depth:<22}{tg_d[0]:>10.1f}{tg_d[1]:>9.1f}")
+print(f"(cpu: {rows[0].get('cpu_info', '?')}; build {rows[0].get('build_commit', '?')}; threads {threads};"
+      f" load average after run {open('/proc/loadavg').read().split()[0]})")
+if json_out:
+    first_pp = next(iter(pp.values()))[0] if pp else None
+    json.dump({
+        "threads": int(threads), "model": model,
+        "pp": {k: v[0] for k, v in pp.items()},
+        "tg": tg[0] if tg else None, "tg_depth": int(depth), "tg_at_depth": tg_d[0] if tg_d else None,
+        "prefill_tokens_per_s": first_pp, "decode_tokens_per_s": tg[0] if tg else None,
+    }, open(json_out, "w"), indent=1)
+PY

@@ -1,0 +1,106 @@
+//! `device-worker bench`: prefill and decode speed on a model, measured the way
+//! `llama-bench` does (pp: a prompt of N tokens in micro-batches; tg: N tokens decoded one at
+//! a time), so `bench/compare.sh` can put both side by side in one run.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use dsp::pool::ThreadPool;
+
+use crate::model::gguf::GgufFile;
+use crate::model::Model;
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct BenchConfig {
+    /// GGUF model file. Default: the fetched SmolLM2-135M-Instruct Q4_1.
+    #[arg(long, env = "TANDEM_MODEL")]
+    pub model: Option<PathBuf>,
+    /// Compute threads.
+    #[arg(long, short = 't', default_value_t = 2)]
+    pub threads: usize,
+    /// Prompt tokens for the prefill test (pp).
+    #[arg(long, default_value_t = 512)]
+    pub prompt_tokens: usize,
+    /// Tokens for the decode test (tg).
+    #[arg(long, default_value_t = 64)]
+    pub gen_tokens: usize,
+    /// Micro-batch size.
+    #[arg(long, default_value_t = 512)]
+    pub micro_batch: usize,
+    /// Repetitions (the mean is reported).
+    #[arg(long, short = 'r', default_value_t = 3)]
+    pub repetitions: usize,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs the benchmark and prints the result.
+pub fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
+    let path = cfg.model.clone().unwrap_or_else(crate::config::default_model_path);
+    let file = Arc::new(GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?);
+    let model = Model::load(file)?;
+    let pool = ThreadPool::new(cfg.threads.max(1))?;
+    let n_ctx = cfg.prompt_tokens.max(cfg.gen_tokens) + 8;
+    let mut kv = model.new_kv_cache(n_ctx);
+    let n_batch = cfg.micro_batch.clamp(1, cfg.prompt_tokens.max(1));
+    let mut scratch = model.new_scratch(n_batch);
+    // Deterministic pseudo-random token ids, as llama-bench uses random tokens.
+    let n_vocab = model.n_vocab() as u64;
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut next_id = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % n_vocab) as u32
+    };
+    let prompt: Vec<u32> = (0..cfg.prompt_tokens).map(|_| next_id()).collect();
+    let reps = cfg.repetitions.max(1);
+
+    // Warm-up (page in the weights).
+    model.forward(&pool, &mut kv, &prompt[..prompt.len().min(8)], &mut scratch, true)?;
+
+    let mut pp = Vec::new();
+    for _ in 0..reps {
+        kv.truncate(0);
+        let t = Instant::now();
+        for chunk in prompt.chunks(n_batch) {
+            model.forward(&pool, &mut kv, chunk, &mut scratch, false)?;
+        }
+        pp.push(cfg.prompt_tokens as f64 / t.elapsed().as_secs_f64());
+    }
+    let mut tg = Vec::new();
+    for _ in 0..reps {
+        kv.truncate(0);
+        let mut id = next_id();
+        let t = Instant::now();
+        for _ in 0..cfg.gen_tokens {
+            let logits = model.forward(&pool, &mut kv, &[id], &mut scratch, true)?.expect("logits");
+            id = crate::engine::sampling::argmax(logits).unwrap_or(0);
+        }
+        tg.push(cfg.gen_tokens as f64 / t.elapsed().as_secs_f64());
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let (p, d) = (mean(&pp), mean(&tg));
+    if cfg.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "model": path.display().to_string(),
+                "threads": cfg.threads,
+                "prompt_tokens": cfg.prompt_tokens,
+                "gen_tokens": cfg.gen_tokens,
+                "kernels": dsp::backend::select().name(),
+                "prefill_tokens_per_s": p,
+                "decode_tokens_per_s": d,
+            })
+        );
+    } else {
+        println!("model {}  threads {}  kernels {}", path.display(), cfg.threads, dsp::backend::select().name());
+        println!("pp{:<5} {:>9.1} tokens/s", cfg.prompt_tokens, p);
+        println!("tg{:<5} {:>9.1} tokens/s", cfg.gen_tokens, d);
+    }
+    Ok(())
+}

@@ -1,0 +1,94 @@
+//! Admission: turns a `GenerateRequest` into an [`EngineRequest`] on the handler's task, so
+//! bad input is refused before it reaches the engine queue (INVALID_ARGUMENT) and the engine
+//! thread only computes.
+
+use std::time::Instant;
+
+use tandem_proto::step::v1 as pb;
+use tokio::sync::mpsc;
+
+use super::request::{EngineEvent, EngineRequest};
+use super::sampling::SamplingMode;
+use crate::chat_template::{ChatMessage, ChatTemplate};
+use crate::constraint::ConstraintFactory;
+use crate::error::WorkerError;
+use crate::tokenizer::Tokenizer;
+
+/// Everything needed to validate and tokenize requests; shared by all handlers.
+pub struct Admission {
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    pub constraints: ConstraintFactory,
+    /// Context length of a slot.
+    pub n_ctx: usize,
+    pub n_vocab: usize,
+    pub default_max_tokens: u32,
+}
+
+impl Admission {
+    /// Renders and tokenizes the prompt, checks it fits the context, compiles the JSON schema.
+    ///
+    /// Errors (all map to INVALID_ARGUMENT): [`WorkerError::EmptyPrompt`],
+    /// [`WorkerError::PromptTooLong`], [`WorkerError::InvalidRequest`] (unknown token ids,
+    /// bad sampling), constraint errors for an invalid schema, template errors.
+    pub fn admit(&self, req: pb::GenerateRequest, events: mpsc::Sender<EngineEvent>) -> Result<EngineRequest, WorkerError> {
+        let enqueued_at = Instant::now();
+        let prompt = match req.prompt {
+            None => return Err(WorkerError::EmptyPrompt),
+            Some(pb::generate_request::Prompt::Chat(chat)) => {
+                if chat.messages.is_empty() {
+                    return Err(WorkerError::EmptyPrompt);
+                }
+                let msgs: Vec<ChatMessage> =
+                    chat.messages.into_iter().map(|m| ChatMessage { role: m.role, content: m.content }).collect();
+                let text = self.template.render(&msgs, true)?;
+                self.tokenizer.encode(&text, true)?
+            }
+            Some(pb::generate_request::Prompt::Text(text)) => self.tokenizer.encode(&text, true)?,
+            Some(pb::generate_request::Prompt::Tokens(t)) => {
+                if let Some(&bad) = t.ids.iter().find(|&&id| id as usize >= self.n_vocab) {
+                    return Err(WorkerError::InvalidRequest(format!(
+                        "token id {bad} is outside the vocabulary (size {})",
+                        self.n_vocab
+                    )));
+                }
+                t.ids
+            }
+        };
+        if prompt.is_empty() {
+            return Err(WorkerError::EmptyPrompt);
+        }
+        // At least one position must remain for the first generated token.
+        if prompt.len() >= self.n_ctx {
+            return Err(WorkerError::PromptTooLong { n_tokens: prompt.len(), n_ctx: self.n_ctx });
+        }
+        let sampling = match req.sampling.and_then(|s| s.mode) {
+            None | Some(pb::sampling::Mode::Greedy(_)) => SamplingMode::Greedy,
+            Some(pb::sampling::Mode::Seeded(s)) => {
+                if !(s.temperature.is_finite() && s.temperature > 0.0) {
+                    return Err(WorkerError::InvalidRequest(format!(
+                        "seeded sampling needs temperature > 0, got {}",
+                        s.temperature
+                    )));
+                }
+                SamplingMode::Seeded { seed: s.seed, temperature: s.temperature, top_k: s.top_k, top_p: s.top_p }
+            }
+        };
+        let constraint = if req.json_schema.trim().is_empty() {
+            None
+        } else {
+            Some(self.constraints.json_schema(&req.json_schema)?)
+        };
+        let max_tokens = if req.max_tokens == 0 { self.default_max_tokens } else { req.max_tokens };
+        Ok(EngineRequest {
+            session_id: req.session_id,
+            prompt,
+            max_tokens,
+            stop: req.stop.into_iter().filter(|s| !s.is_empty()).collect(),
+            sampling,
+            constraint,
+            enqueued_at,
+            events,
+        })
+    }
+}

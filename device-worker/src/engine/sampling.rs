@@ -1,0 +1,119 @@
+//! Token choice from logits: greedy (argmax, ties to the lowest id as llama.cpp's greedy
+//! sampler) or seeded temperature / top-k / top-p sampling.
+
+/// How the next token is chosen.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SamplingMode {
+    Greedy,
+    Seeded { seed: u64, temperature: f32, top_k: u32, top_p: f32 },
+}
+
+/// Index of the largest finite logit; the lowest index wins ties. `None` if every logit is
+/// `-inf` (nothing allowed).
+pub fn argmax(logits: &[f32]) -> Option<u32> {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &l) in logits.iter().enumerate() {
+        if l == f32::NEG_INFINITY || l.is_nan() {
+            continue;
+        }
+        if best.is_none_or(|(_, b)| l > b) {
+            best = Some((i, l));
+        }
+    }
+    best.map(|(i, _)| i as u32)
+}
+
+/// A small deterministic generator (SplitMix64) so a seed reproduces a sample.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn next_f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+}
+
+/// Samples from `softmax(logits / temperature)` restricted to the `top_k` most likely tokens
+/// (0: all) and the smallest set whose probability reaches `top_p` (0 or ≥ 1: all).
+pub fn sample(logits: &[f32], temperature: f32, top_k: u32, top_p: f32, rng: &mut Rng) -> Option<u32> {
+    if temperature <= 0.0 {
+        return argmax(logits);
+    }
+    let mut cand: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.is_finite())
+        .map(|(i, &l)| (i as u32, l / temperature))
+        .collect();
+    if cand.is_empty() {
+        return None;
+    }
+    cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    if top_k > 0 {
+        cand.truncate(top_k as usize);
+    }
+    let max = cand[0].1;
+    let mut probs: Vec<f32> = cand.iter().map(|(_, l)| (l - max).exp()).collect();
+    let sum: f32 = probs.iter().sum();
+    probs.iter_mut().for_each(|p| *p /= sum);
+    if top_p > 0.0 && top_p < 1.0 {
+        let mut acc = 0.0;
+        let keep = probs.iter().position(|p| {
+            acc += p;
+            acc >= top_p
+        });
+        let keep = keep.map_or(probs.len(), |i| i + 1);
+        probs.truncate(keep);
+        let s: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= s);
+    }
+    let r = rng.next_f32();
+    let mut acc = 0.0;
+    for (i, p) in probs.iter().enumerate() {
+        acc += p;
+        if r < acc {
+            return Some(cand[i].0);
+        }
+    }
+    Some(cand[probs.len() - 1].0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argmax_prefers_lowest_index_on_ties_and_skips_masked() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, f32::NEG_INFINITY]), Some(1));
+        assert_eq!(argmax(&[f32::NEG_INFINITY, 0.5]), Some(1));
+        assert_eq!(argmax(&[f32::NEG_INFINITY; 3]), None);
+    }
+
+    #[test]
+    fn seeded_sampling_is_reproducible_and_respects_top_k() {
+        let logits = [0.0, 1.0, 2.0, 3.0];
+        let a: Vec<_> = {
+            let mut r = Rng::new(7);
+            (0..20).map(|_| sample(&logits, 1.0, 2, 1.0, &mut r).unwrap()).collect()
+        };
+        let b: Vec<_> = {
+            let mut r = Rng::new(7);
+            (0..20).map(|_| sample(&logits, 1.0, 2, 1.0, &mut r).unwrap()).collect()
+        };
+        assert_eq!(a, b);
+        assert!(a.iter().all(|&t| t == 2 || t == 3));
+        assert!(a.contains(&2) && a.contains(&3));
+    }
+}

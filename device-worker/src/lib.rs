@@ -1,0 +1,17 @@
+//! device-worker: owns the model (GGUF), the compute kernels' thread pool, slots with KV
+//! cache, and serves `StepService` over gRPC.
+//!
+//! - [`engine`]: the actor that owns model and slots; [`engine::admission`] validates requests.
+//! - [`model`]: GGUF loading and forward passes.
+//! - [`state`]: slots and KV caches.
+//! - [`service`]: the tonic handlers.
+pub mod bench;
+pub mod chat_template;
+pub mod config;
+pub mod constraint;
+pub mod engine;
+pub mod error;
+pub mod model;
+pub mod service;
+pub mod state;
+pub mod tokenizer;

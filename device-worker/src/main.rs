@@ -1,0 +1,78 @@
+//! `device-worker`: serves StepService for one GGUF model.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use device_worker::config::ServeConfig;
+
+#[derive(Parser)]
+#[command(name = "device-worker", version, about = "tandem device-worker: runs a GGUF model on this device and serves StepService (gRPC).")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Load the model and serve StepService, gRPC health and reflection.
+    Serve(ServeConfig),
+    /// Measure prefill and decode speed on the model (no server).
+    Bench(device_worker::bench::BenchConfig),
+    /// Render chat messages (JSON `{"messages":[{"role","content"}]}` on stdin) with the
+    /// model's chat template and print the prompt text, as the worker would tokenize it.
+    Render {
+        /// GGUF model file whose template is used.
+        #[arg(long, env = "TANDEM_MODEL")]
+        model: Option<std::path::PathBuf>,
+    },
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_tracing();
+    match cli.command {
+        Command::Serve(cfg) => {
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+            rt.block_on(async move {
+                let model = cfg.engine.model_path();
+                if !model.exists() {
+                    anyhow::bail!(
+                        "model file {} does not exist; run tools/fetch_model.sh or pass --model PATH",
+                        model.display()
+                    );
+                }
+                let engine = device_worker::engine::EngineHandle::spawn(cfg.engine.clone())?;
+                let listener = tokio::net::TcpListener::bind(cfg.listen)
+                    .await
+                    .with_context(|| format!("cannot listen on {}", cfg.listen))?;
+                tracing::info!(addr = %listener.local_addr()?, "StepService listening");
+                let shutdown = async {
+                    let _ = tokio::signal::ctrl_c().await;
+                    tracing::info!("shutting down");
+                };
+                device_worker::service::serve(engine, listener, shutdown).await?;
+                Ok(())
+            })
+        }
+        Command::Bench(cfg) => device_worker::bench::run(&cfg),
+        Command::Render { model } => {
+            use std::io::Read;
+            let path = model.unwrap_or_else(device_worker::config::default_model_path);
+            let file = device_worker::model::gguf::GgufFile::open(&path)?;
+            let template = device_worker::chat_template::ChatTemplate::from_gguf(&file)?;
+            let mut input = String::new();
+            std::io::stdin().read_to_string(&mut input)?;
+            #[derive(serde::Deserialize)]
+            struct Messages {
+                messages: Vec<device_worker::chat_template::ChatMessage>,
+            }
+            let m: Messages = serde_json::from_str(&input).context("stdin must be {\"messages\": [{\"role\": .., \"content\": ..}]}")?;
+            print!("{}", template.render(&m.messages, true)?);
+            Ok(())
+        }
+    }
+}

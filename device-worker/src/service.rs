@@ -1,0 +1,125 @@
+//! The gRPC `StepService`: handlers only admit (validate, tokenize), enqueue and stream.
+
+use std::pin::Pin;
+
+use tandem_proto::step::v1 as pb;
+use tandem_proto::step::v1::step_service_server::{StepService, StepServiceServer};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status};
+
+use crate::engine::{EngineEvent, EngineHandle, EngineState};
+use crate::error::WorkerError;
+
+/// Events buffered per stream before the engine waits for the client.
+const STREAM_BUFFER: usize = 64;
+
+pub struct StepServiceImpl {
+    engine: EngineHandle,
+}
+
+impl StepServiceImpl {
+    pub fn new(engine: EngineHandle) -> Self {
+        Self { engine }
+    }
+
+    pub fn into_server(self) -> StepServiceServer<Self> {
+        StepServiceServer::new(self)
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::GenerateEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl StepService for StepServiceImpl {
+    type GenerateStream = EventStream;
+
+    async fn generate(&self, request: Request<pb::GenerateRequest>) -> Result<Response<Self::GenerateStream>, Status> {
+        let admission = self.engine.admission()?;
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let req = request.into_inner();
+        // Tokenizing and compiling a schema take milliseconds: keep them off the async workers.
+        let engine_req = tokio::task::spawn_blocking(move || admission.admit(req, tx))
+            .await
+            .map_err(|e| Status::internal(format!("admission task failed: {e}")))??;
+        self.engine.submit(engine_req)?;
+        let stream = ReceiverStream::new(rx).map(|ev| match ev {
+            EngineEvent::Prefill(p) => Ok(pb::GenerateEvent { event: Some(pb::generate_event::Event::Prefill(p)) }),
+            EngineEvent::Token(t) => Ok(pb::GenerateEvent { event: Some(pb::generate_event::Event::Token(t)) }),
+            EngineEvent::Done(d) => Ok(pb::GenerateEvent { event: Some(pb::generate_event::Event::Done(d)) }),
+            EngineEvent::Failed(e) => Err(Status::from(e)),
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn status(&self, _request: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
+        let mut s = self.engine.status();
+        let loading = matches!(&*self.engine.state().borrow(), EngineState::Loading);
+        if loading {
+            if let Some(p) = s.power.as_mut() {
+                p.state = "loading".into();
+            }
+        }
+        Ok(Response::new(s))
+    }
+}
+
+impl From<WorkerError> for Status {
+    fn from(e: WorkerError) -> Self {
+        let msg = e.to_string();
+        match e.grpc_class() {
+            crate::error::ErrorClass::InvalidArgument => Status::invalid_argument(msg),
+            crate::error::ErrorClass::ResourceExhausted => Status::resource_exhausted(msg),
+            crate::error::ErrorClass::Unavailable => Status::unavailable(msg),
+            crate::error::ErrorClass::Internal => Status::internal(msg),
+        }
+    }
+}
+
+/// Serves StepService, gRPC health (`tandem.step.v1.StepService` and "") and reflection on
+/// `listener` until `shutdown` resolves. Health is NOT_SERVING until the model is loaded.
+pub async fn serve(
+    engine: EngineHandle,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), WorkerError> {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter.set_not_serving::<StepServiceServer<StepServiceImpl>>().await;
+    reporter.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+    let mut state = engine.state();
+    let rep = reporter.clone();
+    tokio::spawn(async move {
+        loop {
+            // 0: loading, 1: ready, 2: failed (the borrow must end before any await).
+            let phase = match &*state.borrow_and_update() {
+                EngineState::Loading => 0,
+                EngineState::Ready(_) => 1,
+                EngineState::Failed(_) => 2,
+            };
+            if phase == 1 {
+                rep.set_serving::<StepServiceServer<StepServiceImpl>>().await;
+                rep.set_service_status("", tonic_health::ServingStatus::Serving).await;
+                break;
+            }
+            if phase == 2 {
+                break;
+            }
+            if state.changed().await.is_err() {
+                break;
+            }
+        }
+    });
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(tandem_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| WorkerError::Internal(format!("reflection: {e}")))?;
+    tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(StepServiceImpl::new(engine).into_server())
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+        .await
+        .map_err(|e| WorkerError::Internal(format!("gRPC server: {e}")))
+}

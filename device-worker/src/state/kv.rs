@@ -1,0 +1,114 @@
+//! Attention KV cache of one slot.
+//!
+//! Layout: for each layer and KV head, a `[n_ctx, head_dim]` row-major block of f16 keys and
+//! one of f16 values, so one head's cached span is contiguous for the attention kernel.
+//! f16 storage follows llama.cpp's default cache type (`--cache-type-k/v f16`).
+
+use half::f16;
+
+/// KV cache sized for `n_ctx` positions of `n_layer` layers with `n_kv_head` heads of
+/// `head_dim`. Holds `len` valid positions (`0..len`).
+#[derive(Clone)]
+pub struct KvCache {
+    n_layer: usize,
+    n_kv_head: usize,
+    head_dim: usize,
+    n_ctx: usize,
+    len: usize,
+    k: Vec<f16>,
+    v: Vec<f16>,
+}
+
+impl KvCache {
+    /// Allocates `2 * n_layer * n_kv_head * n_ctx * head_dim` f16 values.
+    pub fn new(n_layer: usize, n_kv_head: usize, head_dim: usize, n_ctx: usize) -> Self {
+        let n = n_layer * n_kv_head * n_ctx * head_dim;
+        Self { n_layer, n_kv_head, head_dim, n_ctx, len: 0, k: vec![f16::ZERO; n], v: vec![f16::ZERO; n] }
+    }
+
+    /// Capacity in positions.
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Valid positions.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Drops positions `n..`: used for prefix reuse and rollback. `n > len` is a no-op.
+    pub fn truncate(&mut self, n: usize) {
+        self.len = self.len.min(n);
+    }
+
+    /// Marks positions `0..n` valid after a forward pass wrote them.
+    pub fn set_len(&mut self, n: usize) {
+        debug_assert!(n <= self.n_ctx);
+        self.len = n;
+    }
+
+    /// Bytes allocated for keys and values.
+    pub fn bytes_allocated(&self) -> usize {
+        (self.k.len() + self.v.len()) * 2
+    }
+
+    /// Bytes of the valid positions.
+    pub fn bytes_used(&self) -> usize {
+        2 * 2 * self.n_layer * self.n_kv_head * self.len * self.head_dim
+    }
+
+    fn offset(&self, layer: usize, head: usize) -> usize {
+        (layer * self.n_kv_head + head) * self.n_ctx * self.head_dim
+    }
+
+    /// Writes the keys and values of `n` tokens at positions `pos0..pos0+n` of `layer`.
+    /// `k` and `v` are `[n, n_kv_head * head_dim]` row-major.
+    pub fn write(&mut self, layer: usize, pos0: usize, n: usize, k: &[f32], v: &[f32]) {
+        let hd = self.head_dim;
+        let row = self.n_kv_head * hd;
+        for h in 0..self.n_kv_head {
+            let base = self.offset(layer, h);
+            for t in 0..n {
+                let dst = base + (pos0 + t) * hd;
+                let src = t * row + h * hd;
+                for (d, s) in self.k[dst..dst + hd].iter_mut().zip(&k[src..src + hd]) {
+                    *d = f16::from_f32(*s);
+                }
+                for (d, s) in self.v[dst..dst + hd].iter_mut().zip(&v[src..src + hd]) {
+                    *d = f16::from_f32(*s);
+                }
+            }
+        }
+    }
+
+    /// Keys and values of `head` in `layer` for positions `0..n`, each `[n, head_dim]`.
+    pub fn head(&self, layer: usize, head: usize, n: usize) -> (&[f16], &[f16]) {
+        let base = self.offset(layer, head);
+        let end = base + n * self.head_dim;
+        (&self.k[base..end], &self.v[base..end])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_then_read_back_per_head_and_truncate() {
+        let mut kv = KvCache::new(2, 2, 4, 8);
+        let k: Vec<f32> = (0..2 * 8).map(|i| i as f32).collect(); // 2 tokens x (2 heads x 4)
+        let v: Vec<f32> = k.iter().map(|x| -x).collect();
+        kv.write(1, 3, 2, &k, &v);
+        kv.set_len(5);
+        let (kh, vh) = kv.head(1, 1, 5);
+        assert_eq!(kh[3 * 4..4 * 4].iter().map(|x| x.to_f32()).collect::<Vec<_>>(), vec![4.0, 5.0, 6.0, 7.0]);
+        assert_eq!(vh[4 * 4].to_f32(), -12.0);
+        kv.truncate(2);
+        assert_eq!(kv.len(), 2);
+        assert_eq!(kv.bytes_used(), 2 * 2 * 2 * 2 * 2 * 4);
+    }
+}

@@ -1,0 +1,3 @@
+//! Per-slot inference state.
+pub mod kv;
+pub mod slot;

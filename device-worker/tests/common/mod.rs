@@ -1,0 +1,91 @@
+//! Shared helpers: a real worker on loopback holding the real default model.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use device_worker::config::EngineConfig;
+use device_worker::engine::EngineHandle;
+use tandem_proto::step::v1 as pb;
+use tandem_proto::step::v1::step_service_client::StepServiceClient;
+use tokio_stream::StreamExt;
+use tonic::transport::Channel;
+
+/// The default model: $TANDEM_MODEL or the cache path `tools/fetch_model.sh` writes.
+pub fn model_path() -> Option<PathBuf> {
+    let p = std::env::var_os("TANDEM_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(device_worker::config::default_model_path);
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!("SKIPPED: model {} not found; run tools/fetch_model.sh (tools/test.sh does)", p.display());
+        None
+    }
+}
+
+pub struct TestWorker {
+    pub client: StepServiceClient<Channel>,
+    pub addr: String,
+    _shutdown: tokio::sync::oneshot::Sender<()>,
+}
+
+/// Starts a worker with `cfg` on an ephemeral loopback port and connects a client.
+pub async fn start_worker(cfg: EngineConfig) -> TestWorker {
+    let engine = EngineHandle::spawn(cfg).expect("engine thread");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = format!("http://{}", listener.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(device_worker::service::serve(engine, listener, async {
+        let _ = rx.await;
+    }));
+    let client = StepServiceClient::connect(addr.clone()).await.unwrap();
+    TestWorker { client, addr, _shutdown: tx }
+}
+
+pub fn config(model: PathBuf) -> EngineConfig {
+    EngineConfig { model: Some(model), threads: Some(2), ctx_size: 2048, slots: 2, micro_batch: 128, ..Default::default() }
+}
+
+pub fn chat(session: &str, system: &str, user: &str, max_tokens: u32) -> pb::GenerateRequest {
+    pb::GenerateRequest {
+        session_id: session.into(),
+        prompt: Some(pb::generate_request::Prompt::Chat(pb::ChatPrompt {
+            messages: vec![
+                pb::ChatMessage { role: "system".into(), content: system.into() },
+                pb::ChatMessage { role: "user".into(), content: user.into() },
+            ],
+        })),
+        max_tokens,
+        ..Default::default()
+    }
+}
+
+/// Everything one Generate call streamed.
+#[derive(Debug, Default)]
+pub struct Collected {
+    pub prefill: Option<pb::PrefillStats>,
+    pub tokens: Vec<pb::TokenEvent>,
+    pub done: Option<pb::FinalStats>,
+}
+
+/// Sends `req` and waits for the worker to become ready (retrying UNAVAILABLE while loading).
+pub async fn generate(client: &mut StepServiceClient<Channel>, req: pb::GenerateRequest) -> Result<Collected, tonic::Status> {
+    let mut stream = loop {
+        match client.generate(req.clone()).await {
+            Err(s) if s.code() == tonic::Code::Unavailable && s.message().contains("loading") => {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            other => break other?.into_inner(),
+        }
+    };
+    let mut c = Collected::default();
+    while let Some(ev) = stream.next().await {
+        match ev?.event {
+            Some(pb::generate_event::Event::Prefill(p)) => c.prefill = Some(p),
+            Some(pb::generate_event::Event::Token(t)) => c.tokens.push(t),
+            Some(pb::generate_event::Event::Done(d)) => c.done = Some(d),
+            None => {}
+        }
+    }
+    Ok(c)
+}

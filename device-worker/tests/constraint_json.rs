@@ -1,0 +1,222 @@
+//! JSON-schema constraints over the SmolLM2 vocabulary: driving the grammar to completion,
+//! rejecting disallowed tokens, and reporting invalid schemas.
+
+mod gguf_support;
+
+use device_worker::constraint::{Constraint, ConstraintFactory};
+use device_worker::error::ConstraintError;
+use device_worker::model::gguf::GgufFile;
+use device_worker::tokenizer::Tokenizer;
+use gguf_support::model_path;
+
+const CLICK_SCHEMA: &str = r#"{"type":"object","properties":{"action_type":{"const":"click"},"index":{"type":"integer"}},"required":["action_type","index"],"additionalProperties":false}"#;
+
+/// Steps before a drive is declared non-terminating.
+const MAX_STEPS: usize = 200;
+
+fn setup(test: &str) -> Option<(Tokenizer, ConstraintFactory)> {
+    let path = model_path(test)?;
+    let g = GgufFile::open(&path).expect("model opens");
+    let tok = Tokenizer::from_gguf(&g).expect("tokenizer");
+    let f = ConstraintFactory::new(&tok).expect("factory");
+    Some((tok, f))
+}
+
+/// Runs the lead's decoding loop with `choose` picking among the allowed ids; returns the
+/// committed ids (without the final EOG, if one was chosen).
+fn drive(c: &mut Constraint, tok: &Tokenizer, mut choose: impl FnMut(&[u32]) -> u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for _ in 0..MAX_STEPS {
+        let allowed = c.allowed_tokens().expect("mask").allowed_ids();
+        assert!(
+            !allowed.is_empty(),
+            "grammar allows nothing after {:?}",
+            tok.decode(&out)
+        );
+        let id = choose(&allowed);
+        if tok.is_eog(id) {
+            return out;
+        }
+        c.commit(id).expect("allowed token commits");
+        out.push(id);
+        if c.is_finished() {
+            return out;
+        }
+    }
+    panic!(
+        "no completion after {MAX_STEPS} steps: {:?}",
+        tok.decode(&out)
+    );
+}
+
+fn check_click(text: &str) {
+    let v: serde_json::Value =
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?} is not JSON: {e}"));
+    let obj = v.as_object().expect("an object");
+    assert_eq!(obj.len(), 2, "{text}");
+    assert_eq!(obj["action_type"], "click", "{text}");
+    // JSON Schema's "integer" is a number with no fractional part; `-0` qualifies (serde_json
+    // reads it as the float -0.0).
+    assert!(
+        obj["index"].as_f64().is_some_and(|f| f.fract() == 0.0),
+        "{text}"
+    );
+    assert!(
+        !text.contains('.') && !text.to_ascii_lowercase().contains("e+"),
+        "{text}"
+    );
+}
+
+#[test]
+fn lowest_id_drive_terminates_with_valid_json() {
+    let Some((tok, f)) = setup("lowest_id_drive_terminates_with_valid_json") else {
+        return;
+    };
+    let mut c = f.json_schema(CLICK_SCHEMA).expect("schema compiles");
+    // Prefer the lowest allowed id that is not an end-of-generation token, so the drive only
+    // stops when the grammar itself is complete.
+    let ids = drive(&mut c, &tok, |allowed| {
+        allowed
+            .iter()
+            .copied()
+            .find(|&i| !tok.is_eog(i))
+            .unwrap_or(allowed[0])
+    });
+    let text = tok.decode(&ids);
+    check_click(&text);
+    assert!(c.is_finished() || c.is_accepting(), "{text}");
+    // At the end only end-of-generation ids remain.
+    let mask = c.allowed_tokens().expect("mask");
+    let rest = mask.allowed_ids();
+    assert!(
+        !rest.is_empty() && rest.iter().all(|&i| tok.is_eog(i)),
+        "{rest:?}"
+    );
+}
+
+#[test]
+fn highest_id_drive_also_yields_valid_json() {
+    let Some((tok, f)) = setup("highest_id_drive_also_yields_valid_json") else {
+        return;
+    };
+    let mut c = f.json_schema(CLICK_SCHEMA).expect("schema compiles");
+    let mut steps = 0;
+    let ids = drive(&mut c, &tok, |allowed| {
+        steps += 1;
+        // Long integers are allowed; after 40 steps take the lowest id to close the object.
+        let pick = if steps < 40 {
+            allowed.iter().rev().copied().find(|&i| !tok.is_eog(i))
+        } else {
+            None
+        };
+        pick.or_else(|| allowed.iter().copied().find(|&i| !tok.is_eog(i)))
+            .unwrap_or(allowed[0])
+    });
+    check_click(&tok.decode(&ids));
+}
+
+#[test]
+fn model_style_tokenization_is_accepted_and_wrong_tokens_are_rejected() {
+    let Some((tok, f)) =
+        setup("model_style_tokenization_is_accepted_and_wrong_tokens_are_rejected")
+    else {
+        return;
+    };
+    let mut c = f.json_schema(CLICK_SCHEMA).expect("schema compiles");
+
+    // Before anything: an object must start; a word or '[' cannot.
+    let hello = tok.token_id("Hello").expect("Hello");
+    let bracket = tok.token_id("[").expect("[");
+    assert!(!c.is_allowed(hello) && !c.is_allowed(bracket));
+    assert!(
+        !c.is_allowed(1),
+        "control token <|im_start|> never matches grammar text"
+    );
+    assert!(!c.is_allowed(tok.eos()), "empty output is not a document");
+    let before = c.allowed_tokens().expect("mask").count();
+    match c.commit(hello) {
+        Err(ConstraintError::TokenRejected { token, .. }) => assert_eq!(token, hello),
+        other => panic!("expected TokenRejected, got {other:?}"),
+    }
+    assert!(matches!(
+        c.commit(10_000_000),
+        Err(ConstraintError::TokenRejected { .. })
+    ));
+    assert_eq!(
+        c.allowed_tokens().expect("mask").count(),
+        before,
+        "a rejected commit leaves the state alone"
+    );
+
+    // The compact text a model would write, token by token as the tokenizer splits it.
+    let text = r#"{"action_type":"click","index":3}"#;
+    let ids = tok.encode(text, false).expect("enc");
+    for (k, &id) in ids.iter().enumerate() {
+        assert!(
+            c.is_allowed(id),
+            "token {k} ({:?}) of {text} rejected",
+            tok.decode(&[id])
+        );
+        c.commit(id).expect("commit");
+    }
+    assert!(c.is_accepting(), "complete object accepts EOS");
+    assert!(c.is_allowed(tok.eos()));
+    assert!(
+        !c.is_allowed(tok.token_id(",").expect(",")),
+        "nothing may follow the closing brace"
+    );
+
+    // A value outside the const is refused at the first differing token.
+    let mut c = f.json_schema(CLICK_SCHEMA).expect("schema compiles");
+    let bad = tok
+        .encode(r#"{"action_type":"scroll""#, false)
+        .expect("enc");
+    let mut rejected = false;
+    for &id in &bad {
+        if !c.is_allowed(id) {
+            rejected = true;
+            assert!(matches!(
+                c.commit(id),
+                Err(ConstraintError::TokenRejected { .. })
+            ));
+            break;
+        }
+        c.commit(id).expect("prefix commits");
+    }
+    assert!(rejected, "\"scroll\" must not satisfy const \"click\"");
+}
+
+#[test]
+fn invalid_schemas_are_reported() {
+    let Some((_tok, f)) = setup("invalid_schemas_are_reported") else {
+        return;
+    };
+    match f.json_schema(r#"{"type": 12}"#) {
+        Err(ConstraintError::InvalidSchema(msg)) => assert!(!msg.is_empty()),
+        other => panic!("expected InvalidSchema, got {other:?}"),
+    }
+    assert!(matches!(
+        f.json_schema("{not json"),
+        Err(ConstraintError::InvalidSchema(_))
+    ));
+}
+
+#[test]
+fn masks_cover_the_vocabulary_and_apply_to_logits() {
+    let Some((tok, f)) = setup("masks_cover_the_vocabulary_and_apply_to_logits") else {
+        return;
+    };
+    let mut c = f.json_schema(CLICK_SCHEMA).expect("schema compiles");
+    let mask = c.allowed_tokens().expect("mask");
+    let mut logits = vec![0.0f32; tok.vocab_size() + 16];
+    mask.apply(&mut logits);
+    let finite: Vec<u32> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.is_finite())
+        .map(|(i, _)| i as u32)
+        .collect();
+    assert_eq!(finite, mask.allowed_ids());
+    assert!(finite.iter().all(|&i| (i as usize) < tok.vocab_size()));
+    assert_eq!(mask.count(), finite.len());
+}

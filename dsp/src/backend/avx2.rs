@@ -1,0 +1,594 @@
+//! AVX2 + FMA + F16C backend (x86_64), chosen at run time by `select`.
+//!
+//! Quantized dot products use ggml's AVX2 scheme (`ggml/src/ggml-cpu/arch/x86/quants.c`):
+//! unpack a block to 32 bytes, `_mm256_maddubs_epi16` (u8 × i8 → i16 pairs) then
+//! `_mm256_madd_epi16` (→ i32), convert to f32 and `fmadd` with the product of the block scales
+//! into an 8-lane accumulator that is summed horizontally at the end. Signed weights use the
+//! sign trick (`|w|` × `sign(x, w)`). Integer block sums are exact; only the f32 summation order
+//! differs from the scalar backend.
+//!
+//! Q4_0, Q4_1 and Q8_0 have a register-blocked tile kernel (`TILE_R` weight rows ×
+//! `TILE_T` tokens) so each weight block is unpacked once per tile of tokens in prefill. Every
+//! (row, token) accumulator performs the same operations in the same order whatever the tile
+//! shape, so tiled results are bit-identical to single dot products.
+
+use std::arch::x86_64::*;
+
+use half::{bf16, f16};
+
+use super::{dot_tile_by_pairs, DotTile, KernelBackend};
+use crate::quant::blocks::{
+    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
+};
+use crate::quant::GgmlType;
+
+/// Weight rows per register tile.
+const TILE_R: usize = 4;
+/// Tokens per register tile.
+const TILE_T: usize = 2;
+
+/// The AVX2 backend. Only obtainable through [`Avx2::get`], which checks the CPU features, so
+/// holding one proves AVX2, FMA and F16C are available.
+#[derive(Debug)]
+pub struct Avx2 {
+    _detected: (),
+}
+
+static AVX2: Avx2 = Avx2 { _detected: () };
+
+impl Avx2 {
+    /// The backend if this CPU has AVX2, FMA and F16C (checked at run time).
+    pub fn get() -> Option<&'static Avx2> {
+        (is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c"))
+        .then_some(&AVX2)
+    }
+}
+
+// === helpers (callers must have avx2, fma, f16c) ===
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_ps(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// f16 bits at `p` (unaligned) to f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load_f16(p: *const u8) -> f32 {
+    let bits = p.cast::<u16>().read_unaligned();
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+/// 16 bytes at `p` as 32 nibbles: low nibbles in bytes 0..16, high nibbles in 16..32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load_nibbles(p: *const u8) -> __m256i {
+    let t = _mm_loadu_si128(p.cast());
+    let v = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    _mm256_and_si256(v, _mm256_set1_epi8(0x0F))
+}
+
+/// Sums of 4 adjacent products of signed bytes `w` and `x`, as 8 i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_i8(w: __m256i, x: __m256i) -> __m256i {
+    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+}
+
+/// As [`dot_i8`] with unsigned `w` (< 128).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_u8(w: __m256i, x: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
+}
+
+const K_Q4_0: u8 = 0;
+const K_Q4_1: u8 = 1;
+const K_Q8_0: u8 = 2;
+
+/// (weight block bytes, activation block bytes, offset of the activation quants).
+const fn geometry(k: u8) -> (usize, usize, usize) {
+    match k {
+        K_Q4_0 => (18, 34, 2),
+        K_Q4_1 => (20, 36, 4),
+        _ => (34, 34, 2),
+    }
+}
+
+/// `R × T` dot products of `nb` blocks: weight kind `K` (Q4_0 / Q4_1 / Q8_0) against its
+/// activation type; `out[t * out_stride + r] = w_row(r) · x_row(t)`.
+///
+/// # Safety
+/// Needs avx2, fma, f16c. `w + r*w_stride` for `r < R` and `x + t*x_stride` for `t < T` must
+/// each point at `nb` readable blocks; `out + t*out_stride + r` must be writable for all r, t.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_q<const K: u8, const R: usize, const T: usize>(
+    w: *const u8,
+    w_stride: usize,
+    x: *const u8,
+    x_stride: usize,
+    nb: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let (wb, xb, xq) = geometry(K);
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    let mut accm = [[0f32; T]; R];
+    for ib in 0..nb {
+        let mut qw = [_mm256_setzero_si256(); R];
+        let mut dw = [0f32; R];
+        let mut mw = [0f32; R];
+        for r in 0..R {
+            let p = w.add(r * w_stride + ib * wb);
+            dw[r] = load_f16(p);
+            qw[r] = match K {
+                K_Q4_0 => _mm256_sub_epi8(load_nibbles(p.add(2)), _mm256_set1_epi8(8)),
+                K_Q4_1 => {
+                    mw[r] = load_f16(p.add(2));
+                    load_nibbles(p.add(4))
+                }
+                _ => _mm256_loadu_si256(p.add(2).cast()),
+            };
+        }
+        for t in 0..T {
+            let p = x.add(t * x_stride + ib * xb);
+            let dx = load_f16(p);
+            let qx = _mm256_loadu_si256(p.add(xq).cast());
+            let sx = if K == K_Q4_1 { load_f16(p.add(2)) } else { 0.0 };
+            for r in 0..R {
+                let dot = if K == K_Q4_1 {
+                    dot_u8(qw[r], qx)
+                } else {
+                    dot_i8(qw[r], qx)
+                };
+                acc[r][t] = _mm256_fmadd_ps(
+                    _mm256_set1_ps(dw[r] * dx),
+                    _mm256_cvtepi32_ps(dot),
+                    acc[r][t],
+                );
+                if K == K_Q4_1 {
+                    accm[r][t] += mw[r] * sx;
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        for t in 0..T {
+            *out.add(t * out_stride + r) = hsum_ps(acc[r][t]) + accm[r][t];
+        }
+    }
+}
+
+/// Runs [`tile_q`] over a whole [`DotTile`] in `TILE_R × TILE_T` pieces plus edges.
+///
+/// # Safety
+/// Needs avx2, fma, f16c.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_tile_q<const K: u8>(tile: &DotTile<'_>, out: &mut [f32]) {
+    let (wb, xb, _) = geometry(K);
+    let (n_rows, n_tok) = (tile.n_rows(), tile.n_tok());
+    let nb = tile.w_row_bytes / wb;
+    // Soundness of the raw reads and writes below rests on these O(1) checks.
+    assert!(tile.w_row_bytes == nb * wb && tile.x_row_bytes == nb * xb);
+    assert!(tile.w.len() == n_rows * tile.w_row_bytes && tile.x.len() == n_tok * tile.x_row_bytes);
+    assert_eq!(out.len(), n_rows * n_tok);
+    let (ws, xs) = (tile.w_row_bytes, tile.x_row_bytes);
+    let (w, x, o) = (tile.w.as_ptr(), tile.x.as_ptr(), out.as_mut_ptr());
+    let mut r = 0;
+    while r + TILE_R <= n_rows {
+        let mut t = 0;
+        while t + TILE_T <= n_tok {
+            tile_q::<K, TILE_R, TILE_T>(
+                w.add(r * ws),
+                ws,
+                x.add(t * xs),
+                xs,
+                nb,
+                o.add(t * n_rows + r),
+                n_rows,
+            );
+            t += TILE_T;
+        }
+        while t < n_tok {
+            tile_q::<K, TILE_R, 1>(
+                w.add(r * ws),
+                ws,
+                x.add(t * xs),
+                xs,
+                nb,
+                o.add(t * n_rows + r),
+                n_rows,
+            );
+            t += 1;
+        }
+        r += TILE_R;
+    }
+    while r < n_rows {
+        let mut t = 0;
+        while t + TILE_T <= n_tok {
+            tile_q::<K, 1, TILE_T>(
+                w.add(r * ws),
+                ws,
+                x.add(t * xs),
+                xs,
+                nb,
+                o.add(t * n_rows + r),
+                n_rows,
+            );
+            t += TILE_T;
+        }
+        while t < n_tok {
+            tile_q::<K, 1, 1>(
+                w.add(r * ws),
+                ws,
+                x.add(t * xs),
+                xs,
+                nb,
+                o.add(t * n_rows + r),
+                n_rows,
+            );
+            t += 1;
+        }
+        r += 1;
+    }
+}
+
+/// One dot product through the tile kernel (so that it is bit-identical to tiled results).
+///
+/// # Safety
+/// Needs avx2, fma, f16c; `w` and `x` point at `nb` blocks each.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q<const K: u8>(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    let mut out = 0f32;
+    tile_q::<K, 1, 1>(w, 0, x, 0, nb, &mut out, 0);
+    out
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4k(w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
+    let mask = _mm256_set1_epi8(0x0F);
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_min = 0f32;
+    for (bw, bx) in w.iter().zip(x) {
+        let (sc, mn) = bw.scales_mins();
+        let mut sumi = _mm256_setzero_si256();
+        for g in 0..4 {
+            let q4 = _mm256_loadu_si256(bw.qs.as_ptr().add(32 * g).cast());
+            let lo = _mm256_and_si256(q4, mask);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), mask);
+            let x_lo = _mm256_loadu_si256(bx.qs.as_ptr().add(64 * g).cast());
+            let x_hi = _mm256_loadu_si256(bx.qs.as_ptr().add(64 * g + 32).cast());
+            let p_lo = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(lo, x_lo),
+                _mm256_set1_epi16(sc[2 * g] as i16),
+            );
+            let p_hi = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(hi, x_hi),
+                _mm256_set1_epi16(sc[2 * g + 1] as i16),
+            );
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p_lo, p_hi));
+        }
+        let mut summ = 0i32;
+        for k in 0..8 {
+            summ += mn[k] as i32 * (bx.bsums[2 * k] as i32 + bx.bsums[2 * k + 1] as i32);
+        }
+        let d = bx.d * load_f16((&bw.d as *const f16).cast());
+        let dmin = bx.d * load_f16((&bw.dmin as *const f16).cast());
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        acc_min += dmin * summ as f32;
+    }
+    hsum_ps(acc) - acc_min
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q6k(w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m30 = _mm256_set1_epi8(0x30);
+    let mut acc = _mm256_setzero_ps();
+    for (bw, bx) in w.iter().zip(x) {
+        let mut sumi = _mm256_setzero_si256();
+        for h in 0..2 {
+            let ql0 = _mm256_loadu_si256(bw.ql.as_ptr().add(64 * h).cast());
+            let ql1 = _mm256_loadu_si256(bw.ql.as_ptr().add(64 * h + 32).cast());
+            let qh = _mm256_loadu_si256(bw.qh.as_ptr().add(32 * h).cast());
+            let q = [
+                _mm256_or_si256(
+                    _mm256_and_si256(ql0, m4),
+                    _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(ql1, m4),
+                    _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                    _mm256_and_si256(qh, m30),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
+                ),
+            ];
+            for (g, &qg) in q.iter().enumerate() {
+                let xv = _mm256_loadu_si256(bx.qs.as_ptr().add(128 * h + 32 * g).cast());
+                let k = 8 * h + 2 * g;
+                let scv = _mm256_set_m128i(
+                    _mm_set1_epi16(bw.scales[k + 1] as i16),
+                    _mm_set1_epi16(bw.scales[k] as i16),
+                );
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(qg, xv), scv));
+            }
+        }
+        // The quants above are q + 32: remove 32 * sum_k sc[k] * bsum[k].
+        let corr: i32 = (0..16)
+            .map(|k| bw.scales[k] as i32 * bx.bsums[k] as i32)
+            .sum::<i32>()
+            * 32;
+        sumi = _mm256_sub_epi32(sumi, _mm256_setr_epi32(corr, 0, 0, 0, 0, 0, 0, 0));
+        let d = bx.d * load_f16((&bw.d as *const f16).cast());
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f16(w: &[f16], x: &[f16]) -> f32 {
+    let n = w.len().min(x.len());
+    let (pw, px) = (w.as_ptr(), x.as_ptr());
+    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut i = 0;
+    while i + 16 <= n {
+        let w0 = _mm256_cvtph_ps(_mm_loadu_si128(pw.add(i).cast()));
+        let x0 = _mm256_cvtph_ps(_mm_loadu_si128(px.add(i).cast()));
+        let w1 = _mm256_cvtph_ps(_mm_loadu_si128(pw.add(i + 8).cast()));
+        let x1 = _mm256_cvtph_ps(_mm_loadu_si128(px.add(i + 8).cast()));
+        a0 = _mm256_fmadd_ps(w0, x0, a0);
+        a1 = _mm256_fmadd_ps(w1, x1, a1);
+        i += 16;
+    }
+    if i + 8 <= n {
+        let w0 = _mm256_cvtph_ps(_mm_loadu_si128(pw.add(i).cast()));
+        let x0 = _mm256_cvtph_ps(_mm_loadu_si128(px.add(i).cast()));
+        a0 = _mm256_fmadd_ps(w0, x0, a0);
+        i += 8;
+    }
+    let mut sum = hsum_ps(_mm256_add_ps(a0, a1));
+    for j in i..n {
+        sum += w[j].to_f32() * x[j].to_f32();
+    }
+    sum
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load_bf16x8(p: *const bf16) -> __m256 {
+    _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast())),
+        16,
+    ))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_bf16(w: &[bf16], x: &[bf16]) -> f32 {
+    let n = w.len().min(x.len());
+    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut i = 0;
+    while i + 16 <= n {
+        a0 = _mm256_fmadd_ps(
+            load_bf16x8(w.as_ptr().add(i)),
+            load_bf16x8(x.as_ptr().add(i)),
+            a0,
+        );
+        a1 = _mm256_fmadd_ps(
+            load_bf16x8(w.as_ptr().add(i + 8)),
+            load_bf16x8(x.as_ptr().add(i + 8)),
+            a1,
+        );
+        i += 16;
+    }
+    if i + 8 <= n {
+        a0 = _mm256_fmadd_ps(
+            load_bf16x8(w.as_ptr().add(i)),
+            load_bf16x8(x.as_ptr().add(i)),
+            a0,
+        );
+        i += 8;
+    }
+    let mut sum = hsum_ps(_mm256_add_ps(a0, a1));
+    for j in i..n {
+        sum += w[j].to_f32() * x[j].to_f32();
+    }
+    sum
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
+    let n = w.len().min(x.len());
+    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut i = 0;
+    while i + 16 <= n {
+        a0 = _mm256_fmadd_ps(
+            _mm256_loadu_ps(w.as_ptr().add(i)),
+            _mm256_loadu_ps(x.as_ptr().add(i)),
+            a0,
+        );
+        a1 = _mm256_fmadd_ps(
+            _mm256_loadu_ps(w.as_ptr().add(i + 8)),
+            _mm256_loadu_ps(x.as_ptr().add(i + 8)),
+            a1,
+        );
+        i += 16;
+    }
+    if i + 8 <= n {
+        a0 = _mm256_fmadd_ps(
+            _mm256_loadu_ps(w.as_ptr().add(i)),
+            _mm256_loadu_ps(x.as_ptr().add(i)),
+            a0,
+        );
+        i += 8;
+    }
+    let mut sum = hsum_ps(_mm256_add_ps(a0, a1));
+    for j in i..n {
+        sum += w[j] * x[j];
+    }
+    sum
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let n = x.len().min(w.len()).min(out.len());
+    let (mut s0, mut s1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+    let mut i = 0;
+    while i + 8 <= n {
+        let v = _mm256_loadu_ps(x.as_ptr().add(i));
+        let sq = _mm256_mul_ps(v, v);
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(sq)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(sq, 1)));
+        i += 8;
+    }
+    let mut lanes = [0f64; 4];
+    _mm256_storeu_pd(lanes.as_mut_ptr(), _mm256_add_pd(s0, s1));
+    let mut sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+    for &v in &x[i..n] {
+        sum += (v * v) as f64;
+    }
+    let mean = (sum / n as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    let sv = _mm256_set1_ps(scale);
+    let mut i = 0;
+    while i + 8 <= n {
+        let v = _mm256_mul_ps(_mm256_loadu_ps(x.as_ptr().add(i)), sv);
+        _mm256_storeu_ps(
+            out.as_mut_ptr().add(i),
+            _mm256_mul_ps(v, _mm256_loadu_ps(w.as_ptr().add(i))),
+        );
+        i += 8;
+    }
+    for j in i..n {
+        out[j] = (x[j] * scale) * w[j];
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn add_inplace(dst: &mut [f32], src: &[f32]) {
+    let n = dst.len().min(src.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        let s = _mm256_add_ps(
+            _mm256_loadu_ps(dst.as_ptr().add(i)),
+            _mm256_loadu_ps(src.as_ptr().add(i)),
+        );
+        _mm256_storeu_ps(dst.as_mut_ptr().add(i), s);
+        i += 8;
+    }
+    for j in i..n {
+        dst[j] += src[j];
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn axpy_f16(out: &mut [f32], a: f32, v: &[f16]) {
+    let n = out.len().min(v.len());
+    let av = _mm256_set1_ps(a);
+    let mut i = 0;
+    while i + 8 <= n {
+        let vv = _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(i).cast()));
+        // mul then add (no fma): bit-identical to the scalar backend.
+        let s = _mm256_add_ps(_mm256_loadu_ps(out.as_ptr().add(i)), _mm256_mul_ps(av, vv));
+        _mm256_storeu_ps(out.as_mut_ptr().add(i), s);
+        i += 8;
+    }
+    for j in i..n {
+        out[j] += a * v[j].to_f32();
+    }
+}
+
+// SAFETY (every `unsafe` block below): an `Avx2` exists only via `Avx2::get`, which checked
+// avx2, fma and f16c; the helpers read at most `min(len)` elements of the slices passed, and
+// the tile kernels assert their geometry against the slice lengths before raw access.
+impl KernelBackend for Avx2 {
+    fn name(&self) -> &'static str {
+        "avx2"
+    }
+
+    fn vec_dot_q4_0_q8_0(&self, w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
+        let nb = w.len().min(x.len());
+        // SAFETY: see the impl comment; both slices hold >= nb blocks.
+        unsafe { dot_q::<K_Q4_0>(w.as_ptr().cast(), x.as_ptr().cast(), nb) }
+    }
+
+    fn vec_dot_q4_1_q8_1(&self, w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32 {
+        let nb = w.len().min(x.len());
+        // SAFETY: see the impl comment; both slices hold >= nb blocks.
+        unsafe { dot_q::<K_Q4_1>(w.as_ptr().cast(), x.as_ptr().cast(), nb) }
+    }
+
+    fn vec_dot_q8_0_q8_0(&self, w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
+        let nb = w.len().min(x.len());
+        // SAFETY: see the impl comment; both slices hold >= nb blocks.
+        unsafe { dot_q::<K_Q8_0>(w.as_ptr().cast(), x.as_ptr().cast(), nb) }
+    }
+
+    fn vec_dot_q4_k_q8_k(&self, w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
+        // SAFETY: see the impl comment.
+        unsafe { dot_q4k(w, x) }
+    }
+
+    fn vec_dot_q6_k_q8_k(&self, w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
+        // SAFETY: see the impl comment.
+        unsafe { dot_q6k(w, x) }
+    }
+
+    fn vec_dot_f16(&self, w: &[f16], x: &[f16]) -> f32 {
+        // SAFETY: see the impl comment.
+        unsafe { dot_f16(w, x) }
+    }
+
+    fn vec_dot_bf16(&self, w: &[bf16], x: &[bf16]) -> f32 {
+        // SAFETY: see the impl comment.
+        unsafe { dot_bf16(w, x) }
+    }
+
+    fn vec_dot_f32(&self, w: &[f32], x: &[f32]) -> f32 {
+        // SAFETY: see the impl comment.
+        unsafe { dot_f32(w, x) }
+    }
+
+    fn dot_tile(&self, tile: &DotTile<'_>, out: &mut [f32]) {
+        // SAFETY: see the impl comment; `dot_tile_q` asserts the tile geometry.
+        unsafe {
+            match tile.ty {
+                GgmlType::Q4_0 => dot_tile_q::<K_Q4_0>(tile, out),
+                GgmlType::Q4_1 => dot_tile_q::<K_Q4_1>(tile, out),
+                GgmlType::Q8_0 => dot_tile_q::<K_Q8_0>(tile, out),
+                _ => dot_tile_by_pairs(self, tile, out),
+            }
+        }
+    }
+
+    fn rms_norm_row(&self, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+        debug_assert!(x.len() == w.len() && x.len() == out.len());
+        // SAFETY: see the impl comment.
+        unsafe { rms_norm_row(x, w, eps, out) }
+    }
+
+    fn add_inplace(&self, dst: &mut [f32], src: &[f32]) {
+        debug_assert_eq!(dst.len(), src.len());
+        // SAFETY: see the impl comment.
+        unsafe { add_inplace(dst, src) }
+    }
+
+    fn axpy_f16(&self, out: &mut [f32], a: f32, v: &[f16]) {
+        debug_assert_eq!(out.len(), v.len());
+        // SAFETY: see the impl comment.
+        unsafe { axpy_f16(out, a, v) }
+    }
+}

@@ -1,0 +1,169 @@
+//! Kernel backends: the trait [`KernelBackend`] with the dot-product and row kernels, a scalar
+//! reference ([`scalar`]) and SIMD implementations checked against it, and [`select`], which
+//! picks the best backend for this CPU once at run time.
+//!
+//! Environment: `TANDEM_KERNELS=scalar` makes [`select`] return the scalar backend (for
+//! ablations and for bisecting numerical differences); any other value or none picks the best
+//! backend the CPU supports (AVX2+FMA+F16C on x86_64, else scalar). The choice is made on the
+//! first call and cached for the life of the process.
+
+use std::sync::OnceLock;
+
+use half::{bf16, f16};
+
+use crate::quant::blocks::{
+    as_blocks, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
+};
+use crate::quant::GgmlType;
+
+#[cfg(target_arch = "x86_64")]
+pub mod avx2;
+#[cfg(target_arch = "aarch64")]
+pub mod neon;
+pub mod scalar;
+
+/// Environment variable that forces a backend (`scalar`); read once by [`select`].
+pub const KERNELS_ENV: &str = "TANDEM_KERNELS";
+
+/// A tile of dot products between `n_rows` weight rows and `n_tok` activation rows.
+///
+/// `w` holds `n_rows = w.len() / w_row_bytes` rows of type `ty`; `x` holds
+/// `n_tok = x.len() / x_row_bytes` rows of `ty.vec_dot_type()` with the same element count.
+/// Block data must be aligned for its block struct (2 bytes; 4 for f32 and Q8_K).
+#[derive(Clone, Copy, Debug)]
+pub struct DotTile<'a> {
+    pub ty: GgmlType,
+    pub w: &'a [u8],
+    pub w_row_bytes: usize,
+    pub x: &'a [u8],
+    pub x_row_bytes: usize,
+}
+
+impl DotTile<'_> {
+    pub fn n_rows(&self) -> usize {
+        self.w.len() / self.w_row_bytes
+    }
+    pub fn n_tok(&self) -> usize {
+        self.x.len() / self.x_row_bytes
+    }
+}
+
+/// Compute kernels of one instruction set. Every method has the same contract in every
+/// backend; SIMD backends may differ from [`scalar::Scalar`] only in f32 summation order
+/// (integer block sums are exact), and are tested against it in `tests/conformance.rs`.
+///
+/// Dot products follow ggml's `ggml_vec_dot_<w>_<x>` (`ggml/src/ggml-cpu/quants.c` and
+/// `arch/*/quants.c`): per block an exact integer sum, scaled by the product of the block
+/// scales, accumulated in f32. Slices passed together must have equal lengths (checked by
+/// `debug_assert!`; entry points such as `matmul` validate shapes).
+pub trait KernelBackend: Send + Sync + std::fmt::Debug {
+    /// Short name (`"scalar"`, `"avx2"`).
+    fn name(&self) -> &'static str;
+
+    /// `sum_b d_w*d_x * sum_j (q_w[j]-8) * q_x[j]`.
+    fn vec_dot_q4_0_q8_0(&self, w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32;
+    /// `sum_b (d_w*d_x * sum_j q_w[j]*q_x[j] + m_w*s_x)`.
+    fn vec_dot_q4_1_q8_1(&self, w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32;
+    /// `sum_b d_w*d_x * sum_j q_w[j]*q_x[j]`.
+    fn vec_dot_q8_0_q8_0(&self, w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32;
+    /// `sum_b (d_x*d_w * sum_k sc[k]*sum_{j in k} q_w*q_x - d_x*dmin * sum_k m[k]*bsum_x[k])`.
+    fn vec_dot_q4_k_q8_k(&self, w: &[BlockQ4K], x: &[BlockQ8K]) -> f32;
+    /// `sum_b d_x*d_w * sum_k sc[k] * sum_{j in k} (q_w[j]-32)*q_x[j]`.
+    fn vec_dot_q6_k_q8_k(&self, w: &[BlockQ6K], x: &[BlockQ8K]) -> f32;
+    /// f16 · f16 with f32 products (scalar: summed in f64, as ggml's `ggml_vec_dot_f16`).
+    fn vec_dot_f16(&self, w: &[f16], x: &[f16]) -> f32;
+    /// bf16 · bf16 with f32 products (scalar: summed in f64, as `ggml_vec_dot_bf16`).
+    fn vec_dot_bf16(&self, w: &[bf16], x: &[bf16]) -> f32;
+    /// f32 · f32 (scalar: summed in f64, as `ggml_vec_dot_f32`).
+    fn vec_dot_f32(&self, w: &[f32], x: &[f32]) -> f32;
+
+    /// One weight row (type `ty`) dotted with one activation row (type `ty.vec_dot_type()`),
+    /// both as raw bytes.
+    ///
+    /// # Panics
+    /// If the bytes are misaligned for their block structs or `ty` is not a weight type: the
+    /// callers (`matmul`) validate both up front, so this is an internal invariant.
+    fn vec_dot_bytes(&self, ty: GgmlType, w: &[u8], x: &[u8]) -> f32 {
+        const MSG: &str = "vec_dot_bytes: operands validated by the caller";
+        match ty {
+            GgmlType::Q4_0 => {
+                self.vec_dot_q4_0_q8_0(as_blocks(w).expect(MSG), as_blocks(x).expect(MSG))
+            }
+            GgmlType::Q4_1 => {
+                self.vec_dot_q4_1_q8_1(as_blocks(w).expect(MSG), as_blocks(x).expect(MSG))
+            }
+            GgmlType::Q8_0 => {
+                self.vec_dot_q8_0_q8_0(as_blocks(w).expect(MSG), as_blocks(x).expect(MSG))
+            }
+            GgmlType::Q4_K => {
+                self.vec_dot_q4_k_q8_k(as_blocks(w).expect(MSG), as_blocks(x).expect(MSG))
+            }
+            GgmlType::Q6_K => {
+                self.vec_dot_q6_k_q8_k(as_blocks(w).expect(MSG), as_blocks(x).expect(MSG))
+            }
+            GgmlType::F16 => self.vec_dot_f16(as_blocks(w).expect(MSG), as_blocks(x).expect(MSG)),
+            GgmlType::BF16 => self.vec_dot_bf16(as_blocks(w).expect(MSG), as_blocks(x).expect(MSG)),
+            GgmlType::F32 => self.vec_dot_f32(as_blocks(w).expect(MSG), as_blocks(x).expect(MSG)),
+            GgmlType::Q8_1 | GgmlType::Q8_K => panic!("vec_dot_bytes: {ty} is not a weight type"),
+        }
+    }
+
+    /// All dot products of a tile: `out[t * n_rows + r] = w_row(r) · x_row(t)`.
+    /// `out.len() == n_rows * n_tok`. Each result must be bit-identical to
+    /// [`vec_dot_bytes`](Self::vec_dot_bytes) on the same two rows, so batching never changes
+    /// numerics (a batched verification pass equals one-token decode).
+    fn dot_tile(&self, tile: &DotTile<'_>, out: &mut [f32]) {
+        dot_tile_by_pairs(self, tile, out)
+    }
+
+    /// One row of RMS normalisation, `out = (x * (1 / sqrt(mean(x²) + eps))) * w`, the mean
+    /// of squares summed in f64 as ggml `ggml_compute_forward_rms_norm_f32` followed by the
+    /// weight multiply (`ggml_mul`). All slices have equal length.
+    fn rms_norm_row(&self, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]);
+    /// `dst += src`, elementwise.
+    fn add_inplace(&self, dst: &mut [f32], src: &[f32]);
+    /// `out += a * v`, elementwise, `v` widened from f16 (attention's value accumulation).
+    fn axpy_f16(&self, out: &mut [f32], a: f32, v: &[f16]);
+}
+
+/// [`KernelBackend::dot_tile`] as one [`KernelBackend::vec_dot_bytes`] per (row, token) pair.
+pub fn dot_tile_by_pairs<B: KernelBackend + ?Sized>(be: &B, tile: &DotTile<'_>, out: &mut [f32]) {
+    let n_rows = tile.n_rows();
+    debug_assert_eq!(out.len(), n_rows * tile.n_tok());
+    for (t, xr) in tile.x.chunks_exact(tile.x_row_bytes).enumerate() {
+        for (r, wr) in tile.w.chunks_exact(tile.w_row_bytes).enumerate() {
+            out[t * n_rows + r] = be.vec_dot_bytes(tile.ty, wr, xr);
+        }
+    }
+}
+
+static SCALAR: scalar::Scalar = scalar::Scalar;
+
+/// The scalar reference backend (always available).
+pub fn scalar() -> &'static dyn KernelBackend {
+    &SCALAR
+}
+
+/// Every backend this CPU can run, scalar first (used by tests and benches).
+pub fn available() -> Vec<&'static dyn KernelBackend> {
+    let mut v: Vec<&'static dyn KernelBackend> = vec![scalar()];
+    #[cfg(target_arch = "x86_64")]
+    if let Some(b) = avx2::Avx2::get() {
+        v.push(b);
+    }
+    #[cfg(target_arch = "aarch64")]
+    v.push(neon::Neon::get());
+    v
+}
+
+/// The backend used by `matmul` and the ops: chosen once (first call) from the CPU features,
+/// unless `TANDEM_KERNELS=scalar` forces the scalar reference. Cached for the process.
+pub fn select() -> &'static dyn KernelBackend {
+    static SELECTED: OnceLock<&'static dyn KernelBackend> = OnceLock::new();
+    *SELECTED.get_or_init(|| {
+        if std::env::var(KERNELS_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("scalar")) {
+            return scalar();
+        }
+        *available().last().unwrap_or(&scalar())
+    })
+}

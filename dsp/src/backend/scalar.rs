@@ -1,0 +1,155 @@
+//! The scalar reference backend: readable, safe, no unrolling. Follows the generic (non-SIMD)
+//! paths of ggml's `ggml_vec_dot_*` (`ggml/src/ggml-cpu/quants.c`, `vec.cpp`).
+
+use half::{bf16, f16};
+
+use super::KernelBackend;
+use crate::quant::blocks::{
+    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
+};
+
+/// The reference backend; every other backend is tested against it.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Scalar;
+
+impl KernelBackend for Scalar {
+    fn name(&self) -> &'static str {
+        "scalar"
+    }
+
+    fn vec_dot_q4_0_q8_0(&self, w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        let mut sum = 0f32;
+        for (bw, bx) in w.iter().zip(x) {
+            let mut sumi = 0i32;
+            for j in 0..16 {
+                let lo = (bw.qs[j] & 0x0F) as i32 - 8;
+                let hi = (bw.qs[j] >> 4) as i32 - 8;
+                sumi += lo * bx.qs[j] as i32 + hi * bx.qs[j + 16] as i32;
+            }
+            sum += bw.d.to_f32() * bx.d.to_f32() * sumi as f32;
+        }
+        sum
+    }
+
+    fn vec_dot_q4_1_q8_1(&self, w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        let mut sum = 0f32;
+        for (bw, bx) in w.iter().zip(x) {
+            let mut sumi = 0i32;
+            for j in 0..16 {
+                let lo = (bw.qs[j] & 0x0F) as i32;
+                let hi = (bw.qs[j] >> 4) as i32;
+                sumi += lo * bx.qs[j] as i32 + hi * bx.qs[j + 16] as i32;
+            }
+            sum += bw.d.to_f32() * bx.d.to_f32() * sumi as f32 + bw.m.to_f32() * bx.s.to_f32();
+        }
+        sum
+    }
+
+    fn vec_dot_q8_0_q8_0(&self, w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        let mut sum = 0f32;
+        for (bw, bx) in w.iter().zip(x) {
+            let sumi: i32 = bw
+                .qs
+                .iter()
+                .zip(&bx.qs)
+                .map(|(&a, &b)| a as i32 * b as i32)
+                .sum();
+            sum += bw.d.to_f32() * bx.d.to_f32() * sumi as f32;
+        }
+        sum
+    }
+
+    fn vec_dot_q4_k_q8_k(&self, w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        let mut sum = 0f32;
+        for (bw, bx) in w.iter().zip(x) {
+            let (sc, mn) = bw.scales_mins();
+            let q = bw.unpack();
+            let mut sumi = 0i32;
+            for k in 0..8 {
+                let dot: i32 = (32 * k..32 * k + 32)
+                    .map(|p| q[p] as i32 * bx.qs[p] as i32)
+                    .sum();
+                sumi += sc[k] as i32 * dot;
+            }
+            let mut summ = 0i32;
+            for k in 0..8 {
+                summ += mn[k] as i32 * (bx.bsums[2 * k] as i32 + bx.bsums[2 * k + 1] as i32);
+            }
+            let d = bx.d * bw.d.to_f32();
+            let dmin = bx.d * bw.dmin.to_f32();
+            sum += d * sumi as f32 - dmin * summ as f32;
+        }
+        sum
+    }
+
+    fn vec_dot_q6_k_q8_k(&self, w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        let mut sum = 0f32;
+        for (bw, bx) in w.iter().zip(x) {
+            let q = bw.unpack();
+            let mut sumi = 0i32;
+            for k in 0..16 {
+                let dot: i32 = (16 * k..16 * k + 16)
+                    .map(|p| q[p] as i32 * bx.qs[p] as i32)
+                    .sum();
+                sumi += bw.scales[k] as i32 * dot;
+            }
+            sum += bx.d * bw.d.to_f32() * sumi as f32;
+        }
+        sum
+    }
+
+    fn vec_dot_f16(&self, w: &[f16], x: &[f16]) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        let sum: f64 = w
+            .iter()
+            .zip(x)
+            .map(|(a, b)| (a.to_f32() * b.to_f32()) as f64)
+            .sum();
+        sum as f32
+    }
+
+    fn vec_dot_bf16(&self, w: &[bf16], x: &[bf16]) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        let sum: f64 = w
+            .iter()
+            .zip(x)
+            .map(|(a, b)| (a.to_f32() * b.to_f32()) as f64)
+            .sum();
+        sum as f32
+    }
+
+    fn vec_dot_f32(&self, w: &[f32], x: &[f32]) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        let sum: f64 = w.iter().zip(x).map(|(a, b)| (a * b) as f64).sum();
+        sum as f32
+    }
+
+    fn rms_norm_row(&self, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+        debug_assert!(x.len() == w.len() && x.len() == out.len());
+        let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
+        let mean = (sum / x.len() as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+            *o = (v * scale) * g;
+        }
+    }
+
+    fn add_inplace(&self, dst: &mut [f32], src: &[f32]) {
+        debug_assert_eq!(dst.len(), src.len());
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d += s;
+        }
+    }
+
+    fn axpy_f16(&self, out: &mut [f32], a: f32, v: &[f16]) {
+        debug_assert_eq!(out.len(), v.len());
+        for (o, &vv) in out.iter_mut().zip(v) {
+            *o += a * vv.to_f32();
+        }
+    }
+}

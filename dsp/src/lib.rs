@@ -1,0 +1,23 @@
+//! Compute kernels of tandem: GGML-quantized matrix products with ggml's CPU numerics
+//! ([`matmul`]), the row ops of the forward pass ([`ops`]), GGML block formats ([`quant`]),
+//! per-ISA kernel backends checked against a scalar reference ([`backend`]) and a parkable
+//! thread pool ([`pool`]).
+//!
+//! Backend choice: [`backend::select`] picks AVX2 or scalar at run time;
+//! `TANDEM_KERNELS=scalar` forces the scalar reference.
+// Kernels index several parallel arrays (scales, mins, quants) by the same block index;
+// iterator chains there read worse than the ggml formulas they transcribe.
+#![allow(clippy::needless_range_loop)]
+
+pub mod backend;
+pub mod error;
+pub mod matmul;
+pub mod ops;
+pub mod pool;
+pub mod quant;
+
+pub use backend::{select, KernelBackend};
+pub use error::DspError;
+pub use matmul::{matmul, QMatRef};
+pub use pool::ThreadPool;
+pub use quant::GgmlType;

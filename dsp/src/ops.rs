@@ -1,0 +1,295 @@
+//! Row operations of the forward pass: RMS norm, rotary position embedding (RoPE, `norm` and
+//! `neox` layouts), softmax, SiLU / SwiGLU, residual add, and single-head attention over an f16
+//! KV cache. Numerics follow ggml's CPU ops (`ggml/src/ggml-cpu/ops.cpp`, `vec.h`).
+//!
+//! Kernels that matter for speed (RMS norm, add, the attention dot products and value
+//! accumulation) go through the selected [`KernelBackend`]; the transcendental ops (softmax,
+//! SiLU) use libm `expf` on every backend, which equals ggml's scalar path (ggml's SIMD path
+//! uses its own polynomial `expf`, which we do not reproduce).
+
+use half::f16;
+
+use crate::backend::{select, KernelBackend};
+use crate::error::DspError;
+
+/// RMS normalisation of each row: `out = (x / sqrt(mean(x²) + eps)) * w`.
+///
+/// Shapes: `x`, `out`: `[n_rows, d]` row-major with `d = w.len()`. Follows ggml
+/// `ggml_compute_forward_rms_norm_f32` (sum of squares in f64, `scale = 1/sqrtf(mean + eps)`,
+/// `x * scale`) followed by `ggml_mul` with the weight (Zhang & Sennrich 2019, RMSNorm).
+///
+/// # Errors
+/// `LengthMismatch` if `x.len()` is not a multiple of `w.len()` or `out.len() != x.len()`.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) -> Result<(), DspError> {
+    rms_norm_with(select(), x, w, eps, out)
+}
+
+/// [`rms_norm`] with an explicit backend.
+///
+/// # Errors
+/// As [`rms_norm`].
+pub fn rms_norm_with(
+    be: &dyn KernelBackend,
+    x: &[f32],
+    w: &[f32],
+    eps: f32,
+    out: &mut [f32],
+) -> Result<(), DspError> {
+    const OP: &str = "rms_norm";
+    let d = w.len();
+    DspError::check_len(OP, "out", x.len(), out.len())?;
+    if d == 0 {
+        return DspError::check_len(OP, "x", 0, x.len());
+    }
+    DspError::check_len(
+        OP,
+        "x (multiple of w.len())",
+        x.len().next_multiple_of(d),
+        x.len(),
+    )?;
+    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        be.rms_norm_row(xr, w, eps, or);
+    }
+    Ok(())
+}
+
+/// Rotation angles `(cos θ_i, sin θ_i)` for `i in 0..n_rot/2` with `θ_i = pos * base^(-2i/n_rot)`,
+/// computed as ggml `ggml_rope_cache_init`: `theta_scale = powf(base, -2/n_rot)` and
+/// `θ_{i+1} = θ_i * theta_scale` in f32 from `θ_0 = pos` (YaRN with `ext_factor = 0`,
+/// `freq_scale = 1`, `attn_factor = 1`; Su et al. 2021, RoFormer).
+pub fn rope_angles(n_rot: usize, pos: u32, freq_base: f32) -> Vec<(f32, f32)> {
+    let theta_scale = freq_base.powf(-2.0 / n_rot as f32);
+    let mut theta = pos as f32;
+    let mut out = Vec::with_capacity(n_rot / 2);
+    for _ in 0..n_rot / 2 {
+        out.push((theta.cos(), theta.sin()));
+        theta *= theta_scale;
+    }
+    out
+}
+
+fn check_rope(x: &[f32], n_heads: usize, head_dim: usize, n_rot: usize) -> Result<(), DspError> {
+    const OP: &str = "rope";
+    DspError::check_len(OP, "x", n_heads * head_dim, x.len())?;
+    if !n_rot.is_multiple_of(2) || n_rot > head_dim {
+        return Err(DspError::InvalidArgument {
+            op: OP,
+            what: "n_rot_dims",
+            detail: format!("{n_rot} must be even and at most head_dim {head_dim}"),
+        });
+    }
+    Ok(())
+}
+
+/// RoPE with adjacent pairs (`LLAMA_ROPE_TYPE_NORM`, arch `llama`): for each head, pair
+/// `(x[2i], x[2i+1])` for `2i < n_rot_dims` is rotated by `θ_i` (see [`rope_angles`]);
+/// dimensions from `n_rot_dims` on are left as they are.
+///
+/// Shapes: `x`: `[n_heads, head_dim]` of one token at position `pos`.
+///
+/// # Errors
+/// `LengthMismatch` if `x.len() != n_heads * head_dim`; `InvalidArgument` if `n_rot_dims` is
+/// odd or exceeds `head_dim`.
+pub fn rope_norm(
+    x: &mut [f32],
+    n_heads: usize,
+    head_dim: usize,
+    n_rot_dims: usize,
+    pos: u32,
+    freq_base: f32,
+) -> Result<(), DspError> {
+    check_rope(x, n_heads, head_dim, n_rot_dims)?;
+    let cs = rope_angles(n_rot_dims, pos, freq_base);
+    for head in x.chunks_exact_mut(head_dim) {
+        for (i, &(c, s)) in cs.iter().enumerate() {
+            let (x0, x1) = (head[2 * i], head[2 * i + 1]);
+            head[2 * i] = x0 * c - x1 * s;
+            head[2 * i + 1] = x0 * s + x1 * c;
+        }
+    }
+    Ok(())
+}
+
+/// RoPE with split halves (`LLAMA_ROPE_TYPE_NEOX`, qwen): for each head, pair
+/// `(x[i], x[i + n_rot_dims/2])` for `i < n_rot_dims/2` is rotated by `θ_i`; dimensions from
+/// `n_rot_dims` on are left as they are.
+///
+/// Shapes and errors as [`rope_norm`].
+///
+/// # Errors
+/// As [`rope_norm`].
+pub fn rope_neox(
+    x: &mut [f32],
+    n_heads: usize,
+    head_dim: usize,
+    n_rot_dims: usize,
+    pos: u32,
+    freq_base: f32,
+) -> Result<(), DspError> {
+    check_rope(x, n_heads, head_dim, n_rot_dims)?;
+    let cs = rope_angles(n_rot_dims, pos, freq_base);
+    let half = n_rot_dims / 2;
+    for head in x.chunks_exact_mut(head_dim) {
+        for (i, &(c, s)) in cs.iter().enumerate() {
+            let (x0, x1) = (head[i], head[i + half]);
+            head[i] = x0 * c - x1 * s;
+            head[i + half] = x0 * s + x1 * c;
+        }
+    }
+    Ok(())
+}
+
+/// In-place softmax: `x_i = exp(x_i - max) / sum_j exp(x_j - max)`, the sum in f64 and the
+/// division as a multiply by `(1/sum) as f32` (ggml `ggml_vec_soft_max_f32` + `ggml_vec_scale_f32`).
+/// `-inf` entries (masked) become 0. An empty slice is left alone.
+pub fn softmax_inplace(x: &mut [f32]) {
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    if max == f32::NEG_INFINITY {
+        return;
+    }
+    let mut sum = 0f64;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// SiLU `x / (1 + exp(-x))` (ggml `ggml_silu_f32`; Elfwing et al. 2017).
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// [`silu`] on every element.
+pub fn silu_inplace(x: &mut [f32]) {
+    for v in x {
+        *v = silu(*v);
+    }
+}
+
+/// SwiGLU: `out = silu(gate) * up` elementwise (ggml `ggml_vec_swiglu_f32`; Shazeer 2020).
+///
+/// # Errors
+/// `LengthMismatch` unless the three slices have equal length.
+pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), DspError> {
+    DspError::check_len("swiglu", "up", gate.len(), up.len())?;
+    DspError::check_len("swiglu", "out", gate.len(), out.len())?;
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = silu(g) * u;
+    }
+    Ok(())
+}
+
+/// `dst += src` elementwise (residual connections).
+///
+/// # Errors
+/// `LengthMismatch` unless the slices have equal length.
+pub fn add_inplace(dst: &mut [f32], src: &[f32]) -> Result<(), DspError> {
+    DspError::check_len("add_inplace", "src", dst.len(), src.len())?;
+    select().add_inplace(dst, src);
+    Ok(())
+}
+
+/// Attention of one query head over `n_ctx` cached positions:
+/// `out = softmax(scale * (q16 · k_j))_j · v_j`, with `q` rounded to f16 before the dot (as
+/// ggml's f16 `vec_dot` on an f16 KV cache), the dots summed in f32 (f64 on the scalar
+/// backend), the softmax of [`softmax_inplace`] and the values accumulated in f32.
+///
+/// Shapes: `q`: `[head_dim]`; `k`, `v`: `[n_ctx, head_dim]` row-major f16; `scores_scratch`:
+/// at least `n_ctx` (overwritten with the attention weights); `out`: `[head_dim]`. Callers
+/// apply causality by passing only the visible span.
+///
+/// # Errors
+/// `LengthMismatch` on any shape mismatch.
+pub fn attention_head(
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    n_ctx: usize,
+    scale: f32,
+    scores_scratch: &mut [f32],
+    out: &mut [f32],
+) -> Result<(), DspError> {
+    let hd = q.len();
+    attention_head_strided(select(), q, k, v, n_ctx, hd, scale, scores_scratch, out)
+}
+
+/// [`attention_head`] with an explicit backend and a row stride: cached position `j` of this
+/// head starts at `k[j * row_stride]` (and `v[j * row_stride]`), so one head can be read out of
+/// a `[n_ctx, n_kv_heads * head_dim]` cache by offsetting the slices by `head * head_dim`.
+///
+/// # Errors
+/// `LengthMismatch` if `k` or `v` is shorter than `(n_ctx - 1) * row_stride + head_dim`, if
+/// `row_stride < head_dim` (reported against `head_dim`), if `scores_scratch` is shorter than
+/// `n_ctx` or `out.len() != q.len()`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_head_strided(
+    be: &dyn KernelBackend,
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    n_ctx: usize,
+    row_stride: usize,
+    scale: f32,
+    scores_scratch: &mut [f32],
+    out: &mut [f32],
+) -> Result<(), DspError> {
+    const OP: &str = "attention_head";
+    let hd = q.len();
+    DspError::check_len(OP, "out", hd, out.len())?;
+    if row_stride < hd {
+        return Err(DspError::LengthMismatch {
+            op: OP,
+            what: "row_stride",
+            expected: hd,
+            actual: row_stride,
+        });
+    }
+    let need = if n_ctx == 0 {
+        0
+    } else {
+        (n_ctx - 1) * row_stride + hd
+    };
+    if k.len() < need {
+        return Err(DspError::LengthMismatch {
+            op: OP,
+            what: "k",
+            expected: need,
+            actual: k.len(),
+        });
+    }
+    if v.len() < need {
+        return Err(DspError::LengthMismatch {
+            op: OP,
+            what: "v",
+            expected: need,
+            actual: v.len(),
+        });
+    }
+    if scores_scratch.len() < n_ctx {
+        return Err(DspError::LengthMismatch {
+            op: OP,
+            what: "scores_scratch",
+            expected: n_ctx,
+            actual: scores_scratch.len(),
+        });
+    }
+    out.fill(0.0);
+    if n_ctx == 0 {
+        return Ok(());
+    }
+    let q16: Vec<f16> = q.iter().map(|&x| f16::from_f32(x)).collect();
+    let scores = &mut scores_scratch[..n_ctx];
+    for (j, s) in scores.iter_mut().enumerate() {
+        *s = be.vec_dot_f16(&k[j * row_stride..j * row_stride + hd], &q16) * scale;
+    }
+    softmax_inplace(scores);
+    for (j, &p) in scores.iter().enumerate() {
+        be.axpy_f16(out, p, &v[j * row_stride..j * row_stride + hd]);
+    }
+    Ok(())
+}

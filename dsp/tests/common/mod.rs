@@ -1,0 +1,239 @@
+//! Shared helpers for the dsp integration tests: a seeded PRNG, aligned byte buffers, random
+//! blocks and quantized weight matrices.
+#![allow(dead_code)]
+
+use dsp::quant::blocks::{
+    blocks_as_bytes, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
+};
+use dsp::quant::{self, GgmlType};
+use half::{bf16, f16};
+
+/// splitmix64: small, seedable, good enough for test data.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    pub fn unit(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    /// Roughly normal (sum of 4 uniforms), unit variance.
+    pub fn normal(&mut self) -> f32 {
+        (self.unit() + self.unit() + self.unit() + self.unit()) * 0.866
+    }
+    pub fn byte(&mut self) -> u8 {
+        self.next_u64() as u8
+    }
+    /// A quant in -127..=127 (what ggml's quantizers produce).
+    pub fn q8_sym(&mut self) -> i8 {
+        ((self.next_u64() % 255) as i32 - 127) as i8
+    }
+    pub fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.normal()).collect()
+    }
+}
+
+/// Bytes with 8-byte alignment (block views need 2 or 4).
+pub struct Aligned {
+    buf: Vec<u64>,
+    len: usize,
+}
+
+impl Aligned {
+    pub fn new(bytes: &[u8]) -> Self {
+        let mut buf = vec![0u64; bytes.len().div_ceil(8)];
+        for (i, &b) in bytes.iter().enumerate() {
+            buf[i / 8] |= (b as u64) << (8 * (i % 8));
+        }
+        Aligned {
+            buf,
+            len: bytes.len(),
+        }
+    }
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `buf` holds `len` initialised bytes (little-endian packing above matches the
+        // memory order on the little-endian targets we run on), u8 has alignment 1.
+        unsafe { std::slice::from_raw_parts(self.buf.as_ptr().cast::<u8>(), self.len) }
+    }
+}
+
+pub fn f16r(rng: &mut Rng, scale: f32) -> f16 {
+    f16::from_f32(rng.unit() * scale)
+}
+
+pub fn rand_q4_0(rng: &mut Rng, nb: usize) -> Vec<BlockQ4_0> {
+    (0..nb)
+        .map(|_| BlockQ4_0 {
+            d: f16r(rng, 0.1),
+            qs: std::array::from_fn(|_| rng.byte()),
+        })
+        .collect()
+}
+pub fn rand_q4_1(rng: &mut Rng, nb: usize) -> Vec<BlockQ4_1> {
+    (0..nb)
+        .map(|_| BlockQ4_1 {
+            d: f16r(rng, 0.1),
+            m: f16r(rng, 0.5),
+            qs: std::array::from_fn(|_| rng.byte()),
+        })
+        .collect()
+}
+pub fn rand_q8_0(rng: &mut Rng, nb: usize) -> Vec<BlockQ8_0> {
+    (0..nb)
+        .map(|_| BlockQ8_0 {
+            d: f16r(rng, 0.05),
+            qs: std::array::from_fn(|_| rng.q8_sym()),
+        })
+        .collect()
+}
+pub fn rand_q8_1(rng: &mut Rng, nb: usize) -> Vec<BlockQ8_1> {
+    (0..nb)
+        .map(|_| {
+            let d = f16r(rng, 0.05);
+            let qs: [i8; 32] = std::array::from_fn(|_| rng.q8_sym());
+            let s = f16::from_f32(d.to_f32() * qs.iter().map(|&q| q as i32).sum::<i32>() as f32);
+            BlockQ8_1 { d, s, qs }
+        })
+        .collect()
+}
+pub fn rand_q4_k(rng: &mut Rng, nb: usize) -> Vec<BlockQ4K> {
+    (0..nb)
+        .map(|_| BlockQ4K {
+            d: f16r(rng, 0.01),
+            dmin: f16r(rng, 0.01),
+            scales: std::array::from_fn(|_| rng.byte()),
+            qs: std::array::from_fn(|_| rng.byte()),
+        })
+        .collect()
+}
+pub fn rand_q6_k(rng: &mut Rng, nb: usize) -> Vec<BlockQ6K> {
+    (0..nb)
+        .map(|_| BlockQ6K {
+            ql: std::array::from_fn(|_| rng.byte()),
+            qh: std::array::from_fn(|_| rng.byte()),
+            scales: std::array::from_fn(|_| rng.byte() as i8),
+            d: f16r(rng, 0.01),
+        })
+        .collect()
+}
+pub fn rand_q8_k(rng: &mut Rng, nb: usize) -> Vec<BlockQ8K> {
+    (0..nb)
+        .map(|_| {
+            let qs: [i8; 256] = std::array::from_fn(|_| rng.q8_sym());
+            let bsums =
+                std::array::from_fn(|k| qs[16 * k..16 * k + 16].iter().map(|&q| q as i16).sum());
+            BlockQ8K {
+                d: rng.unit() * 0.01,
+                qs,
+                bsums,
+            }
+        })
+        .collect()
+}
+
+/// Quantizes a `[rows, cols]` f32 matrix to `ty` with the crate's weight quantizers.
+pub fn quantize_matrix(ty: GgmlType, w: &[f32], rows: usize, cols: usize) -> Aligned {
+    let mut out = Vec::new();
+    for r in w.chunks_exact(cols).take(rows) {
+        match ty {
+            GgmlType::F32 => out.extend_from_slice(blocks_as_bytes(r)),
+            GgmlType::F16 => {
+                let v: Vec<f16> = r.iter().map(|&x| f16::from_f32(x)).collect();
+                out.extend_from_slice(blocks_as_bytes(&v));
+            }
+            GgmlType::BF16 => {
+                let v: Vec<bf16> = r.iter().map(|&x| bf16::from_f32(x)).collect();
+                out.extend_from_slice(blocks_as_bytes(&v));
+            }
+            GgmlType::Q4_0 => {
+                let mut b = vec![
+                    BlockQ4_0 {
+                        d: f16::ZERO,
+                        qs: [0; 16]
+                    };
+                    cols / 32
+                ];
+                quant::quantize_row_q4_0(r, &mut b).expect("shape");
+                out.extend_from_slice(blocks_as_bytes(&b));
+            }
+            GgmlType::Q4_1 => {
+                let mut b = vec![
+                    BlockQ4_1 {
+                        d: f16::ZERO,
+                        m: f16::ZERO,
+                        qs: [0; 16]
+                    };
+                    cols / 32
+                ];
+                quant::quantize_row_q4_1(r, &mut b).expect("shape");
+                out.extend_from_slice(blocks_as_bytes(&b));
+            }
+            GgmlType::Q8_0 => {
+                let mut b = vec![
+                    BlockQ8_0 {
+                        d: f16::ZERO,
+                        qs: [0; 32]
+                    };
+                    cols / 32
+                ];
+                quant::quantize_row_q8_0(r, &mut b).expect("shape");
+                out.extend_from_slice(blocks_as_bytes(&b));
+            }
+            GgmlType::Q4_K => {
+                let mut b = vec![
+                    BlockQ4K {
+                        d: f16::ZERO,
+                        dmin: f16::ZERO,
+                        scales: [0; 12],
+                        qs: [0; 128]
+                    };
+                    cols / 256
+                ];
+                quant::quantize_row_q4_k_simple(r, &mut b).expect("shape");
+                out.extend_from_slice(blocks_as_bytes(&b));
+            }
+            GgmlType::Q6_K => {
+                let mut b = vec![
+                    BlockQ6K {
+                        ql: [0; 128],
+                        qh: [0; 64],
+                        scales: [0; 16],
+                        d: f16::ZERO
+                    };
+                    cols / 256
+                ];
+                quant::quantize_row_q6_k_simple(r, &mut b).expect("shape");
+                out.extend_from_slice(blocks_as_bytes(&b));
+            }
+            other => panic!("not a weight type: {other}"),
+        }
+    }
+    Aligned::new(&out)
+}
+
+/// Dequantizes a whole `[rows, cols]` matrix.
+pub fn dequantize_matrix(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Vec<f32> {
+    let rb = ty.row_bytes(cols).expect("block multiple");
+    let mut w = vec![0f32; rows * cols];
+    for (r, out) in w.chunks_exact_mut(cols).enumerate() {
+        quant::dequantize_row(ty, &data[r * rb..(r + 1) * rb], out).expect("dequantize");
+    }
+    w
+}
+
+pub const WEIGHT_TYPES: [GgmlType; 8] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];

@@ -1,0 +1,367 @@
+//! Conformance of every kernel backend against the scalar reference and of the matrix product
+//! against an f32 reference, instantiated once per backend by `backend_conformance!` (after
+//! sonos/tract's per-kernel test macro).
+
+mod common;
+
+use common::{
+    dequantize_matrix, quantize_matrix, rand_q4_0, rand_q4_1, rand_q4_k, rand_q6_k, rand_q8_0,
+    rand_q8_1, rand_q8_k, Aligned, Rng, WEIGHT_TYPES,
+};
+use dsp::backend::{self, DotTile, KernelBackend};
+use dsp::matmul::{matmul_with, QMatRef};
+use dsp::ops;
+use dsp::quant::blocks::blocks_as_bytes;
+use dsp::quant::{dequantize_row, GgmlType};
+use dsp::ThreadPool;
+use half::{bf16, f16};
+use proptest::prelude::*;
+
+/// Backends may only reorder f32 sums: allowed error relative to `sum |w_i * x_i|`.
+const SUM_ORDER_TOL: f32 = 2e-6;
+/// Relative error (‖y − y_ref‖ / ‖y_ref‖) of a matmul against the f32 product of the
+/// dequantized weights, per activation type: from rounding the activations (Q8: half a step
+/// of amax/127 per element; f16: 2^-11; bf16: 2^-8), with ~2x margin.
+const MATMUL_TOL_Q8: f64 = 0.02;
+const MATMUL_TOL_F16: f64 = 2e-3;
+const MATMUL_TOL_BF16: f64 = 1e-2;
+const MATMUL_TOL_F32: f64 = 1e-5;
+
+fn matmul_tol(ty: GgmlType) -> f64 {
+    match ty.vec_dot_type() {
+        GgmlType::F32 => MATMUL_TOL_F32,
+        GgmlType::F16 => MATMUL_TOL_F16,
+        GgmlType::BF16 => MATMUL_TOL_BF16,
+        _ => MATMUL_TOL_Q8,
+    }
+}
+
+fn deq<T: dsp::quant::blocks::Block>(ty: GgmlType, blocks: &[T]) -> Vec<f32> {
+    let bytes = blocks_as_bytes(blocks);
+    let n = bytes.len() / ty.type_size() * ty.block_size();
+    let mut out = vec![0f32; n];
+    dequantize_row(ty, bytes, &mut out).expect("dequantize");
+    out
+}
+
+fn mass(w: &[f32], x: &[f32]) -> f32 {
+    w.iter().zip(x).map(|(a, b)| (a * b).abs()).sum()
+}
+
+fn assert_close_dot(name: &str, got: f32, want: f32, mass: f32) {
+    let tol = SUM_ORDER_TOL * mass + 1e-6;
+    assert!(
+        (got - want).abs() <= tol,
+        "{name}: got {got}, scalar {want}, tol {tol}"
+    );
+}
+
+/// Random (weight row bytes, activation row bytes, dequantized w, dequantized x, extra
+/// tolerance) of `nb` blocks for weight type `ty`. The extra tolerance covers Q8_1's `s`,
+/// which is `d * sum(q)` rounded to f16, so `m * s` differs from the dequantized sum by up to
+/// `|m * s| * 2^-11` per block.
+fn random_pair(
+    ty: GgmlType,
+    nb: usize,
+    rng: &mut Rng,
+) -> (Aligned, Aligned, Vec<f32>, Vec<f32>, f32) {
+    fn pack<A: dsp::quant::blocks::Block, B: dsp::quant::blocks::Block>(
+        wt: GgmlType,
+        w: Vec<A>,
+        xt: GgmlType,
+        x: Vec<B>,
+    ) -> (Aligned, Aligned, Vec<f32>, Vec<f32>, f32) {
+        let (dw, dx) = (deq(wt, &w), deq(xt, &x));
+        (
+            Aligned::new(blocks_as_bytes(&w)),
+            Aligned::new(blocks_as_bytes(&x)),
+            dw,
+            dx,
+            0.0,
+        )
+    }
+    match ty {
+        GgmlType::Q4_0 => pack(ty, rand_q4_0(rng, nb), GgmlType::Q8_0, rand_q8_0(rng, nb)),
+        GgmlType::Q4_1 => {
+            let (w, x) = (rand_q4_1(rng, nb), rand_q8_1(rng, nb));
+            let extra: f32 = w
+                .iter()
+                .zip(&x)
+                .map(|(a, b)| (a.m.to_f32() * b.s.to_f32()).abs())
+                .sum::<f32>()
+                / 1024.0;
+            let p = pack(ty, w, GgmlType::Q8_1, x);
+            (p.0, p.1, p.2, p.3, extra)
+        }
+        GgmlType::Q8_0 => pack(ty, rand_q8_0(rng, nb), GgmlType::Q8_0, rand_q8_0(rng, nb)),
+        GgmlType::Q4_K => pack(ty, rand_q4_k(rng, nb), GgmlType::Q8_K, rand_q8_k(rng, nb)),
+        GgmlType::Q6_K => pack(ty, rand_q6_k(rng, nb), GgmlType::Q8_K, rand_q8_k(rng, nb)),
+        // Float types: `nb` elements (edge lengths around the SIMD widths).
+        GgmlType::F16 => {
+            let w: Vec<f16> = (0..nb).map(|_| f16::from_f32(rng.normal())).collect();
+            let x: Vec<f16> = (0..nb).map(|_| f16::from_f32(rng.normal())).collect();
+            pack(ty, w, ty, x)
+        }
+        GgmlType::BF16 => {
+            let w: Vec<bf16> = (0..nb).map(|_| bf16::from_f32(rng.normal())).collect();
+            let x: Vec<bf16> = (0..nb).map(|_| bf16::from_f32(rng.normal())).collect();
+            pack(ty, w, ty, x)
+        }
+        GgmlType::F32 => pack(ty, rng.vec(nb), ty, rng.vec(nb)),
+        other => panic!("not a weight type: {other}"),
+    }
+}
+
+fn pool2() -> ThreadPool {
+    ThreadPool::new(2).expect("spawn pool")
+}
+
+/// Naive f64 reference of `y = x · Wᵀ` on the dequantized weights.
+fn reference_matmul(w: &[f32], rows: usize, cols: usize, x: &[f32], n: usize) -> Vec<f64> {
+    let mut y = vec![0f64; n * rows];
+    for t in 0..n {
+        for r in 0..rows {
+            y[t * rows + r] = (0..cols)
+                .map(|c| w[r * cols + c] as f64 * x[t * cols + c] as f64)
+                .sum();
+        }
+    }
+    y
+}
+
+macro_rules! backend_conformance {
+    ($name:ident, $get:expr) => {
+        mod $name {
+            use super::*;
+
+            fn be() -> Option<&'static dyn KernelBackend> {
+                $get
+            }
+
+            proptest! {
+                #![proptest_config(ProptestConfig { cases: 24, failure_persistence: None, ..ProptestConfig::default() })]
+
+                #[test]
+                fn vec_dot_matches_scalar(ti in 0usize..8, nb in 0usize..6, float_len in 0usize..70, seed in any::<u64>()) {
+                    let Some(be) = be() else { return Ok(()) };
+                    let ty = WEIGHT_TYPES[ti];
+                    let n = if ty.block_size() == 1 { float_len } else { nb };
+                    let mut rng = Rng(seed);
+                    let (w, x, dw, dx, extra) = random_pair(ty, n, &mut rng);
+                    let got = be.vec_dot_bytes(ty, w.bytes(), x.bytes());
+                    let want = backend::scalar().vec_dot_bytes(ty, w.bytes(), x.bytes());
+                    assert_close_dot(ty.name(), got, want, mass(&dw, &dx));
+                    // And both equal the dot of the dequantized rows (the block formulas).
+                    let exact: f64 = dw.iter().zip(&dx).map(|(a, b)| *a as f64 * *b as f64).sum();
+                    let diff = (want - exact as f32).abs();
+                    let tol = 4.0 * SUM_ORDER_TOL * mass(&dw, &dx) + extra + 1e-6;
+                    prop_assert!(diff <= tol, "{}: scalar {} vs dequantized dot {} (tol {})", ty.name(), want, exact, tol);
+                }
+
+                #[test]
+                fn rms_norm_matches_scalar(len in 1usize..100, seed in any::<u64>()) {
+                    let Some(be) = be() else { return Ok(()) };
+                    let mut rng = Rng(seed);
+                    let (x, w) = (rng.vec(len), rng.vec(len));
+                    let (mut a, mut b) = (vec![0f32; len], vec![0f32; len]);
+                    be.rms_norm_row(&x, &w, 1e-6, &mut a);
+                    backend::scalar().rms_norm_row(&x, &w, 1e-6, &mut b);
+                    for (p, q) in a.iter().zip(&b) {
+                        prop_assert!((p - q).abs() <= 1e-6 * q.abs().max(1.0), "{p} vs {q}");
+                    }
+                }
+
+                #[test]
+                fn add_and_axpy_equal_scalar_bitwise(len in 0usize..80, a in -2.0f32..2.0, seed in any::<u64>()) {
+                    let Some(be) = be() else { return Ok(()) };
+                    let mut rng = Rng(seed);
+                    let (x, src) = (rng.vec(len), rng.vec(len));
+                    let v: Vec<f16> = rng.vec(len).iter().map(|&f| f16::from_f32(f)).collect();
+                    let (mut p, mut q) = (x.clone(), x.clone());
+                    be.add_inplace(&mut p, &src);
+                    backend::scalar().add_inplace(&mut q, &src);
+                    prop_assert_eq!(&p, &q);
+                    be.axpy_f16(&mut p, a, &v);
+                    backend::scalar().axpy_f16(&mut q, a, &v);
+                    prop_assert_eq!(&p, &q);
+                }
+            }
+
+            #[test]
+            fn dot_tile_is_bit_identical_to_single_dots() {
+                let Some(be) = be() else { return };
+                let mut rng = Rng(7);
+                for ty in WEIGHT_TYPES {
+                    let cols = 512;
+                    for (rows, toks) in [(1, 1), (3, 2), (4, 2), (5, 3), (9, 5)] {
+                        let w = quantize_matrix(ty, &rng.vec(rows * cols), rows, cols);
+                        let x = rng.vec(toks * cols);
+                        let pool = ThreadPool::new(1).expect("pool");
+                        let acts = dsp::matmul::quantize_activations(&pool, ty.vec_dot_type(), &x, toks, cols)
+                            .expect("quantize");
+                        let tile = DotTile {
+                            ty,
+                            w: w.bytes(),
+                            w_row_bytes: ty.row_bytes(cols).expect("rb"),
+                            x: acts.bytes(),
+                            x_row_bytes: acts.row_bytes,
+                        };
+                        let mut out = vec![0f32; rows * toks];
+                        be.dot_tile(&tile, &mut out);
+                        for t in 0..toks {
+                            for r in 0..rows {
+                                let single = be.vec_dot_bytes(
+                                    ty,
+                                    &tile.w[r * tile.w_row_bytes..(r + 1) * tile.w_row_bytes],
+                                    &tile.x[t * tile.x_row_bytes..(t + 1) * tile.x_row_bytes],
+                                );
+                                assert_eq!(out[t * rows + r].to_bits(), single.to_bits(), "{ty} r{r} t{t}");
+                            }
+                        }
+                    }
+                }
+            }
+
+            #[test]
+            fn matmul_matches_f32_reference() {
+                let Some(be) = be() else { return };
+                let pool = pool2();
+                let mut rng = Rng(11);
+                for ty in WEIGHT_TYPES {
+                    let (rows, cols, n) = (37, 512, 5);
+                    let wf = rng.vec(rows * cols);
+                    let w = quantize_matrix(ty, &wf, rows, cols);
+                    let wd = dequantize_matrix(ty, w.bytes(), rows, cols);
+                    let x = rng.vec(n * cols);
+                    let m = QMatRef::new(ty, rows, cols, w.bytes()).expect("weights");
+                    let mut y = vec![0f32; n * rows];
+                    matmul_with(be, &pool, &m, &x, n, &mut y).expect("matmul");
+                    let y_ref = reference_matmul(&wd, rows, cols, &x, n);
+                    let err: f64 = y.iter().zip(&y_ref).map(|(a, b)| (*a as f64 - b).powi(2)).sum::<f64>().sqrt();
+                    let norm: f64 = y_ref.iter().map(|b| b * b).sum::<f64>().sqrt();
+                    assert!(err / norm <= matmul_tol(ty), "{ty}: relative error {} > {}", err / norm, matmul_tol(ty));
+                }
+            }
+
+            #[test]
+            fn matmul_of_n_tokens_equals_n_matvecs_bitwise() {
+                let Some(be) = be() else { return };
+                let pool = pool2();
+                let mut rng = Rng(13);
+                for ty in WEIGHT_TYPES {
+                    let (rows, cols) = (45, 256);
+                    let w = quantize_matrix(ty, &rng.vec(rows * cols), rows, cols);
+                    let m = QMatRef::new(ty, rows, cols, w.bytes()).expect("weights");
+                    for n in [1usize, 2, 3, 5, 17, 64, 70] {
+                        let x = rng.vec(n * cols);
+                        let mut y = vec![0f32; n * rows];
+                        matmul_with(be, &pool, &m, &x, n, &mut y).expect("matmul");
+                        for t in 0..n {
+                            let mut yt = vec![0f32; rows];
+                            matmul_with(be, &pool, &m, &x[t * cols..(t + 1) * cols], 1, &mut yt).expect("matvec");
+                            let got: Vec<u32> = y[t * rows..(t + 1) * rows].iter().map(|v| v.to_bits()).collect();
+                            let want: Vec<u32> = yt.iter().map(|v| v.to_bits()).collect();
+                            assert_eq!(got, want, "{ty} n={n} t={t}");
+                        }
+                    }
+                }
+            }
+
+            #[test]
+            fn matmul_is_independent_of_thread_count() {
+                let Some(be) = be() else { return };
+                let mut rng = Rng(17);
+                let (ty, rows, cols, n) = (GgmlType::Q4_1, 300, 256, 9);
+                let w = quantize_matrix(ty, &rng.vec(rows * cols), rows, cols);
+                let m = QMatRef::new(ty, rows, cols, w.bytes()).expect("weights");
+                let x = rng.vec(n * cols);
+                let mut ys = Vec::new();
+                for threads in [1, 2, 3] {
+                    let pool = ThreadPool::new(threads).expect("pool");
+                    let mut y = vec![0f32; n * rows];
+                    matmul_with(be, &pool, &m, &x, n, &mut y).expect("matmul");
+                    ys.push(y.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+                }
+                assert_eq!(ys[0], ys[1]);
+                assert_eq!(ys[0], ys[2]);
+            }
+
+            #[test]
+            fn attention_matches_f64_reference() {
+                let Some(be) = be() else { return };
+                let mut rng = Rng(19);
+                for (n_ctx, hd) in [(1usize, 64usize), (7, 64), (33, 80), (0, 16)] {
+                    let q = rng.vec(hd);
+                    let k: Vec<f16> = rng.vec(n_ctx * hd).iter().map(|&v| f16::from_f32(v)).collect();
+                    let v: Vec<f16> = rng.vec(n_ctx * hd).iter().map(|&v| f16::from_f32(v)).collect();
+                    let scale = 1.0 / (hd as f32).sqrt();
+                    let mut scores = vec![0f32; n_ctx];
+                    let mut out = vec![f32::NAN; hd];
+                    ops::attention_head_strided(be, &q, &k, &v, n_ctx, hd, scale, &mut scores, &mut out).expect("attn");
+                    // Reference in f64 on the f16-rounded query.
+                    let q16: Vec<f64> = q.iter().map(|&x| f16::from_f32(x).to_f64()).collect();
+                    let s: Vec<f64> = (0..n_ctx)
+                        .map(|j| (0..hd).map(|i| k[j * hd + i].to_f64() * q16[i]).sum::<f64>() * scale as f64)
+                        .collect();
+                    let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let e: Vec<f64> = s.iter().map(|v| (v - mx).exp()).collect();
+                    let z: f64 = e.iter().sum();
+                    for i in 0..hd {
+                        let want: f64 = (0..n_ctx).map(|j| e[j] / z * v[j * hd + i].to_f64()).sum();
+                        assert!((out[i] as f64 - want).abs() < 1e-4, "n_ctx {n_ctx} dim {i}: {} vs {want}", out[i]);
+                    }
+                }
+            }
+        }
+    };
+}
+
+backend_conformance!(scalar, Some(backend::scalar()));
+#[cfg(target_arch = "x86_64")]
+backend_conformance!(
+    avx2,
+    backend::avx2::Avx2::get().map(|b| b as &'static dyn KernelBackend)
+);
+#[cfg(target_arch = "aarch64")]
+backend_conformance!(
+    neon,
+    Some(backend::neon::Neon::get() as &'static dyn KernelBackend)
+);
+
+#[test]
+fn qmatref_rejects_bad_weights() {
+    use dsp::DspError;
+    let buf = Aligned::new(&[0u8; 64]);
+    assert!(matches!(
+        QMatRef::new(GgmlType::Q8_K, 1, 256, buf.bytes()),
+        Err(DspError::UnsupportedType { .. })
+    ));
+    assert!(matches!(
+        QMatRef::new(GgmlType::Q4_1, 2, 32, &buf.bytes()[..39]),
+        Err(DspError::LengthMismatch {
+            expected: 40,
+            actual: 39,
+            ..
+        })
+    ));
+    assert!(matches!(
+        QMatRef::new(GgmlType::Q4_1, 1, 33, buf.bytes()),
+        Err(DspError::NotBlockMultiple { .. })
+    ));
+    assert!(matches!(
+        QMatRef::new(GgmlType::Q4_1, 1, 32, &buf.bytes()[1..21]),
+        Err(DspError::Misaligned { .. })
+    ));
+    let m = QMatRef::new(GgmlType::Q4_1, 1, 32, &buf.bytes()[..20]).expect("valid");
+    let pool = pool2();
+    let mut y = vec![0f32; 2];
+    assert!(matches!(
+        dsp::matmul(&pool, &m, &[0.0; 32], 1, &mut y),
+        Err(DspError::LengthMismatch {
+            what: "y",
+            expected: 1,
+            actual: 2,
+            ..
+        })
+    ));
+}

@@ -1,0 +1,194 @@
+//! Row ops against their textbook definitions: RMS norm, RoPE (norm and neox layouts),
+//! softmax, SiLU / SwiGLU, add; plus shape errors.
+
+mod common;
+
+use common::Rng;
+use dsp::ops;
+use dsp::DspError;
+use proptest::prelude::*;
+
+/// f32 ops against f64 definitions: a few ulps of the largest magnitude involved.
+const OP_TOL: f32 = 1e-5;
+/// RoPE angles are built by repeated f32 multiplication (as ggml): relative error grows with
+/// the pair index, so compare rotated values against f64 within this absolute budget for
+/// positions below 4096 and unit-scale inputs.
+const ROPE_TOL: f32 = 2e-3;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn rms_norm_matches_definition(d in 1usize..96, rows in 1usize..4, seed in any::<u64>()) {
+        let mut rng = Rng(seed);
+        let (x, w) = (rng.vec(rows * d), rng.vec(d));
+        let mut out = vec![0f32; rows * d];
+        ops::rms_norm(&x, &w, 1e-5, &mut out).expect("rms_norm");
+        for r in 0..rows {
+            let xr = &x[r * d..(r + 1) * d];
+            let ms: f64 = xr.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / d as f64;
+            let s = 1.0 / (ms + 1e-5).sqrt();
+            for c in 0..d {
+                let want = (xr[c] as f64 * s * w[c] as f64) as f32;
+                prop_assert!((out[r * d + c] - want).abs() <= OP_TOL * want.abs().max(1.0));
+            }
+        }
+    }
+
+    #[test]
+    fn softmax_is_a_distribution(len in 1usize..200, seed in any::<u64>()) {
+        let mut rng = Rng(seed);
+        let x: Vec<f32> = rng.vec(len).iter().map(|v| v * 10.0).collect();
+        let mut p = x.clone();
+        ops::softmax_inplace(&mut p);
+        let mx = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let z: f64 = x.iter().map(|&v| (v as f64 - mx).exp()).sum();
+        for (pi, &xi) in p.iter().zip(&x) {
+            prop_assert!((*pi as f64 - (xi as f64 - mx).exp() / z).abs() <= 1e-6);
+        }
+    }
+
+    #[test]
+    fn swiglu_is_silu_gate_times_up(len in 0usize..50, seed in any::<u64>()) {
+        let mut rng = Rng(seed);
+        let (g, u) = (rng.vec(len), rng.vec(len));
+        let mut out = vec![0f32; len];
+        ops::swiglu(&g, &u, &mut out).expect("swiglu");
+        for i in 0..len {
+            let gd = g[i] as f64;
+            let want = (gd / (1.0 + (-gd).exp()) * u[i] as f64) as f32;
+            prop_assert!((out[i] - want).abs() <= OP_TOL * want.abs().max(1.0));
+        }
+    }
+}
+
+#[test]
+fn softmax_masks_negative_infinity() {
+    let mut x = vec![1.0, f32::NEG_INFINITY, 1.0];
+    ops::softmax_inplace(&mut x);
+    assert_eq!(x, vec![0.5, 0.0, 0.5]);
+}
+
+fn rope_reference(
+    x: &[f32],
+    head_dim: usize,
+    n_rot: usize,
+    pos: u32,
+    base: f32,
+    neox: bool,
+) -> Vec<f32> {
+    let mut y = x.to_vec();
+    for h in 0..x.len() / head_dim {
+        for i in 0..n_rot / 2 {
+            let theta = pos as f64 * (base as f64).powf(-2.0 * i as f64 / n_rot as f64);
+            let (a, b) = if neox {
+                (i, i + n_rot / 2)
+            } else {
+                (2 * i, 2 * i + 1)
+            };
+            let (x0, x1) = (x[h * head_dim + a] as f64, x[h * head_dim + b] as f64);
+            y[h * head_dim + a] = (x0 * theta.cos() - x1 * theta.sin()) as f32;
+            y[h * head_dim + b] = (x0 * theta.sin() + x1 * theta.cos()) as f32;
+        }
+    }
+    y
+}
+
+#[test]
+fn rope_matches_definition_and_leaves_unrotated_dims() {
+    let mut rng = Rng(23);
+    for (n_heads, head_dim, n_rot) in [(3usize, 64usize, 64usize), (2, 128, 32), (1, 8, 0)] {
+        for pos in [0u32, 1, 17, 1000, 4095] {
+            for neox in [false, true] {
+                let x = rng.vec(n_heads * head_dim);
+                let mut y = x.clone();
+                let f = if neox { ops::rope_neox } else { ops::rope_norm };
+                f(&mut y, n_heads, head_dim, n_rot, pos, 10000.0).expect("rope");
+                let want = rope_reference(&x, head_dim, n_rot, pos, 10000.0, neox);
+                for (i, (a, b)) in y.iter().zip(&want).enumerate() {
+                    assert!(
+                        (a - b).abs() <= ROPE_TOL,
+                        "neox {neox} pos {pos} [{i}]: {a} vs {b}"
+                    );
+                    if i % head_dim >= n_rot {
+                        assert_eq!(a, &x[i], "dims past n_rot are untouched");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn rope_at_position_zero_is_identity() {
+    let mut rng = Rng(29);
+    let x = rng.vec(4 * 64);
+    let mut y = x.clone();
+    ops::rope_norm(&mut y, 4, 64, 64, 0, 10000.0).expect("rope");
+    assert_eq!(x, y);
+}
+
+#[test]
+fn neox_is_norm_on_interleaved_halves() {
+    // neox pairs (i, i + n/2); norm pairs (2i, 2i+1): permuting halves into pairs maps one to
+    // the other exactly (same angles, same arithmetic).
+    let mut rng = Rng(31);
+    let (hd, n_rot) = (64, 64);
+    let x = rng.vec(hd);
+    let perm = |v: &[f32]| -> Vec<f32> {
+        (0..hd)
+            .map(|j| {
+                if j % 2 == 0 {
+                    v[j / 2]
+                } else {
+                    v[j / 2 + hd / 2]
+                }
+            })
+            .collect()
+    };
+    let mut a = x.clone();
+    ops::rope_neox(&mut a, 1, hd, n_rot, 77, 1e6).expect("neox");
+    let mut b = perm(&x);
+    ops::rope_norm(&mut b, 1, hd, n_rot, 77, 1e6).expect("norm");
+    assert_eq!(perm(&a), b);
+}
+
+#[test]
+fn op_shape_errors() {
+    let mut x = vec![0f32; 10];
+    assert!(matches!(
+        ops::rope_norm(&mut x, 2, 4, 4, 0, 1e4),
+        Err(DspError::LengthMismatch {
+            expected: 8,
+            actual: 10,
+            ..
+        })
+    ));
+    let mut x = vec![0f32; 8];
+    assert!(matches!(
+        ops::rope_neox(&mut x, 2, 4, 3, 0, 1e4),
+        Err(DspError::InvalidArgument { .. })
+    ));
+    let mut out = vec![0f32; 6];
+    assert!(ops::rms_norm(&[0.0; 6], &[1.0; 4], 1e-6, &mut out).is_err());
+    assert!(ops::swiglu(&[0.0; 3], &[0.0; 2], &mut [0.0; 3]).is_err());
+    assert!(ops::add_inplace(&mut [0.0; 3], &[0.0; 4]).is_err());
+    let k = vec![half::f16::ZERO; 8];
+    let mut scores = vec![0f32; 1];
+    let mut o = vec![0f32; 4];
+    assert!(matches!(
+        ops::attention_head(&[0.0; 4], &k, &k, 2, 1.0, &mut scores, &mut o),
+        Err(DspError::LengthMismatch {
+            what: "scores_scratch",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn add_inplace_adds() {
+    let mut a = vec![1.0f32; 19];
+    let b: Vec<f32> = (0..19).map(|i| i as f32).collect();
+    ops::add_inplace(&mut a, &b).expect("add");
+    assert_eq!(a, (0..19).map(|i| 1.0 + i as f32).collect::<Vec<_>>());
+}

@@ -1,0 +1,246 @@
+//! GGML block formats: dequantization against fixtures from gguf-py (an independent
+//! implementation), quantize → dequantize error budgets, and the quantizers' defining rules.
+
+mod common;
+
+use common::{quantize_matrix, Rng};
+use dsp::quant::blocks::{as_blocks, BlockQ8K, BlockQ8_0, BlockQ8_1};
+use dsp::quant::{
+    dequantize_row, quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k, GgmlType,
+};
+use dsp::DspError;
+use half::f16;
+
+/// Round-trip budgets: RMS error / RMS of Gaussian data. Uniform rounding error of a step
+/// `s` has RMS `s / sqrt(12)`; 4-bit blocks have steps ~ 0.3σ (→ ~0.09), 6-bit ~ 0.07σ,
+/// 8-bit ~ 0.02σ; budgets add ~30% margin (K-quants also round their scales).
+const BUDGET_Q8: f64 = 0.01;
+const BUDGET_Q6_K: f64 = 0.03;
+const BUDGET_Q4: f64 = 0.12;
+const BUDGET_Q4_K: f64 = 0.15;
+const BUDGET_F16: f64 = 5e-4;
+const BUDGET_BF16: f64 = 4e-3;
+
+fn fixture(name: &str) -> Vec<u8> {
+    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("read {path}: {e}"))
+}
+
+#[test]
+fn dequantize_matches_gguf_py_fixtures() {
+    for (name, ty) in [
+        ("q4_0", GgmlType::Q4_0),
+        ("q4_1", GgmlType::Q4_1),
+        ("q8_0", GgmlType::Q8_0),
+        ("q4_k", GgmlType::Q4_K),
+        ("q6_k", GgmlType::Q6_K),
+        ("f16", GgmlType::F16),
+        ("bf16", GgmlType::BF16),
+    ] {
+        let raw = common::Aligned::new(&fixture(&format!("{name}.blocks.bin")));
+        let want: Vec<f32> = fixture(&format!("{name}.f32.bin"))
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let mut got = vec![0f32; want.len()];
+        dequantize_row(ty, raw.bytes(), &mut got).expect("dequantize");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "{name}[{i}]: {g} vs gguf-py {w}");
+        }
+    }
+}
+
+#[test]
+fn quantize_dequantize_round_trip_within_budget() {
+    let mut rng = Rng(3);
+    let cols = 1024;
+    let rows = 8;
+    let x = rng.vec(rows * cols);
+    for (ty, budget) in [
+        (GgmlType::Q8_0, BUDGET_Q8),
+        (GgmlType::Q4_0, BUDGET_Q4),
+        (GgmlType::Q4_1, BUDGET_Q4),
+        (GgmlType::Q4_K, BUDGET_Q4_K),
+        (GgmlType::Q6_K, BUDGET_Q6_K),
+        (GgmlType::F16, BUDGET_F16),
+        (GgmlType::BF16, BUDGET_BF16),
+    ] {
+        let q = quantize_matrix(ty, &x, rows, cols);
+        let d = common::dequantize_matrix(ty, q.bytes(), rows, cols);
+        let err: f64 = x
+            .iter()
+            .zip(&d)
+            .map(|(a, b)| ((a - b) as f64).powi(2))
+            .sum::<f64>();
+        let norm: f64 = x.iter().map(|a| (*a as f64).powi(2)).sum::<f64>();
+        let rel = (err / norm).sqrt();
+        assert!(rel <= budget, "{ty}: relative RMS error {rel} > {budget}");
+        assert!(
+            rel > 0.0 || ty == GgmlType::F32,
+            "{ty}: lossless round trip is suspicious"
+        );
+    }
+}
+
+#[test]
+fn activation_quantizers_round_trip_within_budget() {
+    let mut rng = Rng(5);
+    let x = rng.vec(1024);
+    let mut q0 = vec![
+        BlockQ8_0 {
+            d: f16::ZERO,
+            qs: [0; 32]
+        };
+        32
+    ];
+    let mut q1 = vec![
+        BlockQ8_1 {
+            d: f16::ZERO,
+            s: f16::ZERO,
+            qs: [0; 32]
+        };
+        32
+    ];
+    let mut qk = vec![
+        BlockQ8K {
+            d: 0.0,
+            qs: [0; 256],
+            bsums: [0; 16]
+        };
+        4
+    ];
+    quantize_row_q8_0(&x, &mut q0).expect("q8_0");
+    quantize_row_q8_1(&x, &mut q1).expect("q8_1");
+    quantize_row_q8_k(&x, &mut qk).expect("q8_K");
+    for (ty, bytes) in [
+        (GgmlType::Q8_0, dsp::quant::blocks::blocks_as_bytes(&q0)),
+        (GgmlType::Q8_1, dsp::quant::blocks::blocks_as_bytes(&q1)),
+        (GgmlType::Q8_K, dsp::quant::blocks::blocks_as_bytes(&qk)),
+    ] {
+        let mut d = vec![0f32; 1024];
+        dequantize_row(ty, bytes, &mut d).expect("dequantize");
+        let err: f64 = x
+            .iter()
+            .zip(&d)
+            .map(|(a, b)| ((a - b) as f64).powi(2))
+            .sum();
+        let norm: f64 = x.iter().map(|a| (*a as f64).powi(2)).sum();
+        assert!(
+            (err / norm).sqrt() <= BUDGET_Q8,
+            "{ty}: {}",
+            (err / norm).sqrt()
+        );
+    }
+    // Q8_1's s is d * sum(q) (with the unrounded f32 d, then stored as f16: two f16
+    // roundings of slack); Q8_K's bsums are the sums of 16 quants.
+    for b in &q1 {
+        let sum: i32 = b.qs.iter().map(|&q| q as i32).sum();
+        let want = sum as f32 * b.d.to_f32();
+        assert!(
+            (b.s.to_f32() - want).abs() <= want.abs() / 512.0,
+            "s {} vs {want}",
+            b.s
+        );
+    }
+    for b in &qk {
+        for k in 0..16 {
+            assert_eq!(
+                b.bsums[k] as i32,
+                b.qs[16 * k..16 * k + 16]
+                    .iter()
+                    .map(|&q| q as i32)
+                    .sum::<i32>()
+            );
+        }
+    }
+}
+
+#[test]
+fn q8_0_rounds_half_to_even_like_ggml_x86() {
+    // amax = 127 gives d = 1 and id = 1 exactly, so x * id is x: halves show the rounding rule
+    // (ggml's x86 quantizer uses _MM_ROUND_NEAREST: ties to even).
+    let mut x = [0f32; 32];
+    x[0] = 127.0;
+    x[1] = 2.5;
+    x[2] = -2.5;
+    x[3] = 3.5;
+    x[4] = 0.49;
+    let mut y = [BlockQ8_0 {
+        d: f16::ZERO,
+        qs: [0; 32],
+    }];
+    quantize_row_q8_0(&x, &mut y).expect("q8_0");
+    assert_eq!(y[0].d.to_f32(), 1.0);
+    assert_eq!(&y[0].qs[..5], &[127, 2, -2, 4, 0]);
+}
+
+#[test]
+fn q8_k_uses_the_signed_max_and_rounds_half_to_even() {
+    // max = -127 (largest magnitude, negative): iscale = 1, d = 1; nearest_int rounds halves
+    // to even; the largest-magnitude value maps to -127 and 127 is the cap.
+    let mut x = [0f32; 256];
+    x[0] = -127.0;
+    x[1] = 2.5;
+    x[2] = 3.5;
+    x[3] = -0.5;
+    let mut y = [BlockQ8K {
+        d: 0.0,
+        qs: [0; 256],
+        bsums: [0; 16],
+    }];
+    quantize_row_q8_k(&x, &mut y).expect("q8_K");
+    assert_eq!(y[0].d, 1.0);
+    assert_eq!(&y[0].qs[..4], &[-127, 2, 4, 0]);
+    assert_eq!(y[0].bsums[0], -127 + 2 + 4);
+}
+
+#[test]
+fn all_zero_blocks_quantize_to_zero_scale() {
+    let x = [0f32; 256];
+    let mut y = [BlockQ8K {
+        d: 1.0,
+        qs: [1; 256],
+        bsums: [1; 16],
+    }];
+    quantize_row_q8_k(&x, &mut y).expect("q8_K");
+    assert_eq!((y[0].d, y[0].qs, y[0].bsums), (0.0, [0; 256], [0; 16]));
+}
+
+#[test]
+fn bad_shapes_are_errors() {
+    let mut y = [BlockQ8_0 {
+        d: f16::ZERO,
+        qs: [0; 32],
+    }; 2];
+    assert!(matches!(
+        quantize_row_q8_0(&[0.0; 33], &mut y),
+        Err(DspError::NotBlockMultiple {
+            n: 33,
+            block: 32,
+            ..
+        })
+    ));
+    assert!(matches!(
+        quantize_row_q8_0(&[0.0; 32], &mut y),
+        Err(DspError::LengthMismatch {
+            expected: 1,
+            actual: 2,
+            ..
+        })
+    ));
+    let mut out = [0f32; 32];
+    assert!(matches!(
+        dequantize_row(GgmlType::Q4_0, &[0u8; 17], &mut out),
+        Err(DspError::LengthMismatch {
+            expected: 18,
+            actual: 17,
+            ..
+        })
+    ));
+    let buf = common::Aligned::new(&[0u8; 40]);
+    assert!(matches!(
+        dequantize_row(GgmlType::Q4_1, &buf.bytes()[1..21], &mut out),
+        Err(DspError::Misaligned { align: 2, .. })
+    ));
+    assert!(as_blocks::<BlockQ8_0>(&buf.bytes()[..35]).is_err());
+}

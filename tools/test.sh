@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Runs every test of the workspace against the real default model (fetched into the cache
+# on first use). Used by .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TANDEM_MODEL="$(tools/fetch_model.sh)"
+export TANDEM_MODEL
+export TANDEM_CORPUS="${TANDEM_CORPUS:-$(cd .. && pwd)/shared/corpus/raw}"
+cargo test --workspace --locked "$@"

@@ -110,14 +110,18 @@ pub async fn serve(
             }
         }
     });
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(tandem_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| WorkerError::Internal(format!("reflection: {e}")))?;
+    // Reflection v1 and v1alpha: grpcurl and older clients ask for either.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(tandem_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection().build_v1().map_err(|e| WorkerError::Internal(format!("reflection: {e}")))?;
+    let reflection_v1alpha = reflection().build_v1alpha().map_err(|e| WorkerError::Internal(format!("reflection: {e}")))?;
     tonic::transport::Server::builder()
         .add_service(health)
-        .add_service(reflection)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .add_service(StepServiceImpl::new(engine).into_server())
         .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
         .await

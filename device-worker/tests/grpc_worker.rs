@@ -156,3 +156,40 @@ async fn a_truncated_model_file_gives_a_clear_error_not_a_crash() {
     assert_eq!(err.code(), tonic::Code::Unavailable);
     assert!(err.message().contains("truncated"), "{}", err.message());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_lists_the_services_and_health_reports_serving() {
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+
+    let Some(model) = model_path() else { return };
+    let w = start_worker(config(model)).await;
+    let channel = tonic::transport::Endpoint::from_shared(w.addr.clone()).unwrap().connect().await.unwrap();
+    let mut client = ServerReflectionClient::new(channel.clone());
+    let req = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
+    let mut resp = client.server_reflection_info(tokio_stream::iter(vec![req])).await.unwrap().into_inner();
+    let msg = resp.next().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else { panic!("{msg:?}") };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for want in ["tandem.step.v1.StepService", "grpc.health.v1.Health"] {
+        assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
+    }
+
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+    let mut status = -1;
+    for _ in 0..200 {
+        let r = health
+            .check(tonic_health::pb::HealthCheckRequest { service: "tandem.step.v1.StepService".into() })
+            .await
+            .unwrap();
+        status = r.into_inner().status;
+        if status == serving {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(status, serving);
+}

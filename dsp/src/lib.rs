@@ -11,6 +11,7 @@
 
 pub mod backend;
 pub mod error;
+pub mod gdn;
 pub mod matmul;
 pub mod ops;
 pub mod pool;

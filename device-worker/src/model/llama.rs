@@ -243,9 +243,13 @@ impl LlamaModel {
                     .map_err(kernel("attn_norm"))?;
             }
             let h = &s.h[..n * e];
-            mm(pool, &layer.attn.wq, bytes, h, n, &mut s.q[..n * nq])?;
-            mm(pool, &layer.attn.wk, bytes, h, n, &mut s.k[..n * nkv])?;
-            mm(pool, &layer.attn.wv, bytes, h, n, &mut s.v[..n * nkv])?;
+            mm_shared(
+                pool,
+                bytes,
+                h,
+                n,
+                &mut [(&layer.attn.wq, &mut s.q[..n * nq]), (&layer.attn.wk, &mut s.k[..n * nkv]), (&layer.attn.wv, &mut s.v[..n * nkv])],
+            )?;
             for t in 0..n {
                 let pos = (pos0 + t) as u32;
                 ops::rope_norm(&mut s.q[t * nq..(t + 1) * nq], c.n_head, hd, c.n_rot, pos, c.rope_freq_base)
@@ -264,8 +268,7 @@ impl LlamaModel {
                     .map_err(kernel("ffn_norm"))?;
             }
             let f = c.n_ff;
-            mm(pool, &layer.mlp.gate, bytes, &s.h[..n * e], n, &mut s.gate[..n * f])?;
-            mm(pool, &layer.mlp.up, bytes, &s.h[..n * e], n, &mut s.up[..n * f])?;
+            mm_shared(pool, bytes, &s.h[..n * e], n, &mut [(&layer.mlp.gate, &mut s.gate[..n * f]), (&layer.mlp.up, &mut s.up[..n * f])])?;
             ops::swiglu(&s.gate[..n * f], &s.up[..n * f], &mut s.act[..n * f]).map_err(kernel("swiglu"))?;
             mm(pool, &layer.mlp.down, bytes, &s.act[..n * f], n, &mut s.o[..n * e])?;
             ops::add_inplace(&mut s.x[..n * e], &s.o[..n * e]).map_err(kernel("residual"))?;
@@ -305,6 +308,24 @@ impl LlamaModel {
 
 fn kernel(name: &'static str) -> impl Fn(dsp::DspError) -> ModelError {
     move |source| ModelError::Kernel { name: name.to_string(), source }
+}
+
+/// Several products of one input `x` (`[n, cols]`), e.g. q/k/v or gate/up: the input is
+/// converted to the weights' activation type once when they share it.
+fn mm_shared(pool: &ThreadPool, bytes: &[u8], x: &[f32], n: usize, outs: &mut [(&Linear, &mut [f32])]) -> Result<(), ModelError> {
+    let ty = outs[0].0.ty.vec_dot_type();
+    if outs.iter().any(|(w, _)| w.ty.vec_dot_type() != ty || w.cols != outs[0].0.cols) {
+        for (w, y) in outs.iter_mut() {
+            mm(pool, w, bytes, x, n, y)?;
+        }
+        return Ok(());
+    }
+    let acts = dsp::matmul::quantize_activations(pool, ty, x, n, outs[0].0.cols).map_err(kernel("activations"))?;
+    for (w, y) in outs.iter_mut() {
+        dsp::matmul::matmul_quantized(dsp::backend::select(), pool, &w.mat(bytes), &acts, y)
+            .map_err(|source| ModelError::Kernel { name: w.name.clone(), source })?;
+    }
+    Ok(())
 }
 
 fn mm(pool: &ThreadPool, w: &Linear, bytes: &[u8], x: &[f32], n: usize, y: &mut [f32]) -> Result<(), ModelError> {

@@ -1,0 +1,260 @@
+//! The gated delta rule over chunks of tokens for prefill: per chunk, the recurrence is
+//! unrolled into matrix products and one unit-lower-triangular solve (the WY / UT transform of
+//! Yang et al. 2024, "Parallelizing Linear Transformers with the Delta Rule over Sequence
+//! Length", §3; as in Hugging Face `torch_chunk_gated_delta_rule`, `modeling_qwen3_next.py`).
+//! Produces every token's output and the final state only.
+//!
+//! Derivation, per value head, for a chunk of `c` tokens with entry state `S₀`, cumulative
+//! log decay `G_t = Σ_{s≤t} gate_s` (within the chunk) and `δ_t` the delta of token `t`:
+//!
+//! ```text
+//! S_t = e^{G_t} S₀ + Σ_{s≤t} e^{G_t−G_s} k_s δ_sᵀ
+//! δ_t = β_t (v_t − e^{G_t} S₀ᵀk_t) − Σ_{s<t} β_t e^{G_t−G_s} (k_t·k_s) δ_s      (1)
+//! o_t = scale · (e^{G_t} S₀ᵀq_t + Σ_{s≤t} e^{G_t−G_s} (q_t·k_s) δ_s)
+//! S_c = e^{G_{c−1}} S₀ + Σ_s e^{G_{c−1}−G_s} k_s δ_sᵀ
+//! ```
+//!
+//! (1) is `(I + A) Δ = B` with `A` strictly lower triangular. Hugging Face inverts `I + A`
+//! explicitly (`attn`, then `value = attn @ v_beta`, `k_cumdecay = attn @ k_beta·e^G`), which
+//! suits a GPU; on a CPU we solve it by forward substitution, which is the same linear algebra
+//! at `c²·d_v/2` instead of `c³` operations. Every exponent is `≤ 0`, so nothing overflows.
+
+use super::heads::{run_pooled, run_serial, split_heads, HeadIo, Inputs};
+use super::shape::GdnShape;
+use super::tile::{dot, gemm_acc};
+use crate::error::DspError;
+use crate::pool::ThreadPool;
+
+const OP: &str = "gdn_chunked";
+
+/// The chunk length of Hugging Face `torch_chunk_gated_delta_rule` (and the fla kernels).
+pub const DEFAULT_CHUNK: usize = 64;
+
+/// Runs the gated delta rule over `n` tokens in chunks of `chunk` tokens (the last chunk may
+/// be shorter), updating `state` in place and writing every token's output. Equals
+/// [`super::gdn_recurrent`] up to rounding (see the tolerance in `dsp/tests/gdn.rs`).
+///
+/// Shapes and layouts as [`super::gdn_recurrent`] (without snapshots): `q`, `k`
+/// `[n, n_k_heads·d_k]`; `v`, `out` `[n, n_v_heads·d_v]`; `gate`, `beta` `[n, n_v_heads]`;
+/// `state` `[n_v_heads, d_k, d_v]` in/out. For a rollback-aware prefill, pass the snapshot
+/// slot that should hold the state after the last token as `state` (copy the entry state
+/// into it first).
+///
+/// Scratch per head: `chunk·(1 + 3·d_k + 2·d_v + chunk)` floats.
+///
+/// # Errors
+/// `InvalidArgument` for a bad [`GdnShape`] or `chunk == 0`; `LengthMismatch` for any buffer
+/// whose length does not fit `n = gate.len() / n_v_heads`.
+pub fn gdn_chunked(
+    shape: GdnShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    gate: &[f32],
+    beta: &[f32],
+    state: &mut [f32],
+    out: &mut [f32],
+    chunk: usize,
+) -> Result<(), DspError> {
+    let n = shape.check_io(OP, q, k, v, gate, beta, state, out)?;
+    check_chunk(chunk)?;
+    let inp = Inputs {
+        shape,
+        n,
+        q,
+        k,
+        v,
+        gate,
+        beta,
+    };
+    let mut heads = split_heads(shape, state, out, None);
+    run_serial(&mut heads, &|h, io| chunked_head(&inp, h, io, chunk));
+    Ok(())
+}
+
+/// [`gdn_chunked`] with the value heads spread over `pool` (one task per head). Results are
+/// bit-identical to the serial call.
+///
+/// # Errors
+/// As [`gdn_chunked`].
+pub fn gdn_chunked_pooled(
+    pool: &ThreadPool,
+    shape: GdnShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    gate: &[f32],
+    beta: &[f32],
+    state: &mut [f32],
+    out: &mut [f32],
+    chunk: usize,
+) -> Result<(), DspError> {
+    let n = shape.check_io(OP, q, k, v, gate, beta, state, out)?;
+    check_chunk(chunk)?;
+    let inp = Inputs {
+        shape,
+        n,
+        q,
+        k,
+        v,
+        gate,
+        beta,
+    };
+    let heads = split_heads(shape, state, out, None);
+    run_pooled(pool, heads, &|h, io| chunked_head(&inp, h, io, chunk));
+    Ok(())
+}
+
+fn check_chunk(chunk: usize) -> Result<(), DspError> {
+    if chunk == 0 {
+        return Err(DspError::InvalidArgument {
+            op: OP,
+            what: "chunk",
+            detail: "chunk length must be at least 1".to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Per-head scratch for chunks of up to `chunk` tokens.
+struct Scratch {
+    /// `G_t`: `[chunk]`.
+    cum: Vec<f32>,
+    /// The chunk's keys then queries, `[2·chunk, d_k]` (`c` key rows, then `c` query rows).
+    kq: Vec<f32>,
+    /// `Δ` then the output rows, `[2·chunk, d_v]` (`c` rows each).
+    dout: Vec<f32>,
+    /// Masked decays `e^{G_t−G_s}` (`s ≤ t`), then the intra-chunk scores
+    /// `e^{G_t−G_s} (q_t·k_s)`: `[chunk, chunk]`.
+    scores: Vec<f32>,
+    /// Decayed keys transposed, `k_s[i]·e^{G_last−G_s}` at `[i, s]`: `[d_k, chunk]`.
+    kwt: Vec<f32>,
+}
+
+/// All chunks of value head `h`.
+fn chunked_head(inp: &Inputs<'_>, h: usize, io: &mut HeadIo<'_>, chunk: usize) {
+    let chunk = chunk.min(inp.n.max(1));
+    let GdnShape { d_k, d_v, .. } = inp.shape;
+    let mut sc = Scratch {
+        cum: vec![0f32; chunk],
+        kq: vec![0f32; 2 * chunk * d_k],
+        dout: vec![0f32; 2 * chunk * d_v],
+        scores: vec![0f32; chunk * chunk],
+        kwt: vec![0f32; d_k * chunk],
+    };
+    let mut t0 = 0;
+    while t0 < inp.n {
+        let c = chunk.min(inp.n - t0);
+        chunk_step(inp, h, io, t0, c, &mut sc);
+        t0 += c;
+    }
+}
+
+/// Tokens `t0..t0+c` of value head `h`.
+fn chunk_step(
+    inp: &Inputs<'_>,
+    h: usize,
+    io: &mut HeadIo<'_>,
+    t0: usize,
+    c: usize,
+    sc: &mut Scratch,
+) {
+    let GdnShape { d_k, d_v, .. } = inp.shape;
+    let kh = inp.shape.k_head_of(h);
+    let s = &mut *io.state;
+    debug_assert_eq!(s.len(), d_k * d_v);
+
+    // G_t: cumulative log decay inside the chunk.
+    let cum = &mut sc.cum[..c];
+    let mut acc = 0.0f32;
+    for (t, g) in cum.iter_mut().enumerate() {
+        acc += inp.gate(t0 + t, h);
+        *g = acc;
+    }
+
+    // Gather K and Q of the chunk: [2c, d_k].
+    let kq = &mut sc.kq[..2 * c * d_k];
+    for t in 0..c {
+        kq[t * d_k..][..d_k].copy_from_slice(inp.k(t0 + t, kh));
+        kq[(c + t) * d_k..][..d_k].copy_from_slice(inp.q(t0 + t, kh));
+    }
+    let (kc, qc) = kq.split_at(c * d_k);
+
+    // Inter-chunk terms, one product with the entry state: [K; Q] · S₀ = [S₀ᵀk_t; S₀ᵀq_t].
+    let dout = &mut sc.dout[..2 * c * d_v];
+    dout.fill(0.0);
+    gemm_acc(dout, kq, s, 2 * c, d_k, d_v);
+    let (delta, out) = dout.split_at_mut(c * d_v);
+    // B_t = β_t (v_t − e^{G_t} S₀ᵀk_t) into Δ; e^{G_t} S₀ᵀq_t into the output.
+    for t in 0..c {
+        let (e, b) = (cum[t].exp(), inp.beta(t0 + t, h));
+        for (dj, &vj) in delta[t * d_v..][..d_v].iter_mut().zip(inp.v(t0 + t, h)) {
+            *dj = b * (vj - e * *dj);
+        }
+        for oj in &mut out[t * d_v..][..d_v] {
+            *oj *= e;
+        }
+    }
+
+    // Decays e^{G_t−G_s} for s ≤ t (0 above the diagonal), shared by A and M below.
+    let scores = &mut sc.scores[..c * c];
+    for t in 0..c {
+        for s_ in 0..c {
+            scores[t * c + s_] = if s_ <= t {
+                (cum[t] - cum[s_]).exp()
+            } else {
+                0.0
+            };
+        }
+    }
+
+    // (I + A) Δ = B by forward substitution, A[t][s] = β_t e^{G_t−G_s} (k_t·k_s), s < t.
+    for t in 1..c {
+        let k_t = &kc[t * d_k..][..d_k];
+        let b = inp.beta(t0 + t, h);
+        let (prev, rest) = delta.split_at_mut(t * d_v);
+        let d_t = &mut rest[..d_v];
+        for s_ in 0..t {
+            let a = b * scores[t * c + s_] * dot(k_t, &kc[s_ * d_k..][..d_k]);
+            axpy(d_t, -a, &prev[s_ * d_v..][..d_v]);
+        }
+    }
+
+    // Intra-chunk output: O += M Δ with M[t][s] = e^{G_t−G_s} (q_t·k_s) for s ≤ t, else 0.
+    for t in 0..c {
+        let q_t = &qc[t * d_k..][..d_k];
+        for s_ in 0..=t {
+            scores[t * c + s_] *= dot(q_t, &kc[s_ * d_k..][..d_k]);
+        }
+    }
+    gemm_acc(out, scores, delta, c, c, d_v);
+    let scale = inp.shape.scale();
+    for t in 0..c {
+        for (dst, &o) in io.out[t0 + t].iter_mut().zip(&out[t * d_v..][..d_v]) {
+            *dst = o * scale;
+        }
+    }
+
+    // Exit state: S = e^{G_last} S₀ + Σ_s (k_s e^{G_last−G_s}) ⊗ δ_s = e^{G_last} S₀ + Kwᵀ Δ.
+    let last = cum[c - 1];
+    let e_last = last.exp();
+    for sv in s.iter_mut() {
+        *sv *= e_last;
+    }
+    let kwt = &mut sc.kwt[..d_k * c];
+    for s_ in 0..c {
+        let w = (last - cum[s_]).exp();
+        for (i, &ki) in kc[s_ * d_k..][..d_k].iter().enumerate() {
+            kwt[i * c + s_] = ki * w;
+        }
+    }
+    gemm_acc(s, kwt, delta, d_k, c, d_v);
+}
+
+/// `y += a · x`.
+#[inline]
+fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    for (yi, &xi) in y.iter_mut().zip(x) {
+        *yi += a * xi;
+    }
+}

@@ -1,0 +1,146 @@
+//! The short causal depthwise convolution in front of the GDN rule (kernel 4 in Qwen3.5),
+//! followed by SiLU, in channel-major layout: tokens are rows of channels exactly as the QKV
+//! projection's matmul writes them, so nothing is transposed. Follows llama.cpp
+//! `ggml_compute_forward_ssm_conv_f32` + `ggml_silu` (and Hugging Face
+//! `causal_conv1d_update` / `F.conv1d(..., groups=channels)` with `activation="silu"`).
+//!
+//! With `K` the kernel length, `x_ext = conv_state ++ x` (the last `K − 1` inputs before this
+//! call, then the new rows):
+//!
+//! ```text
+//! out[t][c] = silu( Σ_{j<K} w[c][j] · x_ext[t + j][c] )
+//! ```
+//!
+//! so `w[c][K−1]` multiplies the current token and `w[c][0]` the oldest one.
+//!
+//! Layouts (row-major f32):
+//! - `weight`: `[ch, K]`, `w[c][j]` at `c·K + j`. This is the GGUF `ssm_conv1d.weight` data as
+//!   stored (ggml dims `ne = [K, ch]`, `ne[0] = K` fastest) and Hugging Face's
+//!   `conv1d.weight [ch, 1, K]` squeezed.
+//! - `conv_state`: `[K − 1, ch]`: row `r` is an input row, oldest first (row `K − 2` is the
+//!   latest input). Zeros at the start of a sequence.
+//! - `x`, `out`: `[n, ch]`.
+
+use crate::error::DspError;
+use crate::ops::silu;
+
+/// Kernel length from `weight [ch, K]`, and the conv-state length check.
+fn kernel_len(
+    op: &'static str,
+    ch: usize,
+    weight: &[f32],
+    conv_state: &[f32],
+) -> Result<usize, DspError> {
+    if ch == 0 || weight.is_empty() || !weight.len().is_multiple_of(ch) {
+        return Err(DspError::InvalidArgument {
+            op,
+            what: "weight [ch, K]",
+            detail: format!(
+                "length {} is not a positive multiple of ch = {ch}",
+                weight.len()
+            ),
+        });
+    }
+    let kernel = weight.len() / ch;
+    DspError::check_len(
+        op,
+        "conv_state [K-1, ch]",
+        (kernel - 1) * ch,
+        conv_state.len(),
+    )?;
+    Ok(kernel)
+}
+
+/// Convolution + SiLU over a batch of `n` tokens (prefill); updates `conv_state` to the last
+/// `K − 1` inputs of `conv_state ++ x`.
+///
+/// Shapes: `x`, `out`: `[n, ch]`; `weight`: `[ch, K]` (GGUF layout, see module docs);
+/// `conv_state`: `[K − 1, ch]`, in/out. `K = weight.len() / ch`. Equals `n` calls of
+/// [`conv1d_silu_step`] (bit-identical: the same sums in the same order).
+///
+/// # Errors
+/// `InvalidArgument` if `ch == 0` or `weight.len()` is not a positive multiple of `ch`;
+/// `LengthMismatch` if `x`, `out` are not `n·ch` or `conv_state` is not `(K − 1)·ch`.
+pub fn conv1d_silu(
+    x: &[f32],
+    n: usize,
+    ch: usize,
+    weight: &[f32],
+    conv_state: &mut [f32],
+    out: &mut [f32],
+) -> Result<(), DspError> {
+    const OP: &str = "conv1d_silu";
+    let kernel = kernel_len(OP, ch, weight, conv_state)?;
+    DspError::check_len(OP, "x [n, ch]", n * ch, x.len())?;
+    DspError::check_len(OP, "out [n, ch]", n * ch, out.len())?;
+    let hist = kernel - 1;
+    // Row r of x_ext = conv_state ++ x.
+    let ext = |r: usize| -> &[f32] {
+        if r < hist {
+            &conv_state[r * ch..][..ch]
+        } else {
+            &x[(r - hist) * ch..][..ch]
+        }
+    };
+    // Taps as rows, `[K, ch]`, so the channel loop below reads both operands contiguously.
+    let mut taps = vec![0f32; kernel * ch];
+    for (c, wc) in weight.chunks_exact(kernel).enumerate() {
+        for (j, &wj) in wc.iter().enumerate() {
+            taps[j * ch + c] = wj;
+        }
+    }
+    for (t, o) in out.chunks_exact_mut(ch).enumerate() {
+        o.fill(0.0);
+        for (j, tap) in taps.chunks_exact(ch).enumerate() {
+            for ((oc, &xc), &wc) in o.iter_mut().zip(ext(t + j)).zip(tap) {
+                *oc += wc * xc;
+            }
+        }
+        for oc in o.iter_mut() {
+            *oc = silu(*oc);
+        }
+    }
+    // New state: the last `hist` rows of x_ext.
+    if n >= hist {
+        conv_state.copy_from_slice(&x[(n - hist) * ch..]);
+    } else {
+        conv_state.copy_within(n * ch.., 0);
+        conv_state[(hist - n) * ch..].copy_from_slice(x);
+    }
+    Ok(())
+}
+
+/// Convolution + SiLU of one token (decode): a rolling window over `conv_state`, which then
+/// drops its oldest row and appends `x`.
+///
+/// Shapes: `x`, `out`: `[ch]`; `weight`: `[ch, K]`; `conv_state`: `[K − 1, ch]`, in/out.
+///
+/// # Errors
+/// `InvalidArgument` if `x` is empty or `weight.len()` is not a positive multiple of
+/// `ch = x.len()`; `LengthMismatch` if `out` is not `ch` or `conv_state` is not `(K − 1)·ch`.
+pub fn conv1d_silu_step(
+    x: &[f32],
+    weight: &[f32],
+    conv_state: &mut [f32],
+    out: &mut [f32],
+) -> Result<(), DspError> {
+    const OP: &str = "conv1d_silu_step";
+    let ch = x.len();
+    let kernel = kernel_len(OP, ch, weight, conv_state)?;
+    DspError::check_len(OP, "out [ch]", ch, out.len())?;
+    let hist = kernel - 1;
+    for (c, o) in out.iter_mut().enumerate() {
+        let w = &weight[c * kernel..][..kernel];
+        let mut acc = 0.0f32;
+        for (j, &wj) in w[..hist].iter().enumerate() {
+            acc += wj * conv_state[j * ch + c];
+        }
+        acc += w[hist] * x[c];
+        *o = silu(acc);
+    }
+    if hist > 0 {
+        conv_state.copy_within(ch.., 0);
+        conv_state[(hist - 1) * ch..].copy_from_slice(x);
+    }
+    Ok(())
+}

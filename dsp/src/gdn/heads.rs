@@ -1,0 +1,110 @@
+//! Splitting a GDN call into independent value heads: a read-only view of the inputs and,
+//! per head, disjoint mutable views of the state, the output rows and the snapshot slots, so
+//! the same per-head kernel runs serially or on the [`ThreadPool`] without `unsafe`.
+
+use std::sync::{Mutex, PoisonError};
+
+use super::shape::GdnShape;
+use crate::pool::ThreadPool;
+
+/// Read-only inputs of one call (layouts in [`super::shape`]).
+pub(crate) struct Inputs<'a> {
+    pub shape: GdnShape,
+    pub n: usize,
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub gate: &'a [f32],
+    pub beta: &'a [f32],
+}
+
+impl Inputs<'_> {
+    /// `q` of token `t`, key head `kh`: `[d_k]`.
+    #[inline]
+    pub fn q(&self, t: usize, kh: usize) -> &[f32] {
+        let d = self.shape.d_k;
+        &self.q[(t * self.shape.n_k_heads + kh) * d..][..d]
+    }
+    /// `k` of token `t`, key head `kh`: `[d_k]`.
+    #[inline]
+    pub fn k(&self, t: usize, kh: usize) -> &[f32] {
+        let d = self.shape.d_k;
+        &self.k[(t * self.shape.n_k_heads + kh) * d..][..d]
+    }
+    /// `v` of token `t`, value head `h`: `[d_v]`.
+    #[inline]
+    pub fn v(&self, t: usize, h: usize) -> &[f32] {
+        let d = self.shape.d_v;
+        &self.v[(t * self.shape.n_v_heads + h) * d..][..d]
+    }
+    /// Log decay of token `t`, value head `h`.
+    #[inline]
+    pub fn gate(&self, t: usize, h: usize) -> f32 {
+        self.gate[t * self.shape.n_v_heads + h]
+    }
+    /// Write strength of token `t`, value head `h`.
+    #[inline]
+    pub fn beta(&self, t: usize, h: usize) -> f32 {
+        self.beta[t * self.shape.n_v_heads + h]
+    }
+}
+
+/// The mutable buffers of one value head.
+pub(crate) struct HeadIo<'a> {
+    /// `S_h`: `[d_k, d_v]`, in/out.
+    pub state: &'a mut [f32],
+    /// Output rows: `out[t]` is `[d_v]`, one per token.
+    pub out: Vec<&'a mut [f32]>,
+    /// Snapshot slots `[d_k, d_v]`: slot `i` receives the state after token
+    /// `n − snaps.len() + i`. Empty when no snapshots were asked for.
+    pub snaps: Vec<&'a mut [f32]>,
+}
+
+/// Cuts `state [H, d_k, d_v]`, `out [n, H·d_v]` and `snapshots [m, H, d_k, d_v]` into one
+/// [`HeadIo`] per value head.
+pub(crate) fn split_heads<'a>(
+    shape: GdnShape,
+    state: &'a mut [f32],
+    out: &'a mut [f32],
+    snapshots: Option<&'a mut [f32]>,
+) -> Vec<HeadIo<'a>> {
+    let h_n = shape.n_v_heads;
+    let mut heads: Vec<HeadIo<'a>> = state
+        .chunks_exact_mut(shape.head_state_len())
+        .map(|state| HeadIo {
+            state,
+            out: Vec::new(),
+            snaps: Vec::new(),
+        })
+        .collect();
+    for (i, row) in out.chunks_exact_mut(shape.d_v).enumerate() {
+        heads[i % h_n].out.push(row);
+    }
+    if let Some(snaps) = snapshots {
+        for (i, slot) in snaps.chunks_exact_mut(shape.head_state_len()).enumerate() {
+            heads[i % h_n].snaps.push(slot);
+        }
+    }
+    heads
+}
+
+/// Runs `kernel(h, io_h)` for every value head on the calling thread.
+pub(crate) fn run_serial(heads: &mut [HeadIo<'_>], kernel: &dyn Fn(usize, &mut HeadIo<'_>)) {
+    for (h, io) in heads.iter_mut().enumerate() {
+        kernel(h, io);
+    }
+}
+
+/// Runs `kernel(h, io_h)` for every value head as one pool task each. Each head's buffers
+/// sit behind their own (uncontended) mutex, which only hands the `&mut` to the one task.
+pub(crate) fn run_pooled(
+    pool: &ThreadPool,
+    heads: Vec<HeadIo<'_>>,
+    kernel: &(dyn Fn(usize, &mut HeadIo<'_>) + Sync),
+) {
+    let cells: Vec<Mutex<HeadIo<'_>>> = heads.into_iter().map(Mutex::new).collect();
+    pool.run(cells.len(), &|h| {
+        let mut io = cells[h].lock().unwrap_or_else(PoisonError::into_inner);
+        kernel(h, &mut io);
+    });
+}

@@ -1,0 +1,113 @@
+//! Head geometry of a GDN layer and the buffer layouts every GDN kernel shares.
+//!
+//! Layouts (row-major, f32), for `n` tokens:
+//! - `q`, `k`: `[n, n_k_heads · d_k]`, head `kh` of token `t` at `t·n_k_heads·d_k + kh·d_k`.
+//!   Both are L2-normalised per head by the caller (Qwen3.5 `use_qk_l2norm_in_kernel`).
+//! - `v`, `out`: `[n, n_v_heads · d_v]`.
+//! - `gate`: `[n, n_v_heads]`, the log decay `-exp(A_log) · softplus(a + dt_bias)` (≤ 0, finite);
+//!   the kernels apply `exp(gate)`.
+//! - `beta`: `[n, n_v_heads]`, already through the sigmoid (`beta = sigmoid(b)`).
+//! - `state`: `[n_v_heads, d_k, d_v]`: `S_h[i][j]` at `h·d_k·d_v + i·d_v + j` (the Hugging Face
+//!   `recurrent_state [B, H, K, V]` order; llama.cpp stores the transpose).
+//!
+//! Value head `h` reads key/query head `h % n_k_heads` ("tiled" order). This is the order of
+//! GGUF files: llama.cpp's converter (`_LinearAttentionVReorderBase` in `conversion/qwen.py`)
+//! reorders the value heads from the Hugging Face "grouped" order (where `h / r` would be the
+//! key head, `repeat_interleave`) to tiled order, and `ggml_compute_forward_gated_delta_net`
+//! reads `ik1 = iv1 % nek1`. Weights in Hugging Face order must be permuted the same way.
+
+use crate::error::DspError;
+
+/// Head counts and head dimensions of one GDN layer (Qwen3.5: `n_k_heads = 16`,
+/// `n_v_heads ∈ {16, 32}`, `d_k = d_v = 128`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GdnShape {
+    /// Query/key heads.
+    pub n_k_heads: usize,
+    /// Value heads; a multiple of `n_k_heads`.
+    pub n_v_heads: usize,
+    /// Query/key head dimension.
+    pub d_k: usize,
+    /// Value head dimension.
+    pub d_v: usize,
+}
+
+impl GdnShape {
+    /// Floats in the recurrent state of one layer: `n_v_heads · d_k · d_v`.
+    pub fn state_len(&self) -> usize {
+        self.n_v_heads * self.d_k * self.d_v
+    }
+
+    /// Floats in the state of one value head: `d_k · d_v`.
+    pub fn head_state_len(&self) -> usize {
+        self.d_k * self.d_v
+    }
+
+    /// The key/query head read by value head `h`: `h % n_k_heads` (tiled order, see the
+    /// module docs).
+    pub fn k_head_of(&self, h: usize) -> usize {
+        h % self.n_k_heads
+    }
+
+    /// Output scale `1/√d_k`. Hugging Face multiplies `q` by it before the rule; we scale the
+    /// output `Sᵀq` instead, which is the same up to rounding.
+    pub fn scale(&self) -> f32 {
+        1.0 / (self.d_k as f32).sqrt()
+    }
+
+    /// `Ok` if every dimension is positive and `n_v_heads` is a multiple of `n_k_heads`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming the offending dimension.
+    pub fn validate(&self, op: &'static str) -> Result<(), DspError> {
+        let bad = |detail: String| DspError::InvalidArgument {
+            op,
+            what: "GdnShape",
+            detail,
+        };
+        if self.n_k_heads == 0 || self.n_v_heads == 0 || self.d_k == 0 || self.d_v == 0 {
+            return Err(bad(format!(
+                "all dimensions must be positive, got {self:?}"
+            )));
+        }
+        if !self.n_v_heads.is_multiple_of(self.n_k_heads) {
+            return Err(bad(format!(
+                "n_v_heads {} is not a multiple of n_k_heads {}",
+                self.n_v_heads, self.n_k_heads
+            )));
+        }
+        Ok(())
+    }
+
+    /// Validates the shape and every buffer length against the layouts in the module docs;
+    /// returns the token count `n = gate.len() / n_v_heads`.
+    pub(crate) fn check_io(
+        &self,
+        op: &'static str,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        gate: &[f32],
+        beta: &[f32],
+        state: &[f32],
+        out: &[f32],
+    ) -> Result<usize, DspError> {
+        self.validate(op)?;
+        let n = gate.len() / self.n_v_heads;
+        DspError::check_len(op, "gate [n, n_v_heads]", n * self.n_v_heads, gate.len())?;
+        DspError::check_len(op, "beta [n, n_v_heads]", gate.len(), beta.len())?;
+        let qk = n * self.n_k_heads * self.d_k;
+        DspError::check_len(op, "q [n, n_k_heads·d_k]", qk, q.len())?;
+        DspError::check_len(op, "k [n, n_k_heads·d_k]", qk, k.len())?;
+        let vo = n * self.n_v_heads * self.d_v;
+        DspError::check_len(op, "v [n, n_v_heads·d_v]", vo, v.len())?;
+        DspError::check_len(op, "out [n, n_v_heads·d_v]", vo, out.len())?;
+        DspError::check_len(
+            op,
+            "state [n_v_heads, d_k, d_v]",
+            self.state_len(),
+            state.len(),
+        )?;
+        Ok(n)
+    }
+}

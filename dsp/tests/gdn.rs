@@ -1,0 +1,641 @@
+//! Gated DeltaNet kernels: the chunked form against the per-token recurrence, state
+//! continuity across calls, rollback snapshots, the pooled variants, hand-computable cases,
+//! the short convolution (batch against per-token and against its definition), and shape
+//! errors.
+
+mod common;
+
+use common::Rng;
+use dsp::gdn::{
+    conv1d_silu, conv1d_silu_step, gdn_chunked, gdn_chunked_pooled, gdn_recurrent,
+    gdn_recurrent_pooled, GdnShape, DEFAULT_CHUNK,
+};
+use dsp::{DspError, ThreadPool};
+use proptest::prelude::*;
+
+/// Chunked vs recurrent: the same sums in another order (products of decays `e^{G_t−G_s}`
+/// instead of running decays, a triangular solve instead of sequential updates), in f32 over
+/// up to 1024 tokens; per element `|a − b| ≤ TOL · (1 + |b|)`. Observed at most 3e-6 (one
+/// 150-token chunk, d_k = 16); 2e-5 leaves a 7× margin and still catches any wrong term.
+const CHUNK_TOL: f32 = 2e-5;
+/// f32 kernels against f64 hand evaluations of a few tokens.
+const HAND_TOL: f32 = 1e-5;
+
+// === inputs ===
+
+struct Case {
+    shape: GdnShape,
+    n: usize,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    gate: Vec<f32>,
+    beta: Vec<f32>,
+    state0: Vec<f32>,
+}
+
+fn l2_normalise_heads(x: &mut [f32], d: usize) {
+    for head in x.chunks_exact_mut(d) {
+        let norm = head.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
+        for v in head {
+            *v /= norm;
+        }
+    }
+}
+
+fn softplus(x: f32) -> f32 {
+    (1.0 + x.exp()).ln()
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// Random inputs shaped like a Qwen3.5 GDN layer's: unit-norm q/k heads, gates
+/// `-exp(A_log)·softplus(a)` with `exp(A_log)` in `[e^-1, e]`, beta through a sigmoid.
+fn random_case(shape: GdnShape, n: usize, seed: u64) -> Case {
+    let mut rng = Rng(seed);
+    let mut q = rng.vec(n * shape.n_k_heads * shape.d_k);
+    let mut k = rng.vec(n * shape.n_k_heads * shape.d_k);
+    l2_normalise_heads(&mut q, shape.d_k);
+    l2_normalise_heads(&mut k, shape.d_k);
+    let v = rng.vec(n * shape.n_v_heads * shape.d_v);
+    let gate = (0..n * shape.n_v_heads)
+        .map(|_| -rng.unit().exp() * softplus(rng.normal()))
+        .collect();
+    let beta = (0..n * shape.n_v_heads)
+        .map(|_| sigmoid(rng.normal()))
+        .collect();
+    let state0 = rng.vec(shape.state_len());
+    Case {
+        shape,
+        n,
+        q,
+        k,
+        v,
+        gate,
+        beta,
+        state0,
+    }
+}
+
+impl Case {
+    fn out_len(&self) -> usize {
+        self.n * self.shape.n_v_heads * self.shape.d_v
+    }
+
+    /// Tokens `a..b` as a new case starting from `state0`.
+    fn slice(&self, a: usize, b: usize, state0: Vec<f32>) -> Case {
+        let s = self.shape;
+        let (qk, vo, hv) = (s.n_k_heads * s.d_k, s.n_v_heads * s.d_v, s.n_v_heads);
+        Case {
+            shape: s,
+            n: b - a,
+            q: self.q[a * qk..b * qk].to_vec(),
+            k: self.k[a * qk..b * qk].to_vec(),
+            v: self.v[a * vo..b * vo].to_vec(),
+            gate: self.gate[a * hv..b * hv].to_vec(),
+            beta: self.beta[a * hv..b * hv].to_vec(),
+            state0,
+        }
+    }
+
+    /// (out, final state) of the recurrence.
+    fn recurrent(&self) -> (Vec<f32>, Vec<f32>) {
+        let (mut out, mut state) = (vec![0f32; self.out_len()], self.state0.clone());
+        gdn_recurrent(
+            self.shape, &self.q, &self.k, &self.v, &self.gate, &self.beta, &mut state, &mut out,
+            None,
+        )
+        .expect("gdn_recurrent");
+        (out, state)
+    }
+
+    /// (out, final state) of the chunked form.
+    fn chunked(&self, chunk: usize) -> (Vec<f32>, Vec<f32>) {
+        let (mut out, mut state) = (vec![0f32; self.out_len()], self.state0.clone());
+        gdn_chunked(
+            self.shape, &self.q, &self.k, &self.v, &self.gate, &self.beta, &mut state, &mut out,
+            chunk,
+        )
+        .expect("gdn_chunked");
+        (out, state)
+    }
+}
+
+/// Largest `|a − b| / (1 + |b|)`.
+fn max_rel_err(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+        .fold(0.0, f32::max)
+}
+
+fn assert_chunked_matches(case: &Case, chunk: usize) {
+    let (out_r, state_r) = case.recurrent();
+    let (out_c, state_c) = case.chunked(chunk);
+    let (eo, es) = (max_rel_err(&out_c, &out_r), max_rel_err(&state_c, &state_r));
+    assert!(
+        eo <= CHUNK_TOL && es <= CHUNK_TOL,
+        "n={} chunk={chunk} {:?}: out err {eo}, state err {es}",
+        case.n,
+        case.shape
+    );
+}
+
+const SHAPE: GdnShape = GdnShape {
+    n_k_heads: 2,
+    n_v_heads: 4,
+    d_k: 16,
+    d_v: 8,
+};
+
+// === chunked == recurrent ===
+
+#[test]
+fn chunked_matches_recurrent_length_sweep() {
+    for (i, &n) in [1, 2, 3, 63, 64, 65, 127, 128, 129, 500, 1024]
+        .iter()
+        .enumerate()
+    {
+        let case = random_case(SHAPE, n, 100 + i as u64);
+        assert_chunked_matches(&case, DEFAULT_CHUNK);
+    }
+}
+
+#[test]
+fn chunked_matches_recurrent_qwen_head_dims() {
+    // One Qwen3.5 head geometry (d_k = d_v = 128), two value heads per key head.
+    let shape = GdnShape {
+        n_k_heads: 1,
+        n_v_heads: 2,
+        d_k: 128,
+        d_v: 128,
+    };
+    let case = random_case(shape, 200, 7);
+    assert_chunked_matches(&case, DEFAULT_CHUNK);
+}
+
+#[test]
+fn chunked_with_chunk_one_and_odd_chunks() {
+    let case = random_case(SHAPE, 150, 3);
+    for chunk in [1, 5, 64, 149, 150, 151, 4096] {
+        assert_chunked_matches(&case, chunk);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn chunked_matches_recurrent_random(
+        n in 1usize..=1024,
+        chunk in prop_oneof![Just(DEFAULT_CHUNK), 1usize..100],
+        n_k in 1usize..=2,
+        ratio in 1usize..=2,
+        d_k in 1usize..=20,
+        d_v in 1usize..=12,
+        seed in any::<u64>(),
+    ) {
+        let shape = GdnShape { n_k_heads: n_k, n_v_heads: n_k * ratio, d_k, d_v };
+        let case = random_case(shape, n, seed);
+        let (out_r, state_r) = case.recurrent();
+        let (out_c, state_c) = case.chunked(chunk);
+        prop_assert!(max_rel_err(&out_c, &out_r) <= CHUNK_TOL, "out err {}", max_rel_err(&out_c, &out_r));
+        prop_assert!(max_rel_err(&state_c, &state_r) <= CHUNK_TOL, "state err {}", max_rel_err(&state_c, &state_r));
+    }
+}
+
+// === continuity and snapshots ===
+
+#[test]
+fn recurrent_two_calls_equal_one_call() {
+    let case = random_case(SHAPE, 40, 11);
+    let (out, state) = case.recurrent();
+    for split in [1, 17, 39] {
+        let (out_a, state_a) = case.slice(0, split, case.state0.clone()).recurrent();
+        let (out_b, state_b) = case.slice(split, case.n, state_a).recurrent();
+        assert_eq!([out_a, out_b].concat(), out, "split at {split}");
+        assert_eq!(state_b, state, "split at {split}");
+    }
+}
+
+#[test]
+fn chunked_two_calls_equal_one_call() {
+    let case = random_case(SHAPE, 200, 12);
+    let (out, state) = case.chunked(DEFAULT_CHUNK);
+    // At a chunk boundary the arithmetic is the same: bit-identical.
+    let (out_a, state_a) = case
+        .slice(0, 128, case.state0.clone())
+        .chunked(DEFAULT_CHUNK);
+    let (out_b, state_b) = case.slice(128, 200, state_a).chunked(DEFAULT_CHUNK);
+    assert_eq!([out_a, out_b].concat(), out);
+    assert_eq!(state_b, state);
+    // Elsewhere the chunks differ, so the rounding does.
+    let (out_a, state_a) = case
+        .slice(0, 77, case.state0.clone())
+        .chunked(DEFAULT_CHUNK);
+    let (out_b, state_b) = case.slice(77, 200, state_a).chunked(DEFAULT_CHUNK);
+    assert!(max_rel_err(&[out_a, out_b].concat(), &out) <= CHUNK_TOL);
+    assert!(max_rel_err(&state_b, &state) <= CHUNK_TOL);
+}
+
+#[test]
+fn rollback_prefill_chunked_then_recurrent_matches_recurrent() {
+    // The speculative-decoding prefill: chunked over the first n − K + 1 tokens, then the
+    // recurrence with snapshots over the remaining K − 1.
+    let (n, kk) = (100, 4);
+    let case = random_case(SHAPE, n, 13);
+    let (out, state) = case.recurrent();
+    let head = n - kk + 1;
+    let (out_a, state_a) = case
+        .slice(0, head, case.state0.clone())
+        .chunked(DEFAULT_CHUNK);
+    let tail = case.slice(head, n, state_a);
+    let mut out_b = vec![0f32; tail.out_len()];
+    let mut state_b = tail.state0.clone();
+    let mut snaps = vec![0f32; (kk - 1) * SHAPE.state_len()];
+    gdn_recurrent(
+        SHAPE,
+        &tail.q,
+        &tail.k,
+        &tail.v,
+        &tail.gate,
+        &tail.beta,
+        &mut state_b,
+        &mut out_b,
+        Some(&mut snaps),
+    )
+    .expect("gdn_recurrent");
+    assert!(max_rel_err(&[out_a, out_b].concat(), &out) <= CHUNK_TOL);
+    assert!(max_rel_err(&state_b, &state) <= CHUNK_TOL);
+    assert_eq!(&snaps[(kk - 2) * SHAPE.state_len()..], &state_b[..]);
+}
+
+#[test]
+fn snapshots_equal_states_of_shorter_runs() {
+    let case = random_case(SHAPE, 9, 21);
+    let len = SHAPE.state_len();
+    for m in [1, 4, 9] {
+        let mut out = vec![0f32; case.out_len()];
+        let mut state = case.state0.clone();
+        let mut snaps = vec![f32::NAN; m * len];
+        gdn_recurrent(
+            SHAPE,
+            &case.q,
+            &case.k,
+            &case.v,
+            &case.gate,
+            &case.beta,
+            &mut state,
+            &mut out,
+            Some(&mut snaps),
+        )
+        .expect("gdn_recurrent");
+        let (out_plain, _) = case.recurrent();
+        assert_eq!(out, out_plain, "snapshots must not change the output");
+        for i in 0..m {
+            let after = case.n - m + i + 1;
+            let (_, prefix_state) = case.slice(0, after, case.state0.clone()).recurrent();
+            assert_eq!(
+                &snaps[i * len..(i + 1) * len],
+                &prefix_state[..],
+                "m={m} slot {i}"
+            );
+        }
+    }
+}
+
+#[test]
+fn pooled_variants_are_bit_identical() {
+    let pool = ThreadPool::new(3).expect("pool");
+    let shape = GdnShape {
+        n_k_heads: 2,
+        n_v_heads: 6,
+        d_k: 12,
+        d_v: 10,
+    };
+    let case = random_case(shape, 70, 31);
+    let len = shape.state_len();
+
+    let (mut out, mut state) = (vec![0f32; case.out_len()], case.state0.clone());
+    let mut snaps = vec![0f32; 3 * len];
+    gdn_recurrent_pooled(
+        &pool,
+        shape,
+        &case.q,
+        &case.k,
+        &case.v,
+        &case.gate,
+        &case.beta,
+        &mut state,
+        &mut out,
+        Some(&mut snaps),
+    )
+    .expect("gdn_recurrent_pooled");
+    let (out_s, state_s) = case.recurrent();
+    assert_eq!(out, out_s);
+    assert_eq!(state, state_s);
+    assert_eq!(&snaps[2 * len..], &state_s[..]);
+
+    let (mut out, mut state) = (vec![0f32; case.out_len()], case.state0.clone());
+    gdn_chunked_pooled(
+        &pool,
+        shape,
+        &case.q,
+        &case.k,
+        &case.v,
+        &case.gate,
+        &case.beta,
+        &mut state,
+        &mut out,
+        DEFAULT_CHUNK,
+    )
+    .expect("gdn_chunked_pooled");
+    let (out_s, state_s) = case.chunked(DEFAULT_CHUNK);
+    assert_eq!(out, out_s);
+    assert_eq!(state, state_s);
+}
+
+// === hand-computable cases ===
+
+/// One head, d_k = d_v = 2, no decay (gate 0), full writes (beta 1), zero state: the delta
+/// rule stores `v` under key `k`, and a second write under the same key replaces it.
+#[test]
+fn unit_beta_no_decay_stores_and_overwrites() {
+    let shape = GdnShape {
+        n_k_heads: 1,
+        n_v_heads: 1,
+        d_k: 2,
+        d_v: 2,
+    };
+    let scale = 1.0 / 2f32.sqrt();
+    let k = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0];
+    let q = [1.0, 0.0, 0.0, 1.0, 1.0, 0.0];
+    let v = [3.0, 4.0, 5.0, -1.0, 2.0, 7.0];
+    let (gate, beta) = ([0.0; 3], [1.0; 3]);
+    // Token 0: S = e1 ⊗ (3,4); o = scale·(3,4).
+    // Token 1: δ = (5,−1) − (3,4) ⇒ S = e1 ⊗ (5,−1); q = e2 reads row 1 = 0.
+    // Token 2: k = e2, δ = (2,7) ⇒ S = [[5,−1],[2,7]]; q = e1 reads (5,−1).
+    let want_out = [3.0 * scale, 4.0 * scale, 0.0, 0.0, 5.0 * scale, -scale];
+    let want_state = [5.0, -1.0, 2.0, 7.0];
+    for chunked in [false, true] {
+        let (mut out, mut state) = ([0f32; 6], [0f32; 4]);
+        if chunked {
+            gdn_chunked(shape, &q, &k, &v, &gate, &beta, &mut state, &mut out, 2)
+        } else {
+            gdn_recurrent(shape, &q, &k, &v, &gate, &beta, &mut state, &mut out, None)
+        }
+        .expect("gdn");
+        assert!(
+            max_rel_err(&out, &want_out) <= HAND_TOL,
+            "{out:?} chunked={chunked}"
+        );
+        assert!(
+            max_rel_err(&state, &want_state) <= HAND_TOL,
+            "{state:?} chunked={chunked}"
+        );
+    }
+}
+
+/// beta = 0 writes nothing: the state only decays, `S_t = 0.5^{t+1} S₀`, and
+/// `o_t = scale · S_tᵀ q_t`, evaluated here in f64.
+#[test]
+fn zero_beta_only_decays() {
+    let shape = GdnShape {
+        n_k_heads: 1,
+        n_v_heads: 1,
+        d_k: 3,
+        d_v: 2,
+    };
+    let n = 3;
+    let case = random_case(shape, n, 41);
+    let gate = vec![0.5f32.ln(); n];
+    let beta = vec![0.0f32; n];
+    let scale = 1.0 / 3f64.sqrt();
+    let mut want_out = vec![0f32; n * 2];
+    for t in 0..n {
+        let f = 0.5f64.powi(t as i32 + 1);
+        for j in 0..2 {
+            let dotq: f64 = (0..3)
+                .map(|i| case.state0[i * 2 + j] as f64 * case.q[t * 3 + i] as f64)
+                .sum();
+            want_out[t * 2 + j] = (scale * f * dotq) as f32;
+        }
+    }
+    let want_state: Vec<f32> = case.state0.iter().map(|s| s * 0.125).collect();
+    for chunked in [false, true] {
+        let (mut out, mut state) = (vec![0f32; n * 2], case.state0.clone());
+        if chunked {
+            gdn_chunked(
+                shape, &case.q, &case.k, &case.v, &gate, &beta, &mut state, &mut out, 64,
+            )
+        } else {
+            gdn_recurrent(
+                shape, &case.q, &case.k, &case.v, &gate, &beta, &mut state, &mut out, None,
+            )
+        }
+        .expect("gdn");
+        assert!(
+            max_rel_err(&out, &want_out) <= HAND_TOL,
+            "chunked={chunked}"
+        );
+        assert!(
+            max_rel_err(&state, &want_state) <= HAND_TOL,
+            "chunked={chunked}"
+        );
+    }
+}
+
+/// Value head `h` reads key head `h % n_k_heads` (GGUF tiled order): with key head 0 = e1
+/// and key head 1 = e2, a write from zero state lands in row `h % 2` of head `h`'s state.
+#[test]
+fn value_heads_use_tiled_key_heads() {
+    let shape = GdnShape {
+        n_k_heads: 2,
+        n_v_heads: 4,
+        d_k: 2,
+        d_v: 1,
+    };
+    let k = [1.0, 0.0, 0.0, 1.0];
+    let q = k;
+    let v = [1.0, 2.0, 3.0, 4.0];
+    let (gate, beta) = ([0.0; 4], [1.0; 4]);
+    let (mut out, mut state) = ([0f32; 4], [0f32; 8]);
+    gdn_recurrent(shape, &q, &k, &v, &gate, &beta, &mut state, &mut out, None).expect("gdn");
+    for h in 0..4 {
+        let row = h % 2;
+        let mut want = [0f32; 2];
+        want[row] = v[h];
+        assert_eq!(&state[h * 2..h * 2 + 2], &want, "head {h}");
+    }
+}
+
+// === short convolution ===
+
+fn conv_reference(x: &[f32], n: usize, ch: usize, w: &[f32], state: &[f32]) -> Vec<f32> {
+    let kernel = w.len() / ch;
+    let ext = [state, x].concat();
+    let mut out = vec![0f32; n * ch];
+    for t in 0..n {
+        for c in 0..ch {
+            let s: f64 = (0..kernel)
+                .map(|j| w[c * kernel + j] as f64 * ext[(t + j) * ch + c] as f64)
+                .sum();
+            out[t * ch + c] = (s / (1.0 + (-s).exp())) as f32;
+        }
+    }
+    out
+}
+
+#[test]
+fn conv_batch_equals_per_token_and_definition() {
+    let ch = 37;
+    let mut rng = Rng(51);
+    let w = rng.vec(ch * 4);
+    for n in [1, 2, 3, 4, 9] {
+        let x = rng.vec(n * ch);
+        let state0 = rng.vec(3 * ch);
+
+        let (mut state_b, mut out_b) = (state0.clone(), vec![0f32; n * ch]);
+        conv1d_silu(&x, n, ch, &w, &mut state_b, &mut out_b).expect("conv1d_silu");
+
+        let (mut state_s, mut out_s) = (state0.clone(), vec![0f32; n * ch]);
+        for t in 0..n {
+            conv1d_silu_step(
+                &x[t * ch..(t + 1) * ch],
+                &w,
+                &mut state_s,
+                &mut out_s[t * ch..(t + 1) * ch],
+            )
+            .expect("conv1d_silu_step");
+        }
+        assert_eq!(out_b, out_s, "n={n}");
+        assert_eq!(state_b, state_s, "n={n}");
+
+        let want = conv_reference(&x, n, ch, &w, &state0);
+        assert!(max_rel_err(&out_b, &want) <= HAND_TOL, "n={n}");
+        let ext = [state0, x].concat();
+        assert_eq!(
+            state_b,
+            ext[n * ch..],
+            "state keeps the last 3 inputs, n={n}"
+        );
+    }
+}
+
+#[test]
+fn conv_taps_select_the_right_inputs() {
+    // w[c][3] = 1 passes the current token; w[c][0] = 1 the input three tokens back.
+    let (ch, n) = (2, 4);
+    let x = [1.0, -1.0, 2.0, -2.0, 3.0, -3.0, 4.0, -4.0];
+    let state0 = [0.5, -0.5, 0.25, -0.25, 0.125, -0.125];
+    let silu = |v: f32| v / (1.0 + (-v).exp());
+    for (tap, shift) in [(3usize, 0usize), (0, 3)] {
+        let mut w = [0f32; 8];
+        w[tap] = 1.0;
+        w[4 + tap] = 1.0;
+        let (mut state, mut out) = (state0, [0f32; 8]);
+        conv1d_silu(&x, n, ch, &w, &mut state, &mut out).expect("conv1d_silu");
+        let ext = [&state0[..], &x[..]].concat();
+        for t in 0..n {
+            for c in 0..ch {
+                let want = silu(ext[(t + 3 - shift) * ch + c]);
+                assert_eq!(out[t * ch + c], want, "tap {tap} t {t} c {c}");
+            }
+        }
+    }
+}
+
+#[test]
+fn conv_two_batches_equal_one() {
+    let (ch, n) = (16, 7);
+    let mut rng = Rng(61);
+    let (w, x, state0) = (rng.vec(ch * 4), rng.vec(n * ch), rng.vec(3 * ch));
+    let (mut state, mut out) = (state0.clone(), vec![0f32; n * ch]);
+    conv1d_silu(&x, n, ch, &w, &mut state, &mut out).expect("conv");
+    for split in [1, 2, 5] {
+        let (mut st, mut o) = (state0.clone(), vec![0f32; n * ch]);
+        let (oa, ob) = o.split_at_mut(split * ch);
+        conv1d_silu(&x[..split * ch], split, ch, &w, &mut st, oa).expect("conv a");
+        conv1d_silu(&x[split * ch..], n - split, ch, &w, &mut st, ob).expect("conv b");
+        assert_eq!(o, out, "split {split}");
+        assert_eq!(st, state, "split {split}");
+    }
+}
+
+// === errors ===
+
+#[test]
+fn shape_errors_are_reported() {
+    let case = random_case(SHAPE, 5, 71);
+    let (mut out, mut state) = (vec![0f32; case.out_len()], case.state0.clone());
+    let err = gdn_recurrent(
+        SHAPE,
+        &case.q[1..],
+        &case.k,
+        &case.v,
+        &case.gate,
+        &case.beta,
+        &mut state,
+        &mut out,
+        None,
+    );
+    assert!(
+        matches!(err, Err(DspError::LengthMismatch { .. })),
+        "{err:?}"
+    );
+
+    let bad = GdnShape {
+        n_v_heads: 3,
+        ..SHAPE
+    };
+    let err = gdn_chunked(
+        bad,
+        &case.q,
+        &case.k,
+        &case.v,
+        &case.gate[..15],
+        &case.beta[..15],
+        &mut state,
+        &mut out,
+        64,
+    );
+    assert!(
+        matches!(err, Err(DspError::InvalidArgument { .. })),
+        "{err:?}"
+    );
+
+    let err = gdn_chunked(
+        SHAPE, &case.q, &case.k, &case.v, &case.gate, &case.beta, &mut state, &mut out, 0,
+    );
+    assert!(
+        matches!(err, Err(DspError::InvalidArgument { .. })),
+        "{err:?}"
+    );
+
+    let mut too_many = vec![0f32; 6 * SHAPE.state_len()];
+    let err = gdn_recurrent(
+        SHAPE,
+        &case.q,
+        &case.k,
+        &case.v,
+        &case.gate,
+        &case.beta,
+        &mut state,
+        &mut out,
+        Some(&mut too_many),
+    );
+    assert!(
+        matches!(err, Err(DspError::InvalidArgument { .. })),
+        "{err:?}"
+    );
+
+    let mut conv_state = vec![0f32; 2 * 8];
+    let err = conv1d_silu(&[0.0; 8], 1, 8, &[0.0; 32], &mut conv_state, &mut [0.0; 8]);
+    assert!(
+        matches!(err, Err(DspError::LengthMismatch { .. })),
+        "{err:?}"
+    );
+}

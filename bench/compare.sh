@@ -75,7 +75,7 @@ if ours_path:
 rows = [
     (f"prefill pp{pt}", peer["pp"].get(pt), ours and ours["prefill_tokens_per_s"]),
     (f"decode tg{gt} @depth 0", peer["tg"], ours and ours["decode_tokens_per_s"]),
-    (f"decode tg{gt} @depth {pt}", peer["tg_at_depth"], ours and ours["decode_tokens_per_s"]),
+    (f"decode tg{gt} @depth {pt}", peer["tg_at_depth"], ours and ours.get("decode_at_depth_tokens_per_s")),
 ]
 print()
 print(f"model {os.path.basename(model)}, threads {threads}")
@@ -86,6 +86,5 @@ for name, p, o in rows:
     ratio = f"{o / p:.2f}x" if (o is not None and p) else "n/a"
     print(f"{name:<26}{ps:>10}{os_:>10}{ratio:>11}")
 if ours:
-    print(f"(our decode number is compared with both peer decode rows; tg @depth {pt} matches a decode"
-          f" after a {pt}-token prefill)")
+    print(f"(tg @depth {pt}: decode after a {pt}-token prefill, on both sides)")
 PY

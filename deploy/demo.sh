@@ -38,10 +38,23 @@ echo "== starting agent-gateway on 127.0.0.1:$GATEWAY_PORT (log: $OUT/gateway.lo
   >"$OUT/gateway.log" 2>&1 &
 pids+=($!)
 
-"$BIN/agent-gateway" health --addr "http://127.0.0.1:$WORKER_PORT" --service tandem.step.v1.StepService --wait 120 >&2 \
-  || { echo "worker did not become ready; see $OUT/worker.log" >&2; tail -20 "$OUT/worker.log" >&2; exit 1; }
-"$BIN/agent-gateway" health --addr "http://127.0.0.1:$GATEWAY_PORT" --wait 30 >&2 \
-  || { echo "gateway did not become ready; see $OUT/gateway.log" >&2; exit 1; }
+# Wait until a server we started reports SERVING; fail at once if it exited (bad model, port
+# in use: its log says why), so we never talk to some other process on that port.
+wait_ready() { # name pid addr service log seconds
+  local name=$1 pid=$2 addr=$3 service=$4 log=$5 deadline=$((SECONDS + $6))
+  until "$BIN/agent-gateway" health --addr "$addr" --service "$service" >/dev/null 2>&1; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "error: $name exited; last lines of $log:" >&2; tail -5 "$log" >&2; exit 1
+    fi
+    if (( SECONDS >= deadline )); then
+      echo "error: $name not ready after $6 s; see $log" >&2; exit 1
+    fi
+    sleep 0.3
+  done
+  echo "$name ready on $addr" >&2
+}
+wait_ready device-worker "${pids[0]}" "http://127.0.0.1:$WORKER_PORT" tandem.step.v1.StepService "$OUT/worker.log" 120
+wait_ready agent-gateway "${pids[1]}" "http://127.0.0.1:$GATEWAY_PORT" "" "$OUT/gateway.log" 30
 
 echo "== replaying" >&2
 "$BIN/agent-gateway" replay --gateway "http://127.0.0.1:$GATEWAY_PORT" --out "$OUT/replay.jsonl" "$@"

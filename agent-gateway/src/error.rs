@@ -111,6 +111,9 @@ pub enum GatewayError {
     /// The gateway could not be reached or returned an error (replay client).
     #[error("gateway: {0}")]
     Gateway(String),
+    /// A health check failed or the server is not serving.
+    #[error("health: {0}")]
+    Health(String),
     #[error(transparent)]
     Observation(#[from] ObservationError),
     #[error(transparent)]

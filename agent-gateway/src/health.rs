@@ -11,7 +11,7 @@ use crate::error::GatewayError;
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct HealthArgs {
-    /// Address of the gateway or worker.
+    /// Address of the gateway or worker (default: a local worker; a local gateway is :50052).
     #[arg(long, default_value = "http://127.0.0.1:50051")]
     pub addr: String,
     /// Service name to check ("" = the whole server).
@@ -33,8 +33,8 @@ pub async fn run(args: &HealthArgs) -> Result<(), GatewayError> {
                 return Ok(());
             }
             _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
-            Ok(s) => return Err(GatewayError::Gateway(format!("{} is {}", args.addr, s.as_str_name()))),
-            Err(e) => return Err(GatewayError::Gateway(format!("{}: {e}", args.addr))),
+            Ok(s) => return Err(GatewayError::Health(format!("{} is {}", args.addr, s.as_str_name()))),
+            Err(e) => return Err(GatewayError::Health(format!("{}: {e}", args.addr))),
         }
     }
 }
@@ -44,11 +44,23 @@ async fn check(addr: &str, service: &str) -> Result<ServingStatus, String> {
         .map_err(|e| format!("invalid address: {e}"))?
         .connect()
         .await
-        .map_err(|e| format!("cannot connect: {e}"))?;
+        .map_err(|e| format!("cannot connect: {}", error_chain(&e)))?;
     let mut client = HealthClient::new(channel);
     let resp = client
         .check(HealthCheckRequest { service: service.to_string() })
         .await
         .map_err(|s| format!("health check failed: {}", s.message()))?;
     Ok(ServingStatus::try_from(resp.into_inner().status).unwrap_or(ServingStatus::Unknown))
+}
+
+/// An error and its causes, `a: b: c` (tonic's transport error alone says only "transport error").
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }

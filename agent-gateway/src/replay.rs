@@ -85,14 +85,23 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
         }
         return Ok((vec![], ReplaySummary::default()));
     }
+    if cfg.episodes.is_empty() && cfg.count == 0 {
+        return Err(GatewayError::Config("--count must be at least 1 (or name episodes with --episode)".into()));
+    }
+    if !cfg.corpus.is_dir() {
+        return Err(GatewayError::Config(format!(
+            "corpus folder {} not found; pass --corpus PATH or set TANDEM_CORPUS (the default is relative to the current directory)",
+            cfg.corpus.display()
+        )));
+    }
     let episodes: Vec<Episode> = if cfg.episodes.is_empty() {
-        load_episodes(&cfg.corpus)?.into_iter().take(cfg.count.max(1)).collect()
+        load_episodes(&cfg.corpus)?.into_iter().take(cfg.count).collect()
     } else {
         cfg.episodes.iter().map(|id| load_episode(&cfg.corpus, id)).collect::<Result<_, _>>()?
     };
     let mut client = AgentServiceClient::connect(cfg.gateway.clone())
         .await
-        .map_err(|e| GatewayError::Gateway(format!("cannot connect to {}: {e}", cfg.gateway)))?;
+        .map_err(|e| GatewayError::Gateway(format!("cannot connect to {}: {}", cfg.gateway, crate::health::error_chain(&e))))?;
     if let Some(dir) = cfg.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|source| GatewayError::Io { path: dir.to_path_buf(), source })?;
     }

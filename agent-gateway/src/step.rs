@@ -64,8 +64,9 @@ impl StepRunner {
             history: &state.history,
             screen: &screen,
         });
-        // Indices the model may name: AndroidWorld screens keep their source indices.
-        let n_controls = screen.index_bound();
+        // Indices the model may name: those of the controls listed in the prompt (AndroidWorld
+        // screens keep their source indices, so this is the largest listed index + 1).
+        let n_controls = screen.controls.iter().take(crate::prompt::MAX_CONTROLS).map(|c| c.index + 1).max().unwrap_or(0);
         let worker = self.router.route(episode_id);
         let request = spb::GenerateRequest {
             session_id: episode_id.to_string(),

@@ -248,3 +248,23 @@ fn android_world_bad_inputs() {
     assert!(s.control(1).is_none());
     assert_eq!(s.control(3).map(|c| c.class.as_str()), Some("Button"));
 }
+
+/// A dump nested 20,000 levels deep (hostile input) parses without overflowing the stack.
+#[test]
+fn deeply_nested_xml_does_not_overflow_the_stack() {
+    let depth = 20_000;
+    let xml = format!(
+        "<hierarchy>{}<node text=\"x\" clickable=\"true\" bounds=\"[0,0][10,10]\"/>{}</hierarchy>",
+        "<node bounds=\"[0,0][1,1]\">".repeat(depth),
+        "</node>".repeat(depth)
+    );
+    // Run on a thread with a small stack, as a tokio worker has.
+    let handle = std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(move || agent_gateway::observation::parse_uiautomator(&xml).map(|s| s.controls.len()))
+        .unwrap();
+    match handle.join().expect("parser thread must not crash") {
+        Ok(n) => assert_eq!(n, 1),
+        Err(e) => assert!(!e.to_string().is_empty()),
+    }
+}

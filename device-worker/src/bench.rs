@@ -39,12 +39,16 @@ pub struct BenchConfig {
 
 /// Runs the benchmark and prints the result.
 pub fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
-    let path = cfg.model.clone().unwrap_or_else(crate::config::default_model_path);
-    let file = Arc::new(GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?);
+    let path = cfg
+        .model
+        .clone()
+        .unwrap_or_else(crate::config::default_model_path);
+    let file =
+        Arc::new(GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?);
     let model = Model::load(file)?;
     let pool = ThreadPool::new(cfg.threads.max(1))?;
-    let n_ctx = cfg.prompt_tokens.max(cfg.gen_tokens) + 8;
-    let mut kv = model.new_kv_cache(n_ctx);
+    let n_ctx = cfg.prompt_tokens + cfg.gen_tokens + 8;
+    let mut seq = model.new_sequence_state(n_ctx);
     let n_batch = cfg.micro_batch.clamp(1, cfg.prompt_tokens.max(1));
     let mut scratch = model.new_scratch(n_batch);
     // Deterministic pseudo-random token ids, as llama-bench uses random tokens.
@@ -60,30 +64,50 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
     let reps = cfg.repetitions.max(1);
 
     // Warm-up (page in the weights).
-    model.forward(&pool, &mut kv, &prompt[..prompt.len().min(8)], &mut scratch, true)?;
+    model.forward(
+        &pool,
+        &mut seq,
+        &prompt[..prompt.len().min(8)],
+        &mut scratch,
+        true,
+    )?;
 
     let mut pp = Vec::new();
     for _ in 0..reps {
-        kv.truncate(0);
+        seq.reset();
         let t = Instant::now();
         for chunk in prompt.chunks(n_batch) {
-            model.forward(&pool, &mut kv, chunk, &mut scratch, false)?;
+            model.forward(&pool, &mut seq, chunk, &mut scratch, false)?;
         }
         pp.push(cfg.prompt_tokens as f64 / t.elapsed().as_secs_f64());
     }
+    // Decode from an empty cache (llama-bench tg) and after the prompt (tg @ depth).
     let mut tg = Vec::new();
-    for _ in 0..reps {
-        kv.truncate(0);
-        let mut id = next_id();
-        let t = Instant::now();
-        for _ in 0..cfg.gen_tokens {
-            let logits = model.forward(&pool, &mut kv, &[id], &mut scratch, true)?.expect("logits");
-            id = crate::engine::sampling::argmax(logits).unwrap_or(0);
+    let mut tg_depth = Vec::new();
+    for depth in [0, cfg.prompt_tokens] {
+        for _ in 0..reps {
+            seq.reset();
+            for chunk in prompt[..depth].chunks(n_batch) {
+                model.forward(&pool, &mut seq, chunk, &mut scratch, false)?;
+            }
+            let mut id = next_id();
+            let t = Instant::now();
+            for _ in 0..cfg.gen_tokens {
+                let logits = model
+                    .forward(&pool, &mut seq, &[id], &mut scratch, true)?
+                    .expect("logits");
+                id = crate::engine::sampling::argmax(logits).unwrap_or(0);
+            }
+            let rate = cfg.gen_tokens as f64 / t.elapsed().as_secs_f64();
+            if depth == 0 {
+                tg.push(rate)
+            } else {
+                tg_depth.push(rate)
+            }
         }
-        tg.push(cfg.gen_tokens as f64 / t.elapsed().as_secs_f64());
     }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-    let (p, d) = (mean(&pp), mean(&tg));
+    let (p, d, dd) = (mean(&pp), mean(&tg), mean(&tg_depth));
     if cfg.json {
         println!(
             "{}",
@@ -95,12 +119,22 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
                 "kernels": dsp::backend::select().name(),
                 "prefill_tokens_per_s": p,
                 "decode_tokens_per_s": d,
+                "decode_at_depth_tokens_per_s": dd,
             })
         );
     } else {
-        println!("model {}  threads {}  kernels {}", path.display(), cfg.threads, dsp::backend::select().name());
+        println!(
+            "model {}  threads {}  kernels {}",
+            path.display(),
+            cfg.threads,
+            dsp::backend::select().name()
+        );
         println!("pp{:<5} {:>9.1} tokens/s", cfg.prompt_tokens, p);
         println!("tg{:<5} {:>9.1} tokens/s", cfg.gen_tokens, d);
+        println!(
+            "tg{:<5} {:>9.1} tokens/s after {} prompt tokens",
+            cfg.gen_tokens, dd, cfg.prompt_tokens
+        );
     }
     Ok(())
 }

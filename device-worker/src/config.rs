@@ -12,6 +12,15 @@ pub fn default_model_path() -> PathBuf {
     cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 
+/// Parses a count that must be at least 1.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// Engine settings.
 #[derive(Clone, Debug, clap::Args)]
 pub struct EngineConfig {
@@ -20,19 +29,19 @@ pub struct EngineConfig {
     #[arg(long, env = "TANDEM_MODEL")]
     pub model: Option<PathBuf>,
     /// Compute threads (the engine thread included). Default: all cores.
-    #[arg(long, short = 't')]
+    #[arg(long, short = 't', value_parser = at_least_one)]
     pub threads: Option<usize>,
     /// Context length per slot, in tokens (prompt + output).
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = at_least_one)]
     pub ctx_size: usize,
     /// Slots (sequences with their own KV cache). Episodes are pinned to slots.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = at_least_one)]
     pub slots: usize,
     /// Micro-batch size for prefill, in tokens.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = at_least_one)]
     pub micro_batch: usize,
     /// Requests that may wait for the engine; more get RESOURCE_EXHAUSTED.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = at_least_one)]
     pub max_queue: usize,
     /// Output budget when a request says 0.
     #[arg(long, default_value_t = 256)]
@@ -46,14 +55,26 @@ impl EngineConfig {
 
     pub fn n_threads(&self) -> usize {
         self.threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+            .unwrap_or_else(|| {
+                std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(1)
+            })
             .max(1)
     }
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        Self { model: None, threads: None, ctx_size: 4096, slots: 2, micro_batch: 512, max_queue: 32, default_max_tokens: 256 }
+        Self {
+            model: None,
+            threads: None,
+            ctx_size: 4096,
+            slots: 2,
+            micro_batch: 512,
+            max_queue: 32,
+            default_max_tokens: 256,
+        }
     }
 }
 

@@ -54,9 +54,11 @@ impl WorkerError {
     /// The gRPC class of this error.
     pub fn grpc_class(&self) -> ErrorClass {
         match self {
-            Self::EmptyPrompt | Self::PromptTooLong { .. } | Self::InvalidRequest(_) | Self::Tokenizer(_) | Self::Template(_) => {
-                ErrorClass::InvalidArgument
-            }
+            Self::EmptyPrompt
+            | Self::PromptTooLong { .. }
+            | Self::InvalidRequest(_)
+            | Self::Tokenizer(_)
+            | Self::Template(_) => ErrorClass::InvalidArgument,
             Self::Constraint(ConstraintError::InvalidSchema(_)) => ErrorClass::InvalidArgument,
             Self::QueueFull => ErrorClass::ResourceExhausted,
             Self::Loading | Self::LoadFailed(_) | Self::EngineStopped => ErrorClass::Unavailable,
@@ -77,7 +79,11 @@ pub enum ModelError {
     #[error("tensor {name:?} is missing from the model file")]
     MissingTensor { name: String },
     #[error("tensor {name:?} has GGUF dims {actual:?}, expected {expected:?}")]
-    TensorShape { name: String, expected: Vec<u64>, actual: Vec<u64> },
+    TensorShape {
+        name: String,
+        expected: Vec<u64>,
+        actual: Vec<u64>,
+    },
     #[error("kernel failed on {name}: {source}")]
     Kernel {
         name: String,
@@ -116,7 +122,9 @@ pub enum GgufError {
         needed: u64,
         file_bytes: u64,
     },
-    #[error("{what} at offset {offset} declares length {len}, which exceeds the {file_bytes}-byte file")]
+    #[error(
+        "{what} at offset {offset} declares length {len}, which exceeds the {file_bytes}-byte file"
+    )]
     LengthExceedsFile {
         what: String,
         offset: u64,
@@ -131,7 +139,9 @@ pub enum GgufError {
     NestingTooDeep { key: String, max_depth: usize },
     #[error("duplicate metadata key {key:?}")]
     DuplicateKey { key: String },
-    #[error("tensor {tensor:?} has type id {type_id} ({type_name}), which this build does not support")]
+    #[error(
+        "tensor {tensor:?} has type id {type_id} ({type_name}), which this build does not support"
+    )]
     UnknownTensorType {
         tensor: String,
         type_id: u32,
@@ -154,7 +164,9 @@ pub enum GgufError {
     DuplicateTensor { tensor: String },
     #[error("general.alignment = {alignment} is not a non-zero power of two")]
     InvalidAlignment { alignment: u64 },
-    #[error("tensor {tensor:?} data offset {offset} is not a multiple of the alignment {alignment}")]
+    #[error(
+        "tensor {tensor:?} data offset {offset} is not a multiple of the alignment {alignment}"
+    )]
     MisalignedTensor {
         tensor: String,
         offset: u64,
@@ -188,7 +200,10 @@ pub enum TokenizerError {
     #[error("unsupported tokenizer model {model:?} (supported: \"gpt2\")")]
     UnsupportedModel { model: String },
     #[error("unsupported pre-tokenizer {pre:?} (supported: {supported})")]
-    UnsupportedPreTokenizer { pre: String, supported: &'static str },
+    UnsupportedPreTokenizer {
+        pre: String,
+        supported: &'static str,
+    },
     #[error("tokenizer vocabulary is inconsistent: {0}")]
     BadVocab(String),
     #[error("merge #{index} {merge:?} is not two space-separated tokens")]

@@ -5,7 +5,11 @@ use clap::{Parser, Subcommand};
 use device_worker::config::ServeConfig;
 
 #[derive(Parser)]
-#[command(name = "device-worker", version, about = "tandem device-worker: runs a GGUF model on this device and serves StepService (gRPC).")]
+#[command(
+    name = "device-worker",
+    version,
+    about = "tandem device-worker: runs a GGUF model on this device and serves StepService (gRPC)."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -27,8 +31,14 @@ enum Command {
 }
 
 fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    use std::io::IsTerminal;
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 fn main() -> anyhow::Result<()> {
@@ -36,7 +46,10 @@ fn main() -> anyhow::Result<()> {
     init_tracing();
     match cli.command {
         Command::Serve(cfg) => {
-            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
             rt.block_on(async move {
                 let model = cfg.engine.model_path();
                 if !model.exists() {
@@ -50,11 +63,37 @@ fn main() -> anyhow::Result<()> {
                     .await
                     .with_context(|| format!("cannot listen on {}", cfg.listen))?;
                 tracing::info!(addr = %listener.local_addr()?, "StepService listening");
-                let shutdown = async {
-                    let _ = tokio::signal::ctrl_c().await;
-                    tracing::info!("shutting down");
+                // Stop on Ctrl-C, or when the model fails to load: a worker that can never
+                // serve should exit with the reason rather than sit NOT_SERVING.
+                let mut state = engine.state();
+                let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
+                tokio::spawn(async move {
+                    let failed = state
+                        .wait_for(|s| !matches!(s, device_worker::engine::EngineState::Loading))
+                        .await
+                        .ok()
+                        .and_then(|s| match &*s {
+                            device_worker::engine::EngineState::Failed(m) => Some(m.clone()),
+                            _ => None,
+                        });
+                    if let Some(m) = failed {
+                        let _ = failed_tx.send(m);
+                    }
+                });
+                let load_error = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
+                let le = load_error.clone();
+                let shutdown = async move {
+                    tokio::select! {
+                        _ = tokio::signal::ctrl_c() => tracing::info!("shutting down"),
+                        Ok(m) = failed_rx => {
+                            *le.lock().unwrap_or_else(|p| p.into_inner()) = Some(m);
+                        }
+                    }
                 };
                 device_worker::service::serve(engine, listener, shutdown).await?;
+                if let Some(m) = load_error.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                    anyhow::bail!("model {} failed to load: {m}", model.display());
+                }
                 Ok(())
             })
         }
@@ -70,7 +109,8 @@ fn main() -> anyhow::Result<()> {
             struct Messages {
                 messages: Vec<device_worker::chat_template::ChatMessage>,
             }
-            let m: Messages = serde_json::from_str(&input).context("stdin must be {\"messages\": [{\"role\": .., \"content\": ..}]}")?;
+            let m: Messages = serde_json::from_str(&input)
+                .context("stdin must be {\"messages\": [{\"role\": .., \"content\": ..}]}")?;
             print!("{}", template.render(&m.messages, true)?);
             Ok(())
         }

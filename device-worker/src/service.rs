@@ -35,7 +35,10 @@ type EventStream = Pin<Box<dyn Stream<Item = Result<pb::GenerateEvent, Status>> 
 impl StepService for StepServiceImpl {
     type GenerateStream = EventStream;
 
-    async fn generate(&self, request: Request<pb::GenerateRequest>) -> Result<Response<Self::GenerateStream>, Status> {
+    async fn generate(
+        &self,
+        request: Request<pb::GenerateRequest>,
+    ) -> Result<Response<Self::GenerateStream>, Status> {
         let admission = self.engine.admission()?;
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let req = request.into_inner();
@@ -45,21 +48,32 @@ impl StepService for StepServiceImpl {
             .map_err(|e| Status::internal(format!("admission task failed: {e}")))??;
         self.engine.submit(engine_req)?;
         let stream = ReceiverStream::new(rx).map(|ev| match ev {
-            EngineEvent::Prefill(p) => Ok(pb::GenerateEvent { event: Some(pb::generate_event::Event::Prefill(p)) }),
-            EngineEvent::Token(t) => Ok(pb::GenerateEvent { event: Some(pb::generate_event::Event::Token(t)) }),
-            EngineEvent::Done(d) => Ok(pb::GenerateEvent { event: Some(pb::generate_event::Event::Done(d)) }),
+            EngineEvent::Prefill(p) => Ok(pb::GenerateEvent {
+                event: Some(pb::generate_event::Event::Prefill(p)),
+            }),
+            EngineEvent::Token(t) => Ok(pb::GenerateEvent {
+                event: Some(pb::generate_event::Event::Token(t)),
+            }),
+            EngineEvent::Done(d) => Ok(pb::GenerateEvent {
+                event: Some(pb::generate_event::Event::Done(d)),
+            }),
             EngineEvent::Failed(e) => Err(Status::from(e)),
         });
         Ok(Response::new(Box::pin(stream)))
     }
 
-    async fn status(&self, _request: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
+    async fn status(
+        &self,
+        _request: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
         let mut s = self.engine.status();
-        let loading = matches!(&*self.engine.state().borrow(), EngineState::Loading);
-        if loading {
-            if let Some(p) = s.power.as_mut() {
-                p.state = "loading".into();
-            }
+        let state = match &*self.engine.state().borrow() {
+            EngineState::Loading => Some("loading"),
+            EngineState::Failed(_) => Some("unloaded"),
+            EngineState::Ready(_) => None,
+        };
+        if let (Some(st), Some(p)) = (state, s.power.as_mut()) {
+            p.state = st.into();
         }
         Ok(Response::new(s))
     }
@@ -85,8 +99,12 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), WorkerError> {
     let (reporter, health) = tonic_health::server::health_reporter();
-    reporter.set_not_serving::<StepServiceServer<StepServiceImpl>>().await;
-    reporter.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+    reporter
+        .set_not_serving::<StepServiceServer<StepServiceImpl>>()
+        .await;
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
     let mut state = engine.state();
     let rep = reporter.clone();
     tokio::spawn(async move {
@@ -98,8 +116,10 @@ pub async fn serve(
                 EngineState::Failed(_) => 2,
             };
             if phase == 1 {
-                rep.set_serving::<StepServiceServer<StepServiceImpl>>().await;
-                rep.set_service_status("", tonic_health::ServingStatus::Serving).await;
+                rep.set_serving::<StepServiceServer<StepServiceImpl>>()
+                    .await;
+                rep.set_service_status("", tonic_health::ServingStatus::Serving)
+                    .await;
                 break;
             }
             if phase == 2 {
@@ -116,14 +136,21 @@ pub async fn serve(
             .register_encoded_file_descriptor_set(tandem_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
-    let reflection_v1 = reflection().build_v1().map_err(|e| WorkerError::Internal(format!("reflection: {e}")))?;
-    let reflection_v1alpha = reflection().build_v1alpha().map_err(|e| WorkerError::Internal(format!("reflection: {e}")))?;
+    let reflection_v1 = reflection()
+        .build_v1()
+        .map_err(|e| WorkerError::Internal(format!("reflection: {e}")))?;
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
+        .map_err(|e| WorkerError::Internal(format!("reflection: {e}")))?;
     tonic::transport::Server::builder()
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(StepServiceImpl::new(engine).into_server())
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            shutdown,
+        )
         .await
         .map_err(|e| WorkerError::Internal(format!("gRPC server: {e}")))
 }

@@ -113,6 +113,8 @@ pub struct Tokenizer {
     eog: Vec<u32>,
     add_bos: bool,
     pre: String,
+    /// Texts of control and user-defined tokens (`<|im_end|>`, ...), longest first.
+    special_texts: Vec<String>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -302,6 +304,13 @@ impl Tokenizer {
         let mut hf_plain = hf.clone();
         hf_plain.set_encode_special_tokens(true);
 
+        let mut special_texts: Vec<String> = texts
+            .iter()
+            .zip(&types)
+            .filter(|(t, &ty)| (ty == 3 || ty == 4) && t.chars().count() >= 2)
+            .map(|(t, _)| t.clone())
+            .collect();
+        special_texts.sort_by_key(|t| std::cmp::Reverse(t.len()));
         Ok(Self {
             hf_special: hf,
             hf_plain,
@@ -313,7 +322,28 @@ impl Tokenizer {
             eog,
             add_bos,
             pre,
+            special_texts,
         })
+    }
+
+    /// `text` with every occurrence of a control or user-defined token's text (e.g.
+    /// `<|im_end|>`) broken by a zero-width space after its first character, so that text
+    /// from an untrusted source (a screen, a task) placed inside a chat message cannot close
+    /// the turn or open a new one when the rendered prompt is tokenized with special tokens
+    /// parsed. Text without such sequences is returned unchanged (borrowed).
+    pub fn escape_special<'t>(&self, text: &'t str) -> std::borrow::Cow<'t, str> {
+        if !self.special_texts.iter().any(|s| text.contains(s.as_str())) {
+            return std::borrow::Cow::Borrowed(text);
+        }
+        let mut out = text.to_string();
+        for s in &self.special_texts {
+            if out.contains(s.as_str()) {
+                let first = s.chars().next().map_or(0, char::len_utf8);
+                let broken = format!("{}\u{200B}{}", &s[..first], &s[first..]);
+                out = out.replace(s.as_str(), &broken);
+            }
+        }
+        std::borrow::Cow::Owned(out)
     }
 
     /// Token ids of `text`, with BOS prepended when `tokenizer.ggml.add_bos_token` is true.

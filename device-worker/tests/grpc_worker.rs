@@ -7,16 +7,25 @@ use common::*;
 use tandem_proto::step::v1 as pb;
 use tokio_stream::StreamExt;
 
-const SYSTEM: &str = "You are a phone agent. Answer with one JSON object describing the next action.";
+const SYSTEM: &str =
+    "You are a phone agent. Answer with one JSON object describing the next action.";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generate_streams_prefill_tokens_and_final_stats_and_reuses_the_prefix() {
     let Some(model) = model_path() else { return };
     let mut w = start_worker(config(model)).await;
 
-    let first = generate(&mut w.client, chat("ep-1", SYSTEM, "Task: open the settings app.\nScreen: [0] Button \"Settings\"", 12))
-        .await
-        .expect("first request");
+    let first = generate(
+        &mut w.client,
+        chat(
+            "ep-1",
+            SYSTEM,
+            "Task: open the settings app.\nScreen: [0] Button \"Settings\"",
+            12,
+        ),
+    )
+    .await
+    .expect("first request");
     let p = first.prefill.expect("prefill event");
     let d = first.done.expect("final event");
     assert!(p.prompt_tokens > 20);
@@ -31,21 +40,47 @@ async fn generate_streams_prefill_tokens_and_final_stats_and_reuses_the_prefix()
 
     // Same episode, a prompt that shares the system message and the task: the shared prefix
     // is reused from the slot's KV cache.
-    let second = generate(&mut w.client, chat("ep-1", SYSTEM, "Task: open the settings app.\nScreen: [0] Button \"Wi-Fi\"", 12))
-        .await
-        .expect("second request");
+    let second = generate(
+        &mut w.client,
+        chat(
+            "ep-1",
+            SYSTEM,
+            "Task: open the settings app.\nScreen: [0] Button \"Wi-Fi\"",
+            12,
+        ),
+    )
+    .await
+    .expect("second request");
     let p2 = second.prefill.unwrap();
-    assert!(p2.reused_tokens > 20, "reused {} of {}", p2.reused_tokens, p2.prompt_tokens);
+    assert!(
+        p2.reused_tokens > 20,
+        "reused {} of {}",
+        p2.reused_tokens,
+        p2.prompt_tokens
+    );
     assert_eq!(p2.reused_tokens + p2.new_tokens, p2.prompt_tokens);
     assert!(second.done.unwrap().kv_bound_tokens >= p2.reused_tokens);
 
     // Greedy is deterministic: the first request again (slot state differs) gives the same text.
-    let again = generate(&mut w.client, chat("ep-1", SYSTEM, "Task: open the settings app.\nScreen: [0] Button \"Settings\"", 12))
-        .await
-        .unwrap();
+    let again = generate(
+        &mut w.client,
+        chat(
+            "ep-1",
+            SYSTEM,
+            "Task: open the settings app.\nScreen: [0] Button \"Settings\"",
+            12,
+        ),
+    )
+    .await
+    .unwrap();
     assert_eq!(again.done.unwrap().text, d.text);
 
-    let status = w.client.status(pb::StatusRequest {}).await.unwrap().into_inner();
+    let status = w
+        .client
+        .status(pb::StatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(status.model.as_ref().unwrap().architecture, "llama");
     assert_eq!(status.slots.len(), 2);
     assert!(status.requests_served >= 3);
@@ -56,13 +91,27 @@ async fn json_schema_constrains_the_output() {
     let Some(model) = model_path() else { return };
     let mut w = start_worker(config(model)).await;
     let schema = r#"{"type":"object","properties":{"action_type":{"enum":["click","navigate_back"]},"index":{"type":"integer","minimum":0,"maximum":9}},"required":["action_type","index"],"additionalProperties":false}"#;
-    let mut req = chat("", SYSTEM, "Tap the second button. Screen: [0] Button \"A\" [1] Button \"B\"", 48);
+    let mut req = chat(
+        "",
+        SYSTEM,
+        "Tap the second button. Screen: [0] Button \"A\" [1] Button \"B\"",
+        48,
+    );
     req.json_schema = schema.into();
-    let out = generate(&mut w.client, req).await.expect("constrained request");
+    let out = generate(&mut w.client, req)
+        .await
+        .expect("constrained request");
     let d = out.done.unwrap();
-    let v: serde_json::Value = serde_json::from_str(&d.text).unwrap_or_else(|e| panic!("output {:?} is not JSON: {e}", d.text));
-    assert!(matches!(v["action_type"].as_str(), Some("click" | "navigate_back")), "{v}");
-    assert!(v["index"].as_i64().is_some_and(|i| (0..=9).contains(&i)), "{v}");
+    let v: serde_json::Value = serde_json::from_str(&d.text)
+        .unwrap_or_else(|e| panic!("output {:?} is not JSON: {e}", d.text));
+    assert!(
+        matches!(v["action_type"].as_str(), Some("click" | "navigate_back")),
+        "{v}"
+    );
+    assert!(
+        v["index"].as_i64().is_some_and(|i| (0..=9).contains(&i)),
+        "{v}"
+    );
     assert_eq!(d.finish_reason, pb::FinishReason::Grammar as i32);
 }
 
@@ -73,10 +122,14 @@ async fn bad_requests_get_invalid_argument_and_the_worker_keeps_serving() {
     cfg.ctx_size = 256;
     let mut w = start_worker(cfg).await;
     // Wait until loaded.
-    generate(&mut w.client, chat("", SYSTEM, "hi", 1)).await.unwrap();
+    generate(&mut w.client, chat("", SYSTEM, "hi", 1))
+        .await
+        .unwrap();
 
     let long = "tap the button ".repeat(200);
-    let err = generate(&mut w.client, chat("", SYSTEM, &long, 4)).await.unwrap_err();
+    let err = generate(&mut w.client, chat("", SYSTEM, &long, 4))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(err.message().contains("context"), "{}", err.message());
 
@@ -84,14 +137,23 @@ async fn bad_requests_get_invalid_argument_and_the_worker_keeps_serving() {
     bad_schema.json_schema = r#"{"type": 12}"#.into();
     let err = generate(&mut w.client, bad_schema).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
-    assert!(err.message().to_lowercase().contains("schema"), "{}", err.message());
+    assert!(
+        err.message().to_lowercase().contains("schema"),
+        "{}",
+        err.message()
+    );
 
-    let empty = pb::GenerateRequest { max_tokens: 4, ..Default::default() };
+    let empty = pb::GenerateRequest {
+        max_tokens: 4,
+        ..Default::default()
+    };
     let err = generate(&mut w.client, empty).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
 
     let bad_ids = pb::GenerateRequest {
-        prompt: Some(pb::generate_request::Prompt::Tokens(pb::TokenPrompt { ids: vec![1, 999_999] })),
+        prompt: Some(pb::generate_request::Prompt::Tokens(pb::TokenPrompt {
+            ids: vec![1, 999_999],
+        })),
         max_tokens: 4,
         ..Default::default()
     };
@@ -99,7 +161,9 @@ async fn bad_requests_get_invalid_argument_and_the_worker_keeps_serving() {
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(err.message().contains("999999"), "{}", err.message());
 
-    let ok = generate(&mut w.client, chat("", SYSTEM, "hi", 3)).await.expect("still serving");
+    let ok = generate(&mut w.client, chat("", SYSTEM, "hi", 3))
+        .await
+        .expect("still serving");
     assert!(ok.done.is_some());
 }
 
@@ -109,32 +173,65 @@ async fn a_stream_dropped_mid_prefill_cancels_and_the_next_request_runs() {
     let mut cfg = config(model);
     cfg.micro_batch = 16; // many micro-batches: the drop lands mid-prefill
     let mut w = start_worker(cfg).await;
-    generate(&mut w.client, chat("warm", SYSTEM, "hi", 1)).await.unwrap();
+    generate(&mut w.client, chat("warm", SYSTEM, "hi", 1))
+        .await
+        .unwrap();
 
     let long = "Screen: [0] Button \"Settings\" [1] Button \"Wi-Fi\" ".repeat(60);
-    let stream = w.client.generate(chat("cancel-me", SYSTEM, &long, 8)).await.unwrap().into_inner();
+    let stream = w
+        .client
+        .generate(chat("cancel-me", SYSTEM, &long, 8))
+        .await
+        .unwrap()
+        .into_inner();
     drop(stream);
 
     let t = std::time::Instant::now();
-    let next = generate(&mut w.client, chat("other", SYSTEM, "hi", 3)).await.expect("next request");
+    let next = generate(&mut w.client, chat("other", SYSTEM, "hi", 3))
+        .await
+        .expect("next request");
     assert!(next.done.is_some());
-    let status = w.client.status(pb::StatusRequest {}).await.unwrap().into_inner();
+    let status = w
+        .client
+        .status(pb::StatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
     let cancelled = status.slots.iter().find(|s| s.session_id == "cancel-me");
     if let Some(s) = cancelled {
         // The cancelled request stopped before finishing its prompt.
         let full = {
-            let c = generate(&mut w.client, pb::GenerateRequest { max_tokens: 1, ..chat("probe", SYSTEM, &long, 1) }).await.unwrap();
+            let c = generate(
+                &mut w.client,
+                pb::GenerateRequest {
+                    max_tokens: 1,
+                    ..chat("probe", SYSTEM, &long, 1)
+                },
+            )
+            .await
+            .unwrap();
             c.prefill.unwrap().prompt_tokens
         };
-        assert!(s.cached_tokens < full, "cached {} of {full}: the prefill was not cancelled", s.cached_tokens);
+        assert!(
+            s.cached_tokens < full,
+            "cached {} of {full}: the prefill was not cancelled",
+            s.cached_tokens
+        );
     }
     eprintln!("next request served {:?} after the drop", t.elapsed());
 
     // A stream dropped after the first token also cancels decode.
-    let mut s = w.client.generate(chat("decode-drop", SYSTEM, "Count to one hundred.", 200)).await.unwrap().into_inner();
+    let mut s = w
+        .client
+        .generate(chat("decode-drop", SYSTEM, "Count to one hundred.", 200))
+        .await
+        .unwrap()
+        .into_inner();
     let _first = s.next().await;
     drop(s);
-    let after = generate(&mut w.client, chat("other", SYSTEM, "hi", 3)).await.expect("after decode drop");
+    let after = generate(&mut w.client, chat("other", SYSTEM, "hi", 3))
+        .await
+        .expect("after decode drop");
     assert!(after.done.is_some());
 }
 
@@ -148,7 +245,9 @@ async fn a_truncated_model_file_gives_a_clear_error_not_a_crash() {
     let mut w = start_worker(config(cut)).await;
     let err = loop {
         match w.client.generate(chat("", SYSTEM, "hi", 1)).await {
-            Err(s) if s.message().contains("loading") => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+            Err(s) if s.message().contains("loading") => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await
+            }
             Err(s) => break s,
             Ok(_) => panic!("a truncated model must not serve"),
         }
@@ -166,15 +265,31 @@ async fn reflection_lists_the_services_and_health_reports_serving() {
 
     let Some(model) = model_path() else { return };
     let w = start_worker(config(model)).await;
-    let channel = tonic::transport::Endpoint::from_shared(w.addr.clone()).unwrap().connect().await.unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(w.addr.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     let mut client = ServerReflectionClient::new(channel.clone());
-    let req = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
-    let mut resp = client.server_reflection_info(tokio_stream::iter(vec![req])).await.unwrap().into_inner();
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut resp = client
+        .server_reflection_info(tokio_stream::iter(vec![req]))
+        .await
+        .unwrap()
+        .into_inner();
     let msg = resp.next().await.unwrap().unwrap();
-    let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else { panic!("{msg:?}") };
+    let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else {
+        panic!("{msg:?}")
+    };
     let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
     for want in ["tandem.step.v1.StepService", "grpc.health.v1.Health"] {
-        assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
+        assert!(
+            names.iter().any(|n| n == want),
+            "{want} missing from {names:?}"
+        );
     }
 
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
@@ -182,7 +297,9 @@ async fn reflection_lists_the_services_and_health_reports_serving() {
     let mut status = -1;
     for _ in 0..200 {
         let r = health
-            .check(tonic_health::pb::HealthCheckRequest { service: "tandem.step.v1.StepService".into() })
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: "tandem.step.v1.StepService".into(),
+            })
             .await
             .unwrap();
         status = r.into_inner().status;

@@ -49,17 +49,25 @@ fn fixtures() -> Vec<(String, Fixture)> {
     out
 }
 
-const DEFAULT_MODEL_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+const DEFAULT_MODEL_SHA256: &str =
+    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn greedy_tokens_equal_llama_cpp_on_corpus_prompts() {
     let Some(model) = model_path() else { return };
     let fx = fixtures();
-    assert!(fx.len() >= 3, "expected at least 3 parity fixtures, found {}", fx.len());
+    assert!(
+        fx.len() >= 3,
+        "expected at least 3 parity fixtures, found {}",
+        fx.len()
+    );
     let mut w = start_worker(config(model)).await;
     let mut exact = 0;
     for (name, f) in &fx {
-        assert_eq!(f.model_sha256, DEFAULT_MODEL_SHA256, "{name}: fixture made on another model");
+        assert_eq!(
+            f.model_sha256, DEFAULT_MODEL_SHA256,
+            "{name}: fixture made on another model"
+        );
         // Same prompt tokens as llama.cpp's tokenizer...
         let req = pb::GenerateRequest {
             session_id: String::new(),
@@ -67,14 +75,24 @@ async fn greedy_tokens_equal_llama_cpp_on_corpus_prompts() {
             max_tokens: f.n_predict,
             ..Default::default()
         };
-        let out = generate(&mut w.client, req).await.unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(out.prefill.as_ref().unwrap().prompt_tokens as usize, f.prompt_tokens.len(), "{name}: prompt length");
+        let out = generate(&mut w.client, req)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(
+            out.prefill.as_ref().unwrap().prompt_tokens as usize,
+            f.prompt_tokens.len(),
+            "{name}: prompt length"
+        );
         // ...and the same greedy continuation.
         let ours: Vec<u32> = out.tokens.iter().map(|t| t.id).collect();
         let mut theirs = f.output_tokens.clone();
         if theirs.last().is_some_and(|t| EOG.contains(t)) {
             theirs.pop();
-            assert_eq!(out.done.as_ref().unwrap().finish_reason, pb::FinishReason::Eos as i32, "{name}");
+            assert_eq!(
+                out.done.as_ref().unwrap().finish_reason,
+                pb::FinishReason::Eos as i32,
+                "{name}"
+            );
         }
         match ours.iter().zip(&theirs).position(|(a, b)| a != b) {
             None => {
@@ -96,7 +114,11 @@ async fn greedy_tokens_equal_llama_cpp_on_corpus_prompts() {
             }
         }
     }
-    assert!(exact >= 3, "only {exact} of {} fixtures matched llama.cpp token for token", fx.len());
+    assert!(
+        exact >= 3,
+        "only {exact} of {} fixtures matched llama.cpp token for token",
+        fx.len()
+    );
 }
 
 #[test]
@@ -105,6 +127,10 @@ fn our_tokenizer_matches_llama_cpp_prompt_tokens() {
     let file = device_worker::model::gguf::GgufFile::open(&model).unwrap();
     let tok = device_worker::tokenizer::Tokenizer::from_gguf(&file).unwrap();
     for (name, f) in fixtures() {
-        assert_eq!(tok.encode(&f.prompt, true).unwrap(), f.prompt_tokens, "{name}");
+        assert_eq!(
+            tok.encode(&f.prompt, true).unwrap(),
+            f.prompt_tokens,
+            "{name}"
+        );
     }
 }

@@ -154,7 +154,21 @@ struct Walker {
 }
 
 impl Walker {
-    fn visit(&mut self, node: Node<'_, '_>, merge: Option<MergeTarget>) {
+    /// Walks `root`'s subtree in document order (pre-order). Iterative, with an explicit
+    /// stack: a hostile dump nested thousands of levels deep must not overflow the thread's
+    /// stack (it did, with recursion, at depth 6000).
+    fn visit(&mut self, root: Node<'_, '_>, merge: Option<MergeTarget>) {
+        let mut stack = vec![(root, merge)];
+        while let Some((node, merge)) = stack.pop() {
+            let child_merge = self.visit_one(node, merge);
+            let children: Vec<_> = node.children().filter(|n| n.is_element()).collect();
+            stack.extend(children.into_iter().rev().map(|c| (c, child_merge)));
+        }
+    }
+
+    /// Lists `node` if it is a visible control; returns where its descendants' plain text
+    /// may be merged.
+    fn visit_one(&mut self, node: Node<'_, '_>, merge: Option<MergeTarget>) -> Option<MergeTarget> {
         let control = self.control_of(node);
         let visible = control.bounds.intersects_screen(self.width, self.height)
             && !flag_false(node, "displayed")
@@ -176,9 +190,7 @@ impl Walker {
                 self.push(control);
             }
         }
-        for child in node.children().filter(|n| n.is_element()) {
-            self.visit(child, child_merge);
-        }
+        child_merge
     }
 
     fn push(&mut self, mut control: Control) -> usize {

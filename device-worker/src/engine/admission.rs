@@ -31,7 +31,11 @@ impl Admission {
     /// Errors (all map to INVALID_ARGUMENT): [`WorkerError::EmptyPrompt`],
     /// [`WorkerError::PromptTooLong`], [`WorkerError::InvalidRequest`] (unknown token ids,
     /// bad sampling), constraint errors for an invalid schema, template errors.
-    pub fn admit(&self, req: pb::GenerateRequest, events: mpsc::Sender<EngineEvent>) -> Result<EngineRequest, WorkerError> {
+    pub fn admit(
+        &self,
+        req: pb::GenerateRequest,
+        events: mpsc::Sender<EngineEvent>,
+    ) -> Result<EngineRequest, WorkerError> {
         let enqueued_at = Instant::now();
         let prompt = match req.prompt {
             None => return Err(WorkerError::EmptyPrompt),
@@ -39,8 +43,19 @@ impl Admission {
                 if chat.messages.is_empty() {
                     return Err(WorkerError::EmptyPrompt);
                 }
-                let msgs: Vec<ChatMessage> =
-                    chat.messages.into_iter().map(|m| ChatMessage { role: m.role, content: m.content }).collect();
+                // Message contents are data: special-token texts inside them are escaped so
+                // they stay text (the template's own markers are the only turn boundaries).
+                let msgs: Vec<ChatMessage> = chat
+                    .messages
+                    .into_iter()
+                    .map(|m| {
+                        let content = self.tokenizer.escape_special(&m.content).into_owned();
+                        ChatMessage {
+                            role: m.role,
+                            content,
+                        }
+                    })
+                    .collect();
                 let text = self.template.render(&msgs, true)?;
                 self.tokenizer.encode(&text, true)?
             }
@@ -60,7 +75,10 @@ impl Admission {
         }
         // At least one position must remain for the first generated token.
         if prompt.len() >= self.n_ctx {
-            return Err(WorkerError::PromptTooLong { n_tokens: prompt.len(), n_ctx: self.n_ctx });
+            return Err(WorkerError::PromptTooLong {
+                n_tokens: prompt.len(),
+                n_ctx: self.n_ctx,
+            });
         }
         let sampling = match req.sampling.and_then(|s| s.mode) {
             None | Some(pb::sampling::Mode::Greedy(_)) => SamplingMode::Greedy,
@@ -71,7 +89,12 @@ impl Admission {
                         s.temperature
                     )));
                 }
-                SamplingMode::Seeded { seed: s.seed, temperature: s.temperature, top_k: s.top_k, top_p: s.top_p }
+                SamplingMode::Seeded {
+                    seed: s.seed,
+                    temperature: s.temperature,
+                    top_k: s.top_k,
+                    top_p: s.top_p,
+                }
             }
         };
         let constraint = if req.json_schema.trim().is_empty() {
@@ -79,7 +102,11 @@ impl Admission {
         } else {
             Some(self.constraints.json_schema(&req.json_schema)?)
         };
-        let max_tokens = if req.max_tokens == 0 { self.default_max_tokens } else { req.max_tokens };
+        let max_tokens = if req.max_tokens == 0 {
+            self.default_max_tokens
+        } else {
+            req.max_tokens
+        };
         Ok(EngineRequest {
             session_id: req.session_id,
             prompt,

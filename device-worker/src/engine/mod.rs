@@ -51,7 +51,10 @@ impl EngineHandle {
         let (tx, rx) = sync_channel(cfg.max_queue.max(1));
         let (state_tx, state) = watch::channel(EngineState::Loading);
         let status = Arc::new(Mutex::new(pb::StatusResponse {
-            power: Some(pb::PowerInfo { state: "active".into(), backend: "none".into() }),
+            power: Some(pb::PowerInfo {
+                state: "active".into(),
+                backend: "none".into(),
+            }),
             ..Default::default()
         }));
         let st = status.clone();
@@ -119,7 +122,10 @@ enum Stop {
 }
 
 impl Engine {
-    fn load(cfg: &EngineConfig, status: Arc<Mutex<pb::StatusResponse>>) -> Result<(Self, Arc<Admission>), WorkerError> {
+    fn load(
+        cfg: &EngineConfig,
+        status: Arc<Mutex<pb::StatusResponse>>,
+    ) -> Result<(Self, Arc<Admission>), WorkerError> {
         let path = cfg.model_path();
         let t0 = Instant::now();
         let file = Arc::new(GgufFile::open(&path)?);
@@ -129,8 +135,11 @@ impl Engine {
         let constraints = ConstraintFactory::new(&tokenizer)?;
         let n_ctx = cfg.ctx_size.min(model.n_ctx_train()).max(16);
         let threads = cfg.n_threads();
-        let pool = ThreadPool::new(threads).map_err(|e| WorkerError::Internal(format!("thread pool: {e}")))?;
-        let slots: Vec<Slot> = (0..cfg.slots.max(1) as u32).map(|i| Slot::new(i, model.new_kv_cache(n_ctx))).collect();
+        let pool = ThreadPool::new(threads)
+            .map_err(|e| WorkerError::Internal(format!("thread pool: {e}")))?;
+        let slots: Vec<Slot> = (0..cfg.slots.max(1) as u32)
+            .map(|i| Slot::new(i, model.new_sequence_state(n_ctx)))
+            .collect();
         let n_batch = cfg.micro_batch.clamp(1, n_ctx);
         let scratch = model.new_scratch(n_batch);
         let admission = Arc::new(Admission {
@@ -164,11 +173,17 @@ impl Engine {
             status,
         };
         {
-            let mut s = engine.status.lock().map_err(|_| WorkerError::Internal("status lock poisoned".into()))?;
+            let mut s = engine
+                .status
+                .lock()
+                .map_err(|_| WorkerError::Internal("status lock poisoned".into()))?;
             s.model = Some(pb::ModelInfo {
                 path: path.display().to_string(),
                 architecture: engine.model.architecture().into(),
-                name: file.get_str_opt("general.name").unwrap_or_default().to_string(),
+                name: file
+                    .get_str_opt("general.name")
+                    .unwrap_or_default()
+                    .to_string(),
                 parameters: engine.model.n_params(),
                 file_bytes: file.file_bytes(),
                 context_length: n_ctx as u32,
@@ -195,7 +210,9 @@ impl Engine {
     }
 
     fn publish_status(&self) {
-        let Ok(mut s) = self.status.lock() else { return };
+        let Ok(mut s) = self.status.lock() else {
+            return;
+        };
         s.slots = self
             .slots
             .iter()
@@ -203,12 +220,16 @@ impl Engine {
                 id: sl.id,
                 session_id: sl.session_id.clone(),
                 cached_tokens: sl.tokens.len() as u32,
-                kv_bytes: sl.kv.bytes_used() as u64,
+                kv_bytes: sl.seq.bytes_used() as u64,
                 busy: false,
             })
             .collect();
         s.cache = Some(pb::CacheInfo {
-            kv_bytes_total: self.slots.iter().map(|sl| sl.kv.bytes_allocated() as u64).sum(),
+            kv_bytes_total: self
+                .slots
+                .iter()
+                .map(|sl| sl.seq.bytes_allocated() as u64)
+                .sum(),
             n_slots: self.slots.len() as u32,
         });
         s.requests_served = self.served;
@@ -223,23 +244,34 @@ impl Engine {
         let n_prompt = req.prompt.len();
 
         // Prefix reuse: keep the longest common prefix, but always recompute the last prompt
-        // token so its logits exist.
+        // token so its logits exist. A hybrid model's recurrent state is only valid at the
+        // slot's full cached length, so it keeps the prefix only when the prompt extends the
+        // cached sequence; otherwise the slot is reset (`Slot::truncate` returns what it kept).
         let kv_bound = common_prefix(&self.slots[si].tokens, &req.prompt);
-        let reused = kv_bound.min(n_prompt - 1);
-        self.slots[si].truncate(reused);
+        let reused = self.slots[si].truncate(kv_bound.min(n_prompt - 1));
 
         // Prefill in micro-batches.
         let mut passes = 0u32;
         let mut pos = reused;
         while pos < n_prompt {
             if req.events.is_closed() {
-                tracing::info!(slot = si, pos, "client gone during prefill; request cancelled");
+                tracing::info!(
+                    slot = si,
+                    pos,
+                    "client gone during prefill; request cancelled"
+                );
                 return Ok(());
             }
             let end = (pos + self.n_batch).min(n_prompt);
             let last = end == n_prompt;
             let slot = &mut self.slots[si];
-            let out = self.model.forward(&self.pool, &mut slot.kv, &req.prompt[pos..end], &mut self.scratch, last)?;
+            let out = self.model.forward(
+                &self.pool,
+                &mut slot.seq,
+                &req.prompt[pos..end],
+                &mut self.scratch,
+                last,
+            )?;
             if let Some(l) = out {
                 self.logits.copy_from_slice(l);
             }
@@ -257,7 +289,11 @@ impl Engine {
             queue_ms,
             prefill_ms,
         };
-        if req.events.blocking_send(EngineEvent::Prefill(prefill)).is_err() {
+        if req
+            .events
+            .blocking_send(EngineEvent::Prefill(prefill))
+            .is_err()
+        {
             return Ok(());
         }
 
@@ -272,19 +308,24 @@ impl Engine {
             SamplingMode::Seeded { seed, .. } => Rng::new(seed),
             SamplingMode::Greedy => Rng::new(0),
         };
-        let n_ctx = self.slots[si].kv.n_ctx();
+        let n_ctx = self.slots[si].seq.n_ctx();
         let stop = loop {
             if let Some(c) = req.constraint.as_mut() {
                 c.allowed_tokens()?.apply(&mut self.logits);
             }
             let next = match req.sampling {
                 SamplingMode::Greedy => argmax(&self.logits),
-                SamplingMode::Seeded { temperature, top_k, top_p, .. } => {
-                    sample(&self.logits, temperature, top_k, top_p, &mut rng)
-                }
+                SamplingMode::Seeded {
+                    temperature,
+                    top_k,
+                    top_p,
+                    ..
+                } => sample(&self.logits, temperature, top_k, top_p, &mut rng),
             };
             let Some(id) = next else {
-                return Err(WorkerError::Internal("no token is allowed by the constraint".into()));
+                return Err(WorkerError::Internal(
+                    "no token is allowed by the constraint".into(),
+                ));
             };
             if eog.contains(&id) {
                 break Stop::Finished(pb::FinishReason::Eos);
@@ -294,12 +335,20 @@ impl Engine {
             }
             let piece = decoder.push(&adm.tokenizer, id);
             text.push_str(&piece);
-            let ev = pb::TokenEvent { id, text: piece, index: n_out };
+            let ev = pb::TokenEvent {
+                id,
+                text: piece,
+                index: n_out,
+            };
             n_out += 1;
             if req.events.blocking_send(EngineEvent::Token(ev)).is_err() {
                 break Stop::Cancelled;
             }
-            if req.stop.iter().any(|s| text.ends_with(s.as_str()) || text.contains(s.as_str())) {
+            if req
+                .stop
+                .iter()
+                .any(|s| text.ends_with(s.as_str()) || text.contains(s.as_str()))
+            {
                 break Stop::Finished(pb::FinishReason::Stop);
             }
             if req.constraint.as_ref().is_some_and(|c| c.is_finished()) {
@@ -309,16 +358,22 @@ impl Engine {
                 break Stop::Finished(pb::FinishReason::Length);
             }
             let slot = &mut self.slots[si];
-            if slot.kv.len() + 1 > n_ctx {
+            if slot.seq.len() + 1 > n_ctx {
                 break Stop::Finished(pb::FinishReason::Context);
             }
-            let l = self.model.forward(&self.pool, &mut slot.kv, &[id], &mut self.scratch, true)?;
+            let l =
+                self.model
+                    .forward(&self.pool, &mut slot.seq, &[id], &mut self.scratch, true)?;
             self.logits.copy_from_slice(l.expect("logits requested"));
             slot.tokens.push(id);
             passes += 1;
         };
         let Stop::Finished(reason) = stop else {
-            tracing::info!(slot = si, n_out, "client gone during decode; request cancelled");
+            tracing::info!(
+                slot = si,
+                n_out,
+                "client gone during decode; request cancelled"
+            );
             return Ok(());
         };
         let decode_ms = ms(t_decode.elapsed());
@@ -333,7 +388,11 @@ impl Engine {
             prefill_ms,
             decode_ms,
             server_ms: ms(t_start.elapsed()),
-            ms_per_token: if n_out > 0 { decode_ms / n_out as f64 } else { 0.0 },
+            ms_per_token: if n_out > 0 {
+                decode_ms / n_out as f64
+            } else {
+                0.0
+            },
             text,
             kv_bound_tokens: kv_bound as u32,
         };

@@ -5,7 +5,12 @@
 #[derive(Clone, Debug, PartialEq)]
 pub enum SamplingMode {
     Greedy,
-    Seeded { seed: u64, temperature: f32, top_k: u32, top_p: f32 },
+    Seeded {
+        seed: u64,
+        temperature: f32,
+        top_k: u32,
+        top_p: f32,
+    },
 }
 
 /// Index of the largest finite logit; the lowest index wins ties. `None` if every logit is
@@ -47,7 +52,13 @@ impl Rng {
 
 /// Samples from `softmax(logits / temperature)` restricted to the `top_k` most likely tokens
 /// (0: all) and the smallest set whose probability reaches `top_p` (0 or ≥ 1: all).
-pub fn sample(logits: &[f32], temperature: f32, top_k: u32, top_p: f32, rng: &mut Rng) -> Option<u32> {
+pub fn sample(
+    logits: &[f32],
+    temperature: f32,
+    top_k: u32,
+    top_p: f32,
+    rng: &mut Rng,
+) -> Option<u32> {
     if temperature <= 0.0 {
         return argmax(logits);
     }
@@ -106,11 +117,15 @@ mod tests {
         let logits = [0.0, 1.0, 2.0, 3.0];
         let a: Vec<_> = {
             let mut r = Rng::new(7);
-            (0..20).map(|_| sample(&logits, 1.0, 2, 1.0, &mut r).unwrap()).collect()
+            (0..20)
+                .map(|_| sample(&logits, 1.0, 2, 1.0, &mut r).unwrap())
+                .collect()
         };
         let b: Vec<_> = {
             let mut r = Rng::new(7);
-            (0..20).map(|_| sample(&logits, 1.0, 2, 1.0, &mut r).unwrap()).collect()
+            (0..20)
+                .map(|_| sample(&logits, 1.0, 2, 1.0, &mut r).unwrap())
+                .collect()
         };
         assert_eq!(a, b);
         assert!(a.iter().all(|&t| t == 2 || t == 3));

@@ -13,7 +13,7 @@ use dsp::pool::ThreadPool;
 
 use crate::error::ModelError;
 use crate::model::gguf::GgufFile;
-use crate::model::parallel::DisjointMut;
+use crate::model::project::{causal_attention, kernel, mm, mm_shared, AttnShape};
 use crate::model::weights::{load_vector, Linear};
 use crate::state::kv::KvCache;
 
@@ -43,7 +43,10 @@ impl LlamaConfig {
         let u = |k: &str| -> Result<usize, ModelError> { Ok(file.get_u32(&key(k))? as usize) };
         let n_embd = u("embedding_length")?;
         let n_head = u("attention.head_count")?;
-        let n_head_kv = file.get_u32_opt(&key("attention.head_count_kv")).map(|v| v as usize).unwrap_or(n_head);
+        let n_head_kv = file
+            .get_u32_opt(&key("attention.head_count_kv"))
+            .map(|v| v as usize)
+            .unwrap_or(n_head);
         let head_dim = file
             .get_u32_opt(&key("attention.key_length"))
             .map(|v| v as usize)
@@ -60,13 +63,25 @@ impl LlamaConfig {
             head_dim,
             n_ff: u("feed_forward_length")?,
             n_vocab,
-            n_rot: file.get_u32_opt(&key("rope.dimension_count")).map(|v| v as usize).unwrap_or(head_dim),
+            n_rot: file
+                .get_u32_opt(&key("rope.dimension_count"))
+                .map(|v| v as usize)
+                .unwrap_or(head_dim),
             rope_freq_base: file.get_f32_opt(&key("rope.freq_base")).unwrap_or(10_000.0),
             rms_eps: file.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
-            n_ctx_train: file.get_u32_opt(&key("context_length")).map(|v| v as usize).unwrap_or(4096),
+            n_ctx_train: file
+                .get_u32_opt(&key("context_length"))
+                .map(|v| v as usize)
+                .unwrap_or(4096),
         };
-        if cfg.n_head == 0 || cfg.n_head_kv == 0 || cfg.n_head % cfg.n_head_kv != 0 || cfg.n_rot > cfg.head_dim {
-            return Err(ModelError::Invalid(format!("inconsistent attention shape: {cfg:?}")));
+        if cfg.n_head == 0
+            || cfg.n_head_kv == 0
+            || !cfg.n_head.is_multiple_of(cfg.n_head_kv)
+            || cfg.n_rot > cfg.head_dim
+        {
+            return Err(ModelError::Invalid(format!(
+                "inconsistent attention shape: {cfg:?}"
+            )));
         }
         Ok(cfg)
     }
@@ -153,7 +168,14 @@ impl LlamaModel {
             Some(_) => Linear::load(f, "output.weight", cfg.n_vocab, e)?,
             None => tok_embd.clone(),
         };
-        Ok(Self { file, cfg, tok_embd, layers, output_norm, output })
+        Ok(Self {
+            file,
+            cfg,
+            tok_embd,
+            layers,
+            output_norm,
+            output,
+        })
     }
 
     /// Parameter count (weights of every bound tensor; tied output counted once).
@@ -172,7 +194,12 @@ impl LlamaModel {
 
     /// A KV cache for `n_ctx` positions.
     pub fn new_kv_cache(&self, n_ctx: usize) -> KvCache {
-        KvCache::new(self.cfg.n_layer, self.cfg.n_head_kv, self.cfg.head_dim, n_ctx)
+        KvCache::new(
+            self.cfg.n_layer,
+            self.cfg.n_head_kv,
+            self.cfg.head_dim,
+            n_ctx,
+        )
     }
 
     /// Buffers for micro-batches of up to `n_batch` tokens.
@@ -217,10 +244,16 @@ impl LlamaModel {
             return Err(ModelError::Invalid("empty micro-batch".into()));
         }
         if n > scratch.n_batch {
-            return Err(ModelError::BatchTooLarge { n, max: scratch.n_batch });
+            return Err(ModelError::BatchTooLarge {
+                n,
+                max: scratch.n_batch,
+            });
         }
         if pos0 + n > kv.n_ctx() {
-            return Err(ModelError::ContextFull { needed: pos0 + n, n_ctx: kv.n_ctx() });
+            return Err(ModelError::ContextFull {
+                needed: pos0 + n,
+                n_ctx: kv.n_ctx(),
+            });
         }
         let bytes = self.file.bytes();
         let (e, hd) = (c.n_embd, c.head_dim);
@@ -229,18 +262,33 @@ impl LlamaModel {
         // Embedding lookup (ggml get_rows).
         for (t, &id) in tokens.iter().enumerate() {
             if id as usize >= c.n_vocab {
-                return Err(ModelError::TokenOutOfRange { id, n_vocab: c.n_vocab });
+                return Err(ModelError::TokenOutOfRange {
+                    id,
+                    n_vocab: c.n_vocab,
+                });
             }
-            dsp::quant::dequantize_row(self.tok_embd.ty, self.tok_embd.row_bytes(bytes, id as usize), &mut scratch.x[t * e..(t + 1) * e])
-                .map_err(|s| ModelError::Kernel { name: self.tok_embd.name.clone(), source: s })?;
+            dsp::quant::dequantize_row(
+                self.tok_embd.ty,
+                self.tok_embd.row_bytes(bytes, id as usize),
+                &mut scratch.x[t * e..(t + 1) * e],
+            )
+            .map_err(|s| ModelError::Kernel {
+                name: self.tok_embd.name.clone(),
+                source: s,
+            })?;
         }
 
         let s = scratch;
         for (il, layer) in self.layers.iter().enumerate() {
             // Attention block.
             for t in 0..n {
-                ops::rms_norm(&s.x[t * e..(t + 1) * e], &layer.attn_norm, c.rms_eps, &mut s.h[t * e..(t + 1) * e])
-                    .map_err(kernel("attn_norm"))?;
+                ops::rms_norm(
+                    &s.x[t * e..(t + 1) * e],
+                    &layer.attn_norm,
+                    c.rms_eps,
+                    &mut s.h[t * e..(t + 1) * e],
+                )
+                .map_err(kernel("attn_norm"))?;
             }
             let h = &s.h[..n * e];
             mm_shared(
@@ -248,29 +296,90 @@ impl LlamaModel {
                 bytes,
                 h,
                 n,
-                &mut [(&layer.attn.wq, &mut s.q[..n * nq]), (&layer.attn.wk, &mut s.k[..n * nkv]), (&layer.attn.wv, &mut s.v[..n * nkv])],
+                &mut [
+                    (&layer.attn.wq, &mut s.q[..n * nq]),
+                    (&layer.attn.wk, &mut s.k[..n * nkv]),
+                    (&layer.attn.wv, &mut s.v[..n * nkv]),
+                ],
             )?;
             for t in 0..n {
                 let pos = (pos0 + t) as u32;
-                ops::rope_norm(&mut s.q[t * nq..(t + 1) * nq], c.n_head, hd, c.n_rot, pos, c.rope_freq_base)
-                    .map_err(kernel("rope q"))?;
-                ops::rope_norm(&mut s.k[t * nkv..(t + 1) * nkv], c.n_head_kv, hd, c.n_rot, pos, c.rope_freq_base)
-                    .map_err(kernel("rope k"))?;
+                ops::rope_norm(
+                    &mut s.q[t * nq..(t + 1) * nq],
+                    c.n_head,
+                    hd,
+                    c.n_rot,
+                    pos,
+                    c.rope_freq_base,
+                )
+                .map_err(kernel("rope q"))?;
+                ops::rope_norm(
+                    &mut s.k[t * nkv..(t + 1) * nkv],
+                    c.n_head_kv,
+                    hd,
+                    c.n_rot,
+                    pos,
+                    c.rope_freq_base,
+                )
+                .map_err(kernel("rope k"))?;
             }
             kv.write(il, pos0, n, &s.k[..n * nkv], &s.v[..n * nkv]);
-            self.attention(pool, kv, il, pos0, n, &s.q[..n * nq], &mut s.attn[..n * nq]);
-            mm(pool, &layer.attn.wo, bytes, &s.attn[..n * nq], n, &mut s.o[..n * e])?;
+            let shape = AttnShape {
+                n_head: c.n_head,
+                n_head_kv: c.n_head_kv,
+                head_dim: hd,
+            };
+            causal_attention(
+                pool,
+                kv,
+                il,
+                shape,
+                pos0,
+                n,
+                &s.q[..n * nq],
+                &mut s.attn[..n * nq],
+            );
+            mm(
+                pool,
+                &layer.attn.wo,
+                bytes,
+                &s.attn[..n * nq],
+                n,
+                &mut s.o[..n * e],
+            )?;
             ops::add_inplace(&mut s.x[..n * e], &s.o[..n * e]).map_err(kernel("residual"))?;
 
             // MLP block: down(silu(gate(h)) * up(h)).
             for t in 0..n {
-                ops::rms_norm(&s.x[t * e..(t + 1) * e], &layer.ffn_norm, c.rms_eps, &mut s.h[t * e..(t + 1) * e])
-                    .map_err(kernel("ffn_norm"))?;
+                ops::rms_norm(
+                    &s.x[t * e..(t + 1) * e],
+                    &layer.ffn_norm,
+                    c.rms_eps,
+                    &mut s.h[t * e..(t + 1) * e],
+                )
+                .map_err(kernel("ffn_norm"))?;
             }
             let f = c.n_ff;
-            mm_shared(pool, bytes, &s.h[..n * e], n, &mut [(&layer.mlp.gate, &mut s.gate[..n * f]), (&layer.mlp.up, &mut s.up[..n * f])])?;
-            ops::swiglu(&s.gate[..n * f], &s.up[..n * f], &mut s.act[..n * f]).map_err(kernel("swiglu"))?;
-            mm(pool, &layer.mlp.down, bytes, &s.act[..n * f], n, &mut s.o[..n * e])?;
+            mm_shared(
+                pool,
+                bytes,
+                &s.h[..n * e],
+                n,
+                &mut [
+                    (&layer.mlp.gate, &mut s.gate[..n * f]),
+                    (&layer.mlp.up, &mut s.up[..n * f]),
+                ],
+            )?;
+            ops::swiglu(&s.gate[..n * f], &s.up[..n * f], &mut s.act[..n * f])
+                .map_err(kernel("swiglu"))?;
+            mm(
+                pool,
+                &layer.mlp.down,
+                bytes,
+                &s.act[..n * f],
+                n,
+                &mut s.o[..n * e],
+            )?;
             ops::add_inplace(&mut s.x[..n * e], &s.o[..n * e]).map_err(kernel("residual"))?;
         }
         kv.set_len(pos0 + n);
@@ -278,56 +387,14 @@ impl LlamaModel {
         if !want_logits {
             return Ok(None);
         }
-        ops::rms_norm(&s.x[(n - 1) * e..n * e], &self.output_norm, c.rms_eps, &mut s.last).map_err(kernel("output_norm"))?;
+        ops::rms_norm(
+            &s.x[(n - 1) * e..n * e],
+            &self.output_norm,
+            c.rms_eps,
+            &mut s.last,
+        )
+        .map_err(kernel("output_norm"))?;
         mm(pool, &self.output, bytes, &s.last, 1, &mut s.logits)?;
         Ok(Some(&s.logits))
     }
-
-    /// Causal grouped-query attention of `n` new tokens (queries `[n, n_head*head_dim]`)
-    /// over the cache positions `0..=pos0+t` for token `t`; writes `[n, n_head*head_dim]`.
-    #[allow(clippy::too_many_arguments)]
-    fn attention(&self, pool: &ThreadPool, kv: &KvCache, layer: usize, pos0: usize, n: usize, q: &[f32], out: &mut [f32]) {
-        let c = &self.cfg;
-        let hd = c.head_dim;
-        let group = c.n_head / c.n_head_kv;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let out = DisjointMut::new(out);
-        let n_tasks = n * c.n_head;
-        pool.run(n_tasks, &|task| {
-            let (t, head) = (task / c.n_head, task % c.n_head);
-            let n_ctx = pos0 + t + 1;
-            let (k, v) = kv.head(layer, head / group, n_ctx);
-            let qh = &q[(t * c.n_head + head) * hd..][..hd];
-            let mut scores = vec![0f32; n_ctx];
-            // SAFETY: each task writes its own (token, head) row.
-            let o = unsafe { out.chunk((t * c.n_head + head) * hd, hd) };
-            ops::attention_head(qh, k, v, n_ctx, scale, &mut scores, o).expect("attention shapes follow the config");
-        });
-    }
-}
-
-fn kernel(name: &'static str) -> impl Fn(dsp::DspError) -> ModelError {
-    move |source| ModelError::Kernel { name: name.to_string(), source }
-}
-
-/// Several products of one input `x` (`[n, cols]`), e.g. q/k/v or gate/up: the input is
-/// converted to the weights' activation type once when they share it.
-fn mm_shared(pool: &ThreadPool, bytes: &[u8], x: &[f32], n: usize, outs: &mut [(&Linear, &mut [f32])]) -> Result<(), ModelError> {
-    let ty = outs[0].0.ty.vec_dot_type();
-    if outs.iter().any(|(w, _)| w.ty.vec_dot_type() != ty || w.cols != outs[0].0.cols) {
-        for (w, y) in outs.iter_mut() {
-            mm(pool, w, bytes, x, n, y)?;
-        }
-        return Ok(());
-    }
-    let acts = dsp::matmul::quantize_activations(pool, ty, x, n, outs[0].0.cols).map_err(kernel("activations"))?;
-    for (w, y) in outs.iter_mut() {
-        dsp::matmul::matmul_quantized(dsp::backend::select(), pool, &w.mat(bytes), &acts, y)
-            .map_err(|source| ModelError::Kernel { name: w.name.clone(), source })?;
-    }
-    Ok(())
-}
-
-fn mm(pool: &ThreadPool, w: &Linear, bytes: &[u8], x: &[f32], n: usize, y: &mut [f32]) -> Result<(), ModelError> {
-    dsp::matmul::matmul(pool, &w.mat(bytes), x, n, y).map_err(|source| ModelError::Kernel { name: w.name.clone(), source })
 }

@@ -15,7 +15,11 @@ unsafe impl<T: Send> Send for DisjointMut<'_, T> {}
 
 impl<'a, T> DisjointMut<'a, T> {
     pub fn new(slice: &'a mut [T]) -> Self {
-        Self { ptr: slice.as_mut_ptr(), len: slice.len(), _life: PhantomData }
+        Self {
+            ptr: slice.as_mut_ptr(),
+            len: slice.len(),
+            _life: PhantomData,
+        }
     }
 
     /// The sub-slice `start..start+len`.
@@ -24,7 +28,11 @@ impl<'a, T> DisjointMut<'a, T> {
     /// No two live sub-slices obtained from this value may overlap.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn chunk(&self, start: usize, len: usize) -> &mut [T] {
-        assert!(start + len <= self.len, "chunk {start}+{len} out of {}", self.len);
+        assert!(
+            start + len <= self.len,
+            "chunk {start}+{len} out of {}",
+            self.len
+        );
         std::slice::from_raw_parts_mut(self.ptr.add(start), len)
     }
 }

@@ -30,7 +30,9 @@ impl Linear {
     pub fn load(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Self, ModelError> {
         let view = file
             .tensor_opt(name)
-            .ok_or_else(|| ModelError::MissingTensor { name: name.to_string() })?;
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: name.to_string(),
+            })?;
         let dims: Vec<u64> = view.dims.clone();
         let ok = dims.len() == 2 && dims[0] as usize == cols && dims[1] as usize == rows
             || dims.len() == 1 && rows == 1 && dims[0] as usize == cols;
@@ -76,7 +78,9 @@ impl Linear {
 pub fn load_vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
     let view = file
         .tensor_opt(name)
-        .ok_or_else(|| ModelError::MissingTensor { name: name.to_string() })?;
+        .ok_or_else(|| ModelError::MissingTensor {
+            name: name.to_string(),
+        })?;
     if view.dims.iter().product::<u64>() as usize != len {
         return Err(ModelError::TensorShape {
             name: name.to_string(),
@@ -85,7 +89,9 @@ pub fn load_vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, 
         });
     }
     let mut out = vec![0f32; len];
-    dsp::quant::dequantize_row(view.ty, view.data, &mut out)
-        .map_err(|e| ModelError::Kernel { name: name.to_string(), source: e })?;
+    dsp::quant::dequantize_row(view.ty, view.data, &mut out).map_err(|e| ModelError::Kernel {
+        name: name.to_string(),
+        source: e,
+    })?;
     Ok(out)
 }

@@ -23,7 +23,15 @@ impl KvCache {
     /// Allocates `2 * n_layer * n_kv_head * n_ctx * head_dim` f16 values.
     pub fn new(n_layer: usize, n_kv_head: usize, head_dim: usize, n_ctx: usize) -> Self {
         let n = n_layer * n_kv_head * n_ctx * head_dim;
-        Self { n_layer, n_kv_head, head_dim, n_ctx, len: 0, k: vec![f16::ZERO; n], v: vec![f16::ZERO; n] }
+        Self {
+            n_layer,
+            n_kv_head,
+            head_dim,
+            n_ctx,
+            len: 0,
+            k: vec![f16::ZERO; n],
+            v: vec![f16::ZERO; n],
+        }
     }
 
     /// Capacity in positions.
@@ -105,7 +113,13 @@ mod tests {
         kv.write(1, 3, 2, &k, &v);
         kv.set_len(5);
         let (kh, vh) = kv.head(1, 1, 5);
-        assert_eq!(kh[3 * 4..4 * 4].iter().map(|x| x.to_f32()).collect::<Vec<_>>(), vec![4.0, 5.0, 6.0, 7.0]);
+        assert_eq!(
+            kh[3 * 4..4 * 4]
+                .iter()
+                .map(|x| x.to_f32())
+                .collect::<Vec<_>>(),
+            vec![4.0, 5.0, 6.0, 7.0]
+        );
         assert_eq!(vh[4 * 4].to_f32(), -12.0);
         kv.truncate(2);
         assert_eq!(kv.len(), 2);

@@ -1,3 +1,5 @@
 //! Per-slot inference state.
 pub mod kv;
+pub mod recurrent;
+pub mod sequence;
 pub mod slot;

@@ -1,30 +1,54 @@
-//! A slot: one sequence's cached tokens and KV cache, bound to a session (episode).
+//! A slot: one sequence's cached tokens and model state (KV cache, and the recurrent state of
+//! hybrid models), bound to a session (episode).
 //!
 //! Names follow llama.cpp's server (`server_slot`): a request is routed to the slot of its
 //! session, or to the least recently used one.
 
-use super::kv::KvCache;
+use super::sequence::SequenceState;
 
 pub struct Slot {
     pub id: u32,
     /// Session (episode) the slot last served; empty when never used.
     pub session_id: String,
-    /// Tokens whose keys and values are in `kv` (`tokens.len() == kv.len()`).
+    /// Tokens the model state has processed (`tokens.len() == seq.len()`).
     pub tokens: Vec<u32>,
-    pub kv: KvCache,
+    pub seq: SequenceState,
     /// Request counter value when last used (for LRU choice).
     pub last_used: u64,
 }
 
 impl Slot {
-    pub fn new(id: u32, kv: KvCache) -> Self {
-        Self { id, session_id: String::new(), tokens: Vec::new(), kv, last_used: 0 }
+    pub fn new(id: u32, seq: SequenceState) -> Self {
+        Self {
+            id,
+            session_id: String::new(),
+            tokens: Vec::new(),
+            seq,
+            last_used: 0,
+        }
     }
 
-    /// Keeps the first `n` cached tokens (prefix reuse, cancellation).
-    pub fn truncate(&mut self, n: usize) {
-        self.tokens.truncate(n);
-        self.kv.truncate(n);
+    /// Keeps the first `n` cached tokens (prefix reuse, cancellation) where the model state
+    /// allows it ([`SequenceState::truncate`]: a hybrid model's recurrent state is valid only at
+    /// the full cached length, so any shorter `n` empties the slot). Returns the tokens kept.
+    pub fn truncate(&mut self, n: usize) -> usize {
+        let kept = self.seq.truncate(n);
+        self.tokens.truncate(kept);
+        kept
+    }
+}
+
+impl Slot {
+    /// Cached tokens a request for `prompt` could keep: the common prefix, except that a
+    /// hybrid model's slot is only reusable when its whole cached sequence is a prefix of
+    /// `prompt` (its recurrent state cannot be rewound), else 0.
+    pub fn reusable_prefix(&self, prompt: &[u32]) -> usize {
+        let n = common_prefix(&self.tokens, prompt);
+        if self.seq.can_truncate_to(n) {
+            n
+        } else {
+            0
+        }
     }
 }
 
@@ -34,7 +58,8 @@ pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 }
 
 /// Picks the slot for `session_id`: the slot already bound to it; else the slot whose cached
-/// tokens share the longest prefix with `prompt` (ties: least recently used); unbound
+/// tokens share the longest reusable prefix with `prompt` ([`Slot::reusable_prefix`]; ties:
+/// least recently used); unbound
 /// requests (empty session) take the least recently used slot.
 pub fn choose_slot(slots: &[Slot], session_id: &str, prompt: &[u32]) -> usize {
     if !session_id.is_empty() {
@@ -44,22 +69,28 @@ pub fn choose_slot(slots: &[Slot], session_id: &str, prompt: &[u32]) -> usize {
         let best = slots
             .iter()
             .enumerate()
-            .max_by_key(|(_, s)| (common_prefix(&s.tokens, prompt), std::cmp::Reverse(s.last_used)))
+            .max_by_key(|(_, s)| (s.reusable_prefix(prompt), std::cmp::Reverse(s.last_used)))
             .map(|(i, _)| i)
             .unwrap_or(0);
-        if common_prefix(&slots[best].tokens, prompt) > 0 {
+        if slots[best].reusable_prefix(prompt) > 0 {
             return best;
         }
     }
-    slots.iter().enumerate().min_by_key(|(_, s)| s.last_used).map(|(i, _)| i).unwrap_or(0)
+    slots
+        .iter()
+        .enumerate()
+        .min_by_key(|(_, s)| s.last_used)
+        .map(|(i, _)| i)
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::kv::KvCache;
 
     fn slot(id: u32, session: &str, tokens: &[u32], last_used: u64) -> Slot {
-        let mut s = Slot::new(id, KvCache::new(1, 1, 1, 16));
+        let mut s = Slot::new(id, SequenceState::attention_only(KvCache::new(1, 1, 1, 16)));
         s.session_id = session.into();
         s.tokens = tokens.to_vec();
         s.last_used = last_used;
@@ -68,11 +99,45 @@ mod tests {
 
     #[test]
     fn session_affinity_then_prefix_then_lru() {
-        let slots = vec![slot(0, "a", &[1, 2, 3], 5), slot(1, "b", &[1, 9], 3), slot(2, "", &[], 1)];
+        let slots = vec![
+            slot(0, "a", &[1, 2, 3], 5),
+            slot(1, "b", &[1, 9], 3),
+            slot(2, "", &[], 1),
+        ];
         assert_eq!(choose_slot(&slots, "b", &[1, 2, 3]), 1);
         assert_eq!(choose_slot(&slots, "new", &[1, 2, 7]), 0);
         assert_eq!(choose_slot(&slots, "new", &[8]), 2);
         assert_eq!(choose_slot(&slots, "", &[1, 2, 3]), 2);
         assert_eq!(common_prefix(&[1, 2, 3], &[1, 2]), 2);
+    }
+
+    #[test]
+    fn hybrid_slots_are_reusable_only_when_their_sequence_is_a_prefix() {
+        use crate::state::recurrent::RecurrentState;
+        let mut slots = Vec::new();
+        for (id, tokens, last_used) in [
+            (0u32, vec![1u32, 2, 3, 4], 5u64),
+            (1, vec![1, 2], 3),
+            (2, vec![], 1),
+        ] {
+            let mut seq = SequenceState {
+                kv: KvCache::new(1, 1, 1, 16),
+                recurrent: Some(RecurrentState::new(1, 2, 2)),
+            };
+            seq.kv.set_len(tokens.len());
+            let mut s = Slot::new(id, seq);
+            s.tokens = tokens;
+            s.last_used = last_used;
+            slots.push(s);
+        }
+        // Slot 0 shares 3 tokens but would have to rewind; slot 1 is a full prefix.
+        assert_eq!(slots[0].reusable_prefix(&[1, 2, 3, 9]), 0);
+        assert_eq!(slots[1].reusable_prefix(&[1, 2, 3, 9]), 2);
+        assert_eq!(choose_slot(&slots, "new", &[1, 2, 3, 9]), 1);
+        // Nothing reusable: least recently used.
+        assert_eq!(choose_slot(&slots, "new", &[7]), 2);
+        // Truncating a hybrid slot below its length empties it.
+        assert_eq!(slots[0].truncate(3), 0);
+        assert!(slots[0].tokens.is_empty());
     }
 }

@@ -18,7 +18,10 @@ pub fn model_path() -> Option<PathBuf> {
     if p.exists() {
         Some(p)
     } else {
-        eprintln!("SKIPPED: model {} not found; run tools/fetch_model.sh (tools/test.sh does)", p.display());
+        eprintln!(
+            "SKIPPED: model {} not found; run tools/fetch_model.sh (tools/test.sh does)",
+            p.display()
+        );
         None
     }
 }
@@ -39,11 +42,22 @@ pub async fn start_worker(cfg: EngineConfig) -> TestWorker {
         let _ = rx.await;
     }));
     let client = StepServiceClient::connect(addr.clone()).await.unwrap();
-    TestWorker { client, addr, _shutdown: tx }
+    TestWorker {
+        client,
+        addr,
+        _shutdown: tx,
+    }
 }
 
 pub fn config(model: PathBuf) -> EngineConfig {
-    EngineConfig { model: Some(model), threads: Some(2), ctx_size: 2048, slots: 2, micro_batch: 128, ..Default::default() }
+    EngineConfig {
+        model: Some(model),
+        threads: Some(2),
+        ctx_size: 2048,
+        slots: 2,
+        micro_batch: 128,
+        ..Default::default()
+    }
 }
 
 pub fn chat(session: &str, system: &str, user: &str, max_tokens: u32) -> pb::GenerateRequest {
@@ -51,8 +65,14 @@ pub fn chat(session: &str, system: &str, user: &str, max_tokens: u32) -> pb::Gen
         session_id: session.into(),
         prompt: Some(pb::generate_request::Prompt::Chat(pb::ChatPrompt {
             messages: vec![
-                pb::ChatMessage { role: "system".into(), content: system.into() },
-                pb::ChatMessage { role: "user".into(), content: user.into() },
+                pb::ChatMessage {
+                    role: "system".into(),
+                    content: system.into(),
+                },
+                pb::ChatMessage {
+                    role: "user".into(),
+                    content: user.into(),
+                },
             ],
         })),
         max_tokens,
@@ -69,7 +89,10 @@ pub struct Collected {
 }
 
 /// Sends `req` and waits for the worker to become ready (retrying UNAVAILABLE while loading).
-pub async fn generate(client: &mut StepServiceClient<Channel>, req: pb::GenerateRequest) -> Result<Collected, tonic::Status> {
+pub async fn generate(
+    client: &mut StepServiceClient<Channel>,
+    req: pb::GenerateRequest,
+) -> Result<Collected, tonic::Status> {
     let mut stream = loop {
         match client.generate(req.clone()).await {
             Err(s) if s.code() == tonic::Code::Unavailable && s.message().contains("loading") => {

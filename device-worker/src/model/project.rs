@@ -1,0 +1,110 @@
+//! Shared pieces of the forward passes: weight products (`y = W x` for a micro-batch) and
+//! causal grouped-query attention over the f16 KV cache. Numerics follow ggml's CPU ops
+//! (`ggml_mul_mat`, `ggml_soft_max_ext` over the masked scores), as in each architecture's
+//! llama.cpp graph.
+
+use dsp::ops;
+use dsp::pool::ThreadPool;
+
+use crate::error::ModelError;
+use crate::model::parallel::DisjointMut;
+use crate::model::weights::Linear;
+use crate::state::kv::KvCache;
+
+/// Maps a kernel error to [`ModelError::Kernel`] naming the op.
+pub(crate) fn kernel(name: &'static str) -> impl Fn(dsp::DspError) -> ModelError {
+    move |source| ModelError::Kernel {
+        name: name.to_string(),
+        source,
+    }
+}
+
+/// Several products of one input `x` (`[n, cols]`), e.g. q/k/v or gate/up: the input is
+/// converted to the weights' activation type once when they share it.
+///
+/// Errors: [`ModelError::Kernel`] naming the weight.
+pub(crate) fn mm_shared(
+    pool: &ThreadPool,
+    bytes: &[u8],
+    x: &[f32],
+    n: usize,
+    outs: &mut [(&Linear, &mut [f32])],
+) -> Result<(), ModelError> {
+    let ty = outs[0].0.ty.vec_dot_type();
+    if outs
+        .iter()
+        .any(|(w, _)| w.ty.vec_dot_type() != ty || w.cols != outs[0].0.cols)
+    {
+        for (w, y) in outs.iter_mut() {
+            mm(pool, w, bytes, x, n, y)?;
+        }
+        return Ok(());
+    }
+    let acts = dsp::matmul::quantize_activations(pool, ty, x, n, outs[0].0.cols)
+        .map_err(kernel("activations"))?;
+    for (w, y) in outs.iter_mut() {
+        dsp::matmul::matmul_quantized(dsp::backend::select(), pool, &w.mat(bytes), &acts, y)
+            .map_err(|source| ModelError::Kernel {
+                name: w.name.clone(),
+                source,
+            })?;
+    }
+    Ok(())
+}
+
+/// `y = W x` for `n` rows: `x` `[n, w.cols]`, `y` `[n, w.rows]`.
+///
+/// Errors: [`ModelError::Kernel`] naming the weight.
+pub(crate) fn mm(
+    pool: &ThreadPool,
+    w: &Linear,
+    bytes: &[u8],
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) -> Result<(), ModelError> {
+    dsp::matmul::matmul(pool, &w.mat(bytes), x, n, y).map_err(|source| ModelError::Kernel {
+        name: w.name.clone(),
+        source,
+    })
+}
+
+/// Head geometry of one attention layer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AttnShape {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+}
+
+/// Causal grouped-query attention of `n` new tokens (queries `[n, n_head*head_dim]`) over
+/// the cache positions `0..=pos0+t` of cache layer `layer` for token `t`; writes
+/// `out` `[n, n_head*head_dim]`. Query head `h` reads KV head `h / (n_head / n_head_kv)`
+/// (llama.cpp / Hugging Face `repeat_kv`); scale `1/√head_dim`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn causal_attention(
+    pool: &ThreadPool,
+    kv: &KvCache,
+    layer: usize,
+    s: AttnShape,
+    pos0: usize,
+    n: usize,
+    q: &[f32],
+    out: &mut [f32],
+) {
+    let hd = s.head_dim;
+    let group = s.n_head / s.n_head_kv;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let out = DisjointMut::new(out);
+    pool.run(n * s.n_head, &|task| {
+        let (t, head) = (task / s.n_head, task % s.n_head);
+        let n_ctx = pos0 + t + 1;
+        let (k, v) = kv.head(layer, head / group, n_ctx);
+        let qh = &q[(t * s.n_head + head) * hd..][..hd];
+        let mut scores = vec![0f32; n_ctx];
+        // SAFETY: each task writes its own (token, head) row.
+        let o = unsafe { out.chunk((t * s.n_head + head) * hd, hd) };
+        ops::attention_head(qh, k, v, n_ctx, scale, &mut scores, o)
+            .expect("attention shapes follow the config");
+    });
+}

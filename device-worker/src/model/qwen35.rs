@@ -1,0 +1,891 @@
+//! The `qwen35` architecture (Qwen3.5 text models): a hybrid decoder whose layers are either
+//! Gated DeltaNet linear attention (GDN, three of every four layers) or gated full attention,
+//! each followed by a SwiGLU MLP, with an optional multi-token-prediction ("nextn") block.
+//!
+//! References (read, not copied): llama.cpp `src/models/qwen35.cpp` (graph and the tensor
+//! names and metadata keys its converter `conversion/qwen.py` writes) and Hugging Face
+//! `transformers` `models/qwen3_5/modeling_qwen3_5.py` (`Qwen3_5GatedDeltaNet`,
+//! `Qwen3_5Attention`, `Qwen3_5RMSNormGated`, `l2norm`). The gated delta rule itself is in
+//! [`dsp::gdn`] (Yang, Kautz & Hatamizadeh 2024, "Gated Delta Networks").
+//!
+//! GGUF conventions this file relies on (see `tools/fixtures/README.md`):
+//! - RMSNorm weights are stored as `1 + w` (applied as `x·w`), except `ssm_norm` (gated norm).
+//! - `ssm_a` is `−exp(A_log)`; GDN value heads are in tiled order (value head `h` reads key
+//!   head `h % n_k_heads`, what [`dsp::gdn`] expects).
+//! - `attn_q` of attention layers has the output gate fused, per head `[q_h | gate_h]`.
+//! - `{arch}.block_count` counts the MTP layers; `nextn_predict_layers` of them are at the end.
+//!
+//! Rotary embedding: Qwen3.5 uses multimodal RoPE with sections; for text every section's
+//! position is the token index, so it reduces to NEOX rope over `rope.dimension_count` dims.
+
+use std::sync::Arc;
+
+use dsp::gdn::{self, GdnShape};
+use dsp::ops;
+use dsp::pool::ThreadPool;
+
+use crate::error::ModelError;
+use crate::model::gguf::{GgufFile, MetaValue};
+use crate::model::project::{causal_attention, kernel, mm, mm_shared, AttnShape};
+use crate::model::weights::{load_vector, Linear};
+use crate::state::kv::KvCache;
+use crate::state::recurrent::{GdnLayerState, RecurrentState};
+use crate::state::sequence::SequenceState;
+
+/// Micro-batches of at least this many tokens run the chunked GDN form
+/// ([`gdn::gdn_chunked_pooled`]); shorter ones (decode) the per-token recurrence. Both give
+/// the same result up to rounding (tested in `tests/qwen35.rs`).
+pub const CHUNKED_MIN_TOKENS: usize = 16;
+
+/// ε of the L2 normalisation of GDN queries and keys: `x / sqrt(Σx² + ε)` (Hugging Face
+/// `l2norm(..., eps=1e-6)`).
+pub const L2_NORM_EPS: f32 = 1e-6;
+
+/// Hyperparameters read once from GGUF metadata (`qwen35.*` keys).
+#[derive(Clone, Debug)]
+pub struct Qwen35Config {
+    /// Decoder layers of the main model (`block_count − nextn_predict_layers`).
+    pub n_layer: usize,
+    /// MTP ("nextn") layers after the main ones.
+    pub n_nextn: usize,
+    pub n_embd: usize,
+    pub n_ff: usize,
+    pub n_vocab: usize,
+    /// Attention layers: query heads, KV heads, head dimension.
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    /// Rotated dimensions per head (`rope.dimension_count`).
+    pub n_rot: usize,
+    pub rope_freq_base: f32,
+    pub rms_eps: f32,
+    pub n_ctx_train: usize,
+    /// GDN layers: key heads (`ssm.group_count`), value heads (`ssm.time_step_rank`), head
+    /// dimension of keys and values (`ssm.state_size`), conv kernel (`ssm.conv_kernel`).
+    pub gdn: GdnShape,
+    pub conv_kernel: usize,
+    /// Per main layer: `true` for GDN, `false` for full attention.
+    pub recurrent: Vec<bool>,
+}
+
+impl Qwen35Config {
+    /// Errors: [`ModelError::Gguf`] for a missing or mistyped key, [`ModelError::Invalid`]
+    /// for inconsistent shapes (e.g. `ssm.inner_size != time_step_rank · state_size`).
+    pub fn from_gguf(file: &GgufFile) -> Result<Self, ModelError> {
+        let arch = file.architecture()?.to_string();
+        let key = |k: &str| format!("{arch}.{k}");
+        let u = |k: &str| -> Result<usize, ModelError> { Ok(file.get_u32(&key(k))? as usize) };
+        let block_count = u("block_count")?;
+        let n_nextn = file.get_u32_opt(&key("nextn_predict_layers")).unwrap_or(0) as usize;
+        if n_nextn >= block_count {
+            return Err(ModelError::Invalid(format!(
+                "nextn_predict_layers {n_nextn} >= block_count {block_count}"
+            )));
+        }
+        let n_layer = block_count - n_nextn;
+        let n_embd = u("embedding_length")?;
+        let n_head = u("attention.head_count")?;
+        let n_head_kv = file
+            .get_u32_opt(&key("attention.head_count_kv"))
+            .map(|v| v as usize)
+            .unwrap_or(n_head);
+        let head_dim = file
+            .get_u32_opt(&key("attention.key_length"))
+            .map(|v| v as usize)
+            .unwrap_or(n_embd / n_head.max(1));
+        let n_vocab = match file.get_u32_opt(&key("vocab_size")) {
+            Some(v) => v as usize,
+            None => file.get_str_array("tokenizer.ggml.tokens")?.len(),
+        };
+        let d_state = u("ssm.state_size")?;
+        let gdn = GdnShape {
+            n_k_heads: u("ssm.group_count")?,
+            n_v_heads: u("ssm.time_step_rank")?,
+            d_k: d_state,
+            d_v: d_state,
+        };
+        let recurrent = recurrent_layers(
+            file,
+            &key("attention.recurrent_layers"),
+            &key("full_attention_interval"),
+            n_layer,
+        )?;
+        let cfg = Self {
+            n_layer,
+            n_nextn,
+            n_embd,
+            n_ff: u("feed_forward_length")?,
+            n_vocab,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_rot: file
+                .get_u32_opt(&key("rope.dimension_count"))
+                .map(|v| v as usize)
+                .unwrap_or(head_dim),
+            rope_freq_base: file
+                .get_f32_opt(&key("rope.freq_base"))
+                .unwrap_or(10_000_000.0),
+            rms_eps: file.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
+            n_ctx_train: file
+                .get_u32_opt(&key("context_length"))
+                .map(|v| v as usize)
+                .unwrap_or(4096),
+            gdn,
+            conv_kernel: u("ssm.conv_kernel")?,
+            recurrent,
+        };
+        if let Some(inner) = file.get_u32_opt(&key("ssm.inner_size")) {
+            if inner as usize != gdn.n_v_heads * gdn.d_v {
+                return Err(ModelError::Invalid(format!(
+                    "ssm.inner_size {inner} != time_step_rank {} × state_size {}",
+                    gdn.n_v_heads, gdn.d_v
+                )));
+            }
+        }
+        gdn.validate("qwen35 config").map_err(kernel("ssm shape"))?;
+        if n_head == 0
+            || n_head_kv == 0
+            || !n_head.is_multiple_of(n_head_kv)
+            || cfg.n_rot > head_dim
+            || !cfg.n_rot.is_multiple_of(2)
+            || cfg.conv_kernel == 0
+        {
+            return Err(ModelError::Invalid(format!(
+                "inconsistent qwen35 shape: {cfg:?}"
+            )));
+        }
+        Ok(cfg)
+    }
+
+    /// Channels of the short convolution: `q | k | v` = `2·n_k_heads·d_k + n_v_heads·d_v`.
+    pub fn conv_channels(&self) -> usize {
+        2 * self.gdn.n_k_heads * self.gdn.d_k + self.gdn.n_v_heads * self.gdn.d_v
+    }
+
+    /// Number of GDN layers.
+    pub fn n_gdn_layers(&self) -> usize {
+        self.recurrent.iter().filter(|&&r| r).count()
+    }
+
+    /// Number of full-attention layers (the KV cache holds only these).
+    pub fn n_attn_layers(&self) -> usize {
+        self.n_layer - self.n_gdn_layers()
+    }
+}
+
+/// Which main layers are GDN: `attention.recurrent_layers` (one bool per block, MTP blocks
+/// included) if present, else every layer but each `full_attention_interval`-th (llama.cpp
+/// `load_arch_hparams`, default interval 4).
+fn recurrent_layers(
+    file: &GgufFile,
+    arr_key: &str,
+    interval_key: &str,
+    n_layer: usize,
+) -> Result<Vec<bool>, ModelError> {
+    if let Some(v) = file.get(arr_key) {
+        let MetaValue::Array(items) = v else {
+            return Err(ModelError::Invalid(format!(
+                "{arr_key} is {}, expected an array of bool",
+                v.type_name()
+            )));
+        };
+        if items.len() < n_layer {
+            return Err(ModelError::Invalid(format!(
+                "{arr_key} has {} entries, expected at least {n_layer}",
+                items.len()
+            )));
+        }
+        return items[..n_layer]
+            .iter()
+            .map(|e| match e {
+                MetaValue::Bool(b) => Ok(*b),
+                other => other.as_integer().map(|i| i != 0).ok_or_else(|| {
+                    ModelError::Invalid(format!(
+                        "{arr_key} holds {}, expected bool",
+                        other.type_name()
+                    ))
+                }),
+            })
+            .collect();
+    }
+    let interval = file.get_u32_opt(interval_key).unwrap_or(4).max(1) as usize;
+    Ok((0..n_layer).map(|i| (i + 1) % interval != 0).collect())
+}
+
+/// Weights of a gated full-attention block.
+struct AttnWeights {
+    /// `[n_head·2·head_dim, n_embd]`, per head `[q_h | gate_h]`.
+    wq_gate: Linear,
+    wk: Linear,
+    wv: Linear,
+    wo: Linear,
+    q_norm: Vec<f32>,
+    k_norm: Vec<f32>,
+    /// Index of this layer in the KV cache.
+    cache_layer: usize,
+}
+
+/// Weights of a Gated DeltaNet block.
+struct GdnWeights {
+    /// `[conv_channels, n_embd]`, rows `q | k | v`.
+    wqkv: Linear,
+    /// `z`, `[n_v_heads·d_v, n_embd]`.
+    wgate: Linear,
+    /// `[n_v_heads, n_embd]` each.
+    walpha: Linear,
+    wbeta: Linear,
+    /// `[conv_channels, K]` (GGUF layout of `ssm_conv1d.weight`).
+    conv: Vec<f32>,
+    /// `[n_v_heads]`: `−exp(A_log)` and `dt_bias`.
+    a: Vec<f32>,
+    dt_bias: Vec<f32>,
+    /// `[d_v]`, shared by all heads.
+    norm: Vec<f32>,
+    /// `[n_embd, n_v_heads·d_v]`.
+    wout: Linear,
+    /// Index of this layer in the [`RecurrentState`].
+    state_layer: usize,
+}
+
+enum LayerKind {
+    GatedDeltaNet(GdnWeights),
+    Attention(AttnWeights),
+}
+
+struct Mlp {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    kind: LayerKind,
+    post_attn_norm: Vec<f32>,
+    mlp: Mlp,
+}
+
+/// The multi-token-prediction block (`blk.{n_layer}.nextn.*` plus a full-attention layer),
+/// bound when present; used by speculative decoding (not by [`Qwen35Model::forward`]).
+struct MtpBlock {
+    eh_proj: Linear,
+    enorm: Vec<f32>,
+    hnorm: Vec<f32>,
+    shared_head_norm: Option<Vec<f32>>,
+    layer: Layer,
+}
+
+/// Activation buffers for one micro-batch of up to `n_batch` tokens.
+pub struct Scratch {
+    n_batch: usize,
+    x: Vec<f32>,
+    h: Vec<f32>,
+    o: Vec<f32>,
+    // GDN
+    qkv: Vec<f32>,
+    conv_out: Vec<f32>,
+    z: Vec<f32>,
+    alpha: Vec<f32>,
+    beta: Vec<f32>,
+    gq: Vec<f32>,
+    gk: Vec<f32>,
+    gv: Vec<f32>,
+    gout: Vec<f32>,
+    // attention
+    qg: Vec<f32>,
+    q: Vec<f32>,
+    gate: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    // MLP
+    ffn_gate: Vec<f32>,
+    ffn_up: Vec<f32>,
+    act: Vec<f32>,
+    last: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+/// `qwen35` model weights (memory-mapped) and hyperparameters.
+pub struct Qwen35Model {
+    file: Arc<GgufFile>,
+    pub cfg: Qwen35Config,
+    tok_embd: Linear,
+    layers: Vec<Layer>,
+    output_norm: Vec<f32>,
+    output: Linear,
+    mtp: Option<MtpBlock>,
+}
+
+fn load_mlp(f: &GgufFile, n: &dyn Fn(&str) -> String, c: &Qwen35Config) -> Result<Mlp, ModelError> {
+    Ok(Mlp {
+        gate: Linear::load(f, &n("ffn_gate"), c.n_ff, c.n_embd)?,
+        up: Linear::load(f, &n("ffn_up"), c.n_ff, c.n_embd)?,
+        down: Linear::load(f, &n("ffn_down"), c.n_embd, c.n_ff)?,
+    })
+}
+
+fn load_attn(
+    f: &GgufFile,
+    n: &dyn Fn(&str) -> String,
+    c: &Qwen35Config,
+    cache_layer: usize,
+) -> Result<AttnWeights, ModelError> {
+    let (e, hd) = (c.n_embd, c.head_dim);
+    Ok(AttnWeights {
+        wq_gate: Linear::load(f, &n("attn_q"), 2 * c.n_head * hd, e)?,
+        wk: Linear::load(f, &n("attn_k"), c.n_head_kv * hd, e)?,
+        wv: Linear::load(f, &n("attn_v"), c.n_head_kv * hd, e)?,
+        wo: Linear::load(f, &n("attn_output"), e, c.n_head * hd)?,
+        q_norm: load_vector(f, &n("attn_q_norm"), hd)?,
+        k_norm: load_vector(f, &n("attn_k_norm"), hd)?,
+        cache_layer,
+    })
+}
+
+fn load_gdn(
+    f: &GgufFile,
+    i: usize,
+    c: &Qwen35Config,
+    state_layer: usize,
+) -> Result<GdnWeights, ModelError> {
+    let n = |s: &str| format!("blk.{i}.{s}.weight");
+    let e = c.n_embd;
+    let g = c.gdn;
+    let vd = g.n_v_heads * g.d_v;
+    Ok(GdnWeights {
+        wqkv: Linear::load(f, &n("attn_qkv"), c.conv_channels(), e)?,
+        wgate: Linear::load(f, &n("attn_gate"), vd, e)?,
+        walpha: Linear::load(f, &n("ssm_alpha"), g.n_v_heads, e)?,
+        wbeta: Linear::load(f, &n("ssm_beta"), g.n_v_heads, e)?,
+        conv: load_vector(f, &n("ssm_conv1d"), c.conv_channels() * c.conv_kernel)?,
+        a: load_vector(f, &format!("blk.{i}.ssm_a"), g.n_v_heads)?,
+        dt_bias: load_vector(f, &format!("blk.{i}.ssm_dt.bias"), g.n_v_heads)?,
+        norm: load_vector(f, &n("ssm_norm"), g.d_v)?,
+        wout: Linear::load(f, &n("ssm_out"), e, vd)?,
+        state_layer,
+    })
+}
+
+impl Qwen35Model {
+    /// Binds every tensor of the `qwen35` graph by its GGUF name (`blk.{i}.attn_qkv.weight`,
+    /// `blk.{i}.ssm_a`, `blk.{i}.attn_q.weight`, ...; see `tools/fixtures/README.md`).
+    /// `output.weight` falls back to the tied embedding; the MTP block
+    /// (`blk.{n_layer}.nextn.*`) is bound when `nextn_predict_layers > 0` and its tensors exist.
+    ///
+    /// Errors: missing tensors, wrong shapes, missing metadata.
+    pub fn from_gguf(file: Arc<GgufFile>) -> Result<Self, ModelError> {
+        let cfg = Qwen35Config::from_gguf(&file)?;
+        let f = &*file;
+        let e = cfg.n_embd;
+        let tok_embd = Linear::load(f, "token_embd.weight", cfg.n_vocab, e)?;
+        let (mut n_gdn, mut n_attn) = (0, 0);
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        for i in 0..cfg.n_layer {
+            let n = |s: &str| format!("blk.{i}.{s}.weight");
+            let kind = if cfg.recurrent[i] {
+                n_gdn += 1;
+                LayerKind::GatedDeltaNet(load_gdn(f, i, &cfg, n_gdn - 1)?)
+            } else {
+                n_attn += 1;
+                LayerKind::Attention(load_attn(f, &n, &cfg, n_attn - 1)?)
+            };
+            layers.push(Layer {
+                attn_norm: load_vector(f, &n("attn_norm"), e)?,
+                kind,
+                post_attn_norm: load_vector(f, &n("post_attention_norm"), e)?,
+                mlp: load_mlp(f, &n, &cfg)?,
+            });
+        }
+        let output_norm = load_vector(f, "output_norm.weight", e)?;
+        let output = match f.tensor_opt("output.weight") {
+            Some(_) => Linear::load(f, "output.weight", cfg.n_vocab, e)?,
+            None => tok_embd.clone(),
+        };
+        let il = cfg.n_layer;
+        let mtp = if cfg.n_nextn > 0
+            && f.tensor_opt(&format!("blk.{il}.nextn.eh_proj.weight"))
+                .is_some()
+        {
+            let n = |s: &str| format!("blk.{il}.{s}.weight");
+            Some(MtpBlock {
+                eh_proj: Linear::load(f, &n("nextn.eh_proj"), e, 2 * e)?,
+                enorm: load_vector(f, &n("nextn.enorm"), e)?,
+                hnorm: load_vector(f, &n("nextn.hnorm"), e)?,
+                shared_head_norm: match f.tensor_opt(&n("nextn.shared_head_norm")) {
+                    Some(_) => Some(load_vector(f, &n("nextn.shared_head_norm"), e)?),
+                    None => None,
+                },
+                layer: Layer {
+                    attn_norm: load_vector(f, &n("attn_norm"), e)?,
+                    kind: LayerKind::Attention(load_attn(f, &n, &cfg, n_attn)?),
+                    post_attn_norm: load_vector(f, &n("post_attention_norm"), e)?,
+                    mlp: load_mlp(f, &n, &cfg)?,
+                },
+            })
+        } else {
+            None
+        };
+        Ok(Self {
+            file,
+            cfg,
+            tok_embd,
+            layers,
+            output_norm,
+            output,
+            mtp,
+        })
+    }
+
+    /// Whether the file carries the MTP block (bound at load).
+    pub fn has_mtp(&self) -> bool {
+        self.mtp.is_some()
+    }
+
+    /// Parameter count (every bound tensor, MTP block included; tied output counted once).
+    pub fn n_params(&self) -> u64 {
+        fn layer_params(l: &Layer) -> usize {
+            let mut n = l.attn_norm.len()
+                + l.post_attn_norm.len()
+                + l.mlp.gate.numel()
+                + l.mlp.up.numel()
+                + l.mlp.down.numel();
+            n += match &l.kind {
+                LayerKind::Attention(a) => {
+                    a.wq_gate.numel()
+                        + a.wk.numel()
+                        + a.wv.numel()
+                        + a.wo.numel()
+                        + a.q_norm.len()
+                        + a.k_norm.len()
+                }
+                LayerKind::GatedDeltaNet(g) => {
+                    g.wqkv.numel()
+                        + g.wgate.numel()
+                        + g.walpha.numel()
+                        + g.wbeta.numel()
+                        + g.conv.len()
+                        + g.a.len()
+                        + g.dt_bias.len()
+                        + g.norm.len()
+                        + g.wout.numel()
+                }
+            };
+            n
+        }
+        let mut n = self.tok_embd.numel() + self.output_norm.len();
+        n += self.layers.iter().map(layer_params).sum::<usize>();
+        if self.output.name != self.tok_embd.name {
+            n += self.output.numel();
+        }
+        if let Some(m) = &self.mtp {
+            n += m.eh_proj.numel()
+                + m.enorm.len()
+                + m.hnorm.len()
+                + m.shared_head_norm.as_ref().map_or(0, Vec::len)
+                + layer_params(&m.layer);
+        }
+        n as u64
+    }
+
+    /// Per-sequence state for `n_ctx` positions: a KV cache of the attention layers only and
+    /// a zeroed [`RecurrentState`] of the GDN layers (conv state `[K−1, conv_channels]`,
+    /// delta-rule state `[n_v_heads, d_k, d_v]`).
+    pub fn new_sequence_state(&self, n_ctx: usize) -> SequenceState {
+        let c = &self.cfg;
+        SequenceState {
+            kv: KvCache::new(c.n_attn_layers(), c.n_head_kv, c.head_dim, n_ctx),
+            recurrent: Some(RecurrentState::new(
+                c.n_gdn_layers(),
+                (c.conv_kernel - 1) * c.conv_channels(),
+                c.gdn.state_len(),
+            )),
+        }
+    }
+
+    /// Buffers for micro-batches of up to `n_batch` tokens.
+    pub fn new_scratch(&self, n_batch: usize) -> Scratch {
+        let c = &self.cfg;
+        let n = n_batch.max(1);
+        let g = c.gdn;
+        let (kd, vd) = (g.n_k_heads * g.d_k, g.n_v_heads * g.d_v);
+        let (nq, nkv) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
+        Scratch {
+            n_batch: n,
+            x: vec![0.0; n * c.n_embd],
+            h: vec![0.0; n * c.n_embd],
+            o: vec![0.0; n * c.n_embd],
+            qkv: vec![0.0; n * c.conv_channels()],
+            conv_out: vec![0.0; n * c.conv_channels()],
+            z: vec![0.0; n * vd],
+            alpha: vec![0.0; n * g.n_v_heads],
+            beta: vec![0.0; n * g.n_v_heads],
+            gq: vec![0.0; n * kd],
+            gk: vec![0.0; n * kd],
+            gv: vec![0.0; n * vd],
+            gout: vec![0.0; n * vd],
+            qg: vec![0.0; n * 2 * nq],
+            q: vec![0.0; n * nq],
+            gate: vec![0.0; n * nq],
+            k: vec![0.0; n * nkv],
+            v: vec![0.0; n * nkv],
+            attn: vec![0.0; n * nq],
+            ffn_gate: vec![0.0; n * c.n_ff],
+            ffn_up: vec![0.0; n * c.n_ff],
+            act: vec![0.0; n * c.n_ff],
+            last: vec![0.0; c.n_embd],
+            logits: vec![0.0; c.n_vocab],
+        }
+    }
+
+    /// Runs one micro-batch: `tokens` at positions `seq.len() .. seq.len() + tokens.len()`,
+    /// appending the attention layers' keys and values to `seq.kv` and advancing the GDN
+    /// layers' conv and delta-rule states in `seq.recurrent`. Returns the logits `[n_vocab]`
+    /// of the last token when `want_logits`.
+    ///
+    /// Micro-batches of [`CHUNKED_MIN_TOKENS`] or more use the chunked GDN form, shorter ones
+    /// the per-token recurrence.
+    ///
+    /// Errors: [`ModelError::BatchTooLarge`], [`ModelError::ContextFull`],
+    /// [`ModelError::TokenOutOfRange`], [`ModelError::Invalid`] for an empty batch or a
+    /// sequence state made for another model.
+    pub fn forward<'s>(
+        &self,
+        pool: &ThreadPool,
+        seq: &mut SequenceState,
+        tokens: &[u32],
+        scratch: &'s mut Scratch,
+        want_logits: bool,
+    ) -> Result<Option<&'s [f32]>, ModelError> {
+        let c = &self.cfg;
+        let n = tokens.len();
+        let pos0 = seq.kv.len();
+        if n == 0 {
+            return Err(ModelError::Invalid("empty micro-batch".into()));
+        }
+        if n > scratch.n_batch {
+            return Err(ModelError::BatchTooLarge {
+                n,
+                max: scratch.n_batch,
+            });
+        }
+        if pos0 + n > seq.kv.n_ctx() {
+            return Err(ModelError::ContextFull {
+                needed: pos0 + n,
+                n_ctx: seq.kv.n_ctx(),
+            });
+        }
+        let SequenceState { kv, recurrent } = seq;
+        let rec = match recurrent {
+            Some(r) if r.n_layers() == c.n_gdn_layers() => r,
+            _ => {
+                return Err(ModelError::Invalid(
+                    "sequence state has no recurrent state for this qwen35 model".into(),
+                ))
+            }
+        };
+        let bytes = self.file.bytes();
+        let e = c.n_embd;
+
+        // Embedding lookup (ggml get_rows).
+        for (t, &id) in tokens.iter().enumerate() {
+            if id as usize >= c.n_vocab {
+                return Err(ModelError::TokenOutOfRange {
+                    id,
+                    n_vocab: c.n_vocab,
+                });
+            }
+            dsp::quant::dequantize_row(
+                self.tok_embd.ty,
+                self.tok_embd.row_bytes(bytes, id as usize),
+                &mut scratch.x[t * e..(t + 1) * e],
+            )
+            .map_err(|s| ModelError::Kernel {
+                name: self.tok_embd.name.clone(),
+                source: s,
+            })?;
+        }
+
+        let s = scratch;
+        for layer in &self.layers {
+            ops::rms_norm(
+                &s.x[..n * e],
+                &layer.attn_norm,
+                c.rms_eps,
+                &mut s.h[..n * e],
+            )
+            .map_err(kernel("attn_norm"))?;
+            match &layer.kind {
+                LayerKind::GatedDeltaNet(g) => {
+                    self.gdn_block(pool, g, rec.layer_mut(g.state_layer), n, s)?
+                }
+                LayerKind::Attention(a) => self.attn_block(pool, a, kv, pos0, n, s)?,
+            }
+            ops::add_inplace(&mut s.x[..n * e], &s.o[..n * e]).map_err(kernel("residual"))?;
+
+            // MLP block: down(silu(gate(h)) * up(h)).
+            ops::rms_norm(
+                &s.x[..n * e],
+                &layer.post_attn_norm,
+                c.rms_eps,
+                &mut s.h[..n * e],
+            )
+            .map_err(kernel("post_attention_norm"))?;
+            let f = c.n_ff;
+            mm_shared(
+                pool,
+                bytes,
+                &s.h[..n * e],
+                n,
+                &mut [
+                    (&layer.mlp.gate, &mut s.ffn_gate[..n * f]),
+                    (&layer.mlp.up, &mut s.ffn_up[..n * f]),
+                ],
+            )?;
+            ops::swiglu(
+                &s.ffn_gate[..n * f],
+                &s.ffn_up[..n * f],
+                &mut s.act[..n * f],
+            )
+            .map_err(kernel("swiglu"))?;
+            mm(
+                pool,
+                &layer.mlp.down,
+                bytes,
+                &s.act[..n * f],
+                n,
+                &mut s.o[..n * e],
+            )?;
+            ops::add_inplace(&mut s.x[..n * e], &s.o[..n * e]).map_err(kernel("residual"))?;
+        }
+        kv.set_len(pos0 + n);
+
+        if !want_logits {
+            return Ok(None);
+        }
+        ops::rms_norm(
+            &s.x[(n - 1) * e..n * e],
+            &self.output_norm,
+            c.rms_eps,
+            &mut s.last,
+        )
+        .map_err(kernel("output_norm"))?;
+        mm(pool, &self.output, bytes, &s.last, 1, &mut s.logits)?;
+        Ok(Some(&s.logits))
+    }
+
+    /// Gated DeltaNet block on the normalised input `s.h` `[n, n_embd]`; writes `s.o`.
+    ///
+    /// `qkv = W_qkv h` → causal conv + SiLU (state in `st.conv`) → split `q | k | v` →
+    /// L2-normalise `q`, `k` per head → `gate = ssm_a · softplus(alpha + dt_bias)`,
+    /// `beta = sigmoid(W_beta h)` → delta rule (state in `st.ssm`) → per value head
+    /// `rms_norm(o_h) · ssm_norm · silu(z_h)` → `W_out`. (HF `Qwen3_5GatedDeltaNet.forward`,
+    /// llama.cpp `build_layer_attn_linear`.)
+    fn gdn_block(
+        &self,
+        pool: &ThreadPool,
+        w: &GdnWeights,
+        st: &mut GdnLayerState,
+        n: usize,
+        s: &mut Scratch,
+    ) -> Result<(), ModelError> {
+        let c = &self.cfg;
+        let bytes = self.file.bytes();
+        let e = c.n_embd;
+        let g = c.gdn;
+        let ch = c.conv_channels();
+        let (kd, vd, hv) = (g.n_k_heads * g.d_k, g.n_v_heads * g.d_v, g.n_v_heads);
+        mm_shared(
+            pool,
+            bytes,
+            &s.h[..n * e],
+            n,
+            &mut [
+                (&w.wqkv, &mut s.qkv[..n * ch]),
+                (&w.wgate, &mut s.z[..n * vd]),
+                (&w.walpha, &mut s.alpha[..n * hv]),
+                (&w.wbeta, &mut s.beta[..n * hv]),
+            ],
+        )?;
+        gdn::conv1d_silu(
+            &s.qkv[..n * ch],
+            n,
+            ch,
+            &w.conv,
+            &mut st.conv,
+            &mut s.conv_out[..n * ch],
+        )
+        .map_err(kernel("ssm_conv1d"))?;
+        for t in 0..n {
+            let row = &s.conv_out[t * ch..(t + 1) * ch];
+            let (q, rest) = row.split_at(kd);
+            let (k, v) = rest.split_at(kd);
+            l2_normalize_heads(q, g.d_k, &mut s.gq[t * kd..(t + 1) * kd]);
+            l2_normalize_heads(k, g.d_k, &mut s.gk[t * kd..(t + 1) * kd]);
+            s.gv[t * vd..(t + 1) * vd].copy_from_slice(v);
+            for h in 0..hv {
+                let i = t * hv + h;
+                s.alpha[i] = w.a[h] * softplus(s.alpha[i] + w.dt_bias[h]);
+                s.beta[i] = sigmoid(s.beta[i]);
+            }
+        }
+        let (q, k, v) = (&s.gq[..n * kd], &s.gk[..n * kd], &s.gv[..n * vd]);
+        let (gate, beta, out) = (&s.alpha[..n * hv], &s.beta[..n * hv], &mut s.gout[..n * vd]);
+        if n >= CHUNKED_MIN_TOKENS {
+            gdn::gdn_chunked_pooled(
+                pool,
+                g,
+                q,
+                k,
+                v,
+                gate,
+                beta,
+                &mut st.ssm,
+                out,
+                gdn::DEFAULT_CHUNK,
+            )
+        } else {
+            gdn::gdn_recurrent_pooled(pool, g, q, k, v, gate, beta, &mut st.ssm, out, None)
+        }
+        .map_err(kernel("gated_delta_net"))?;
+        // Gated RMSNorm per value head (weights shared by all heads), into `gv` (free now).
+        ops::rms_norm(&s.gout[..n * vd], &w.norm, c.rms_eps, &mut s.gv[..n * vd])
+            .map_err(kernel("ssm_norm"))?;
+        for (o, &zi) in s.gv[..n * vd].iter_mut().zip(&s.z[..n * vd]) {
+            *o *= ops::silu(zi);
+        }
+        mm(pool, &w.wout, bytes, &s.gv[..n * vd], n, &mut s.o[..n * e])
+    }
+
+    /// Gated full-attention block on `s.h`; writes `s.o`. (HF `Qwen3_5Attention.forward`,
+    /// llama.cpp `build_layer_attn`.)
+    fn attn_block(
+        &self,
+        pool: &ThreadPool,
+        a: &AttnWeights,
+        kv: &mut KvCache,
+        pos0: usize,
+        n: usize,
+        s: &mut Scratch,
+    ) -> Result<(), ModelError> {
+        let c = &self.cfg;
+        let bytes = self.file.bytes();
+        let (e, hd) = (c.n_embd, c.head_dim);
+        let (nq, nkv) = (c.n_head * hd, c.n_head_kv * hd);
+        mm_shared(
+            pool,
+            bytes,
+            &s.h[..n * e],
+            n,
+            &mut [
+                (&a.wq_gate, &mut s.qg[..n * 2 * nq]),
+                (&a.wk, &mut s.k[..n * nkv]),
+                (&a.wv, &mut s.v[..n * nkv]),
+            ],
+        )?;
+        // De-interleave [q_h | gate_h] per head.
+        for (i, pair) in s.qg[..n * 2 * nq].chunks_exact(2 * hd).enumerate() {
+            s.q[i * hd..(i + 1) * hd].copy_from_slice(&pair[..hd]);
+            s.gate[i * hd..(i + 1) * hd].copy_from_slice(&pair[hd..]);
+        }
+        // Per-head q/k RMSNorm (in place through a copy of each head).
+        norm_heads(&mut s.q[..n * nq], &a.q_norm, c.rms_eps)?;
+        norm_heads(&mut s.k[..n * nkv], &a.k_norm, c.rms_eps)?;
+        for t in 0..n {
+            let pos = (pos0 + t) as u32;
+            ops::rope_neox(
+                &mut s.q[t * nq..(t + 1) * nq],
+                c.n_head,
+                hd,
+                c.n_rot,
+                pos,
+                c.rope_freq_base,
+            )
+            .map_err(kernel("rope q"))?;
+            ops::rope_neox(
+                &mut s.k[t * nkv..(t + 1) * nkv],
+                c.n_head_kv,
+                hd,
+                c.n_rot,
+                pos,
+                c.rope_freq_base,
+            )
+            .map_err(kernel("rope k"))?;
+        }
+        kv.write(a.cache_layer, pos0, n, &s.k[..n * nkv], &s.v[..n * nkv]);
+        let shape = AttnShape {
+            n_head: c.n_head,
+            n_head_kv: c.n_head_kv,
+            head_dim: hd,
+        };
+        causal_attention(
+            pool,
+            kv,
+            a.cache_layer,
+            shape,
+            pos0,
+            n,
+            &s.q[..n * nq],
+            &mut s.attn[..n * nq],
+        );
+        for (o, &gt) in s.attn[..n * nq].iter_mut().zip(&s.gate[..n * nq]) {
+            *o *= sigmoid(gt);
+        }
+        mm(pool, &a.wo, bytes, &s.attn[..n * nq], n, &mut s.o[..n * e])
+    }
+}
+
+/// RMSNorm of every `w.len()`-wide head of `x`, in place.
+fn norm_heads(x: &mut [f32], w: &[f32], eps: f32) -> Result<(), ModelError> {
+    let mut tmp = vec![0f32; w.len()];
+    for head in x.chunks_exact_mut(w.len()) {
+        ops::rms_norm(head, w, eps, &mut tmp).map_err(kernel("qk_norm"))?;
+        head.copy_from_slice(&tmp);
+    }
+    Ok(())
+}
+
+/// `out_h = x_h / sqrt(Σ x_h² + ε)` for every `d`-wide head (HF `l2norm`, ε = [`L2_NORM_EPS`];
+/// the sum in f64).
+fn l2_normalize_heads(x: &[f32], d: usize, out: &mut [f32]) {
+    for (xh, oh) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let ss: f64 = xh.iter().map(|&v| v as f64 * v as f64).sum();
+        let inv = (1.0 / (ss + L2_NORM_EPS as f64).sqrt()) as f32;
+        for (o, &v) in oh.iter_mut().zip(xh) {
+            *o = v * inv;
+        }
+    }
+}
+
+/// `log(1 + e^x)`, linear above 20 (PyTorch `F.softplus` threshold; ggml `ggml_softplus`).
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn l2_norm_gives_unit_heads_and_softplus_matches_definition() {
+        let x = [3.0f32, 4.0, 0.0, 1.0, 0.0, 0.0];
+        let mut o = [0f32; 6];
+        l2_normalize_heads(&x, 3, &mut o);
+        assert!(
+            (o[0] - 0.6).abs() < 1e-6 && (o[1] - 0.8).abs() < 1e-6 && (o[3] - 1.0).abs() < 1e-6
+        );
+        for v in [-5.0f32, 0.0, 2.0, 19.0] {
+            assert!((softplus(v) - (1.0 + v.exp()).ln()).abs() < 1e-5);
+        }
+        assert_eq!(softplus(30.0), 30.0);
+    }
+}

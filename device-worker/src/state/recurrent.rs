@@ -1,0 +1,122 @@
+//! Recurrent state of the linear-attention (Gated DeltaNet) layers of one sequence.
+//!
+//! For each GDN layer, in layer order:
+//! - `conv`: `[K − 1, conv_channels]` f32, the last `K − 1` inputs of the short causal
+//!   convolution (row `K − 2` is the latest; zeros at the start of a sequence). Layout of
+//!   [`dsp::gdn::conv1d_silu`]; `conv_channels = 2·n_k_heads·d_k + n_v_heads·d_v` (q | k | v).
+//! - `ssm`: `[n_v_heads, d_k, d_v]` f32, the delta-rule state `S` of every value head (layout
+//!   of [`dsp::gdn::GdnShape`], the Hugging Face `recurrent_state` order).
+//!
+//! Unlike a KV cache, this state cannot be truncated: it is valid only at the one position
+//! it was computed for. Checkpoints are whole copies ([`Clone`], or [`RecurrentState::copy_from`]
+//! into a preallocated one, which does not allocate).
+
+use crate::error::ModelError;
+
+/// Conv and delta-rule state of one GDN layer (shapes in the module docs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GdnLayerState {
+    /// `[K − 1, conv_channels]`.
+    pub conv: Vec<f32>,
+    /// `[n_v_heads, d_k, d_v]`.
+    pub ssm: Vec<f32>,
+}
+
+/// The recurrent state of every GDN layer of one sequence.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecurrentState {
+    layers: Vec<GdnLayerState>,
+}
+
+impl RecurrentState {
+    /// Zeroed state for `n_layers` GDN layers, each with a `conv_len`-float conv state and an
+    /// `ssm_len`-float delta-rule state.
+    pub fn new(n_layers: usize, conv_len: usize, ssm_len: usize) -> Self {
+        Self {
+            layers: (0..n_layers)
+                .map(|_| GdnLayerState {
+                    conv: vec![0.0; conv_len],
+                    ssm: vec![0.0; ssm_len],
+                })
+                .collect(),
+        }
+    }
+
+    /// Number of GDN layers.
+    pub fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// State of GDN layer `i` (the `i`-th recurrent layer, not the model layer index).
+    pub fn layer_mut(&mut self, i: usize) -> &mut GdnLayerState {
+        &mut self.layers[i]
+    }
+
+    /// State of GDN layer `i`.
+    pub fn layer(&self, i: usize) -> &GdnLayerState {
+        &self.layers[i]
+    }
+
+    /// Back to the start-of-sequence state (all zeros), keeping the allocation.
+    pub fn reset(&mut self) {
+        for l in &mut self.layers {
+            l.conv.fill(0.0);
+            l.ssm.fill(0.0);
+        }
+    }
+
+    /// Bytes held (f32 conv and delta-rule states of all layers).
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| (l.conv.len() + l.ssm.len()) * 4)
+            .sum()
+    }
+
+    /// Overwrites this state with `src` without allocating (restore a checkpoint, or save one
+    /// into a preallocated buffer).
+    ///
+    /// Errors: [`ModelError::Invalid`] if `src` has another layer count or buffer sizes.
+    pub fn copy_from(&mut self, src: &Self) -> Result<(), ModelError> {
+        let same = self.layers.len() == src.layers.len()
+            && self
+                .layers
+                .iter()
+                .zip(&src.layers)
+                .all(|(a, b)| a.conv.len() == b.conv.len() && a.ssm.len() == b.ssm.len());
+        if !same {
+            return Err(ModelError::Invalid(format!(
+                "recurrent state shapes differ: {} layers / {} bytes into {} layers / {} bytes",
+                src.layers.len(),
+                src.bytes(),
+                self.layers.len(),
+                self.bytes()
+            )));
+        }
+        for (d, s) in self.layers.iter_mut().zip(&src.layers) {
+            d.conv.copy_from_slice(&s.conv);
+            d.ssm.copy_from_slice(&s.ssm);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_reset_and_copy() {
+        let mut a = RecurrentState::new(3, 3 * 8, 2 * 4 * 4);
+        assert_eq!(a.bytes(), 3 * (24 + 32) * 4);
+        a.layer_mut(1).ssm[5] = 2.5;
+        a.layer_mut(2).conv[0] = -1.0;
+        let saved = a.clone();
+        a.reset();
+        assert!(a.layer(1).ssm.iter().all(|&x| x == 0.0));
+        a.copy_from(&saved).unwrap();
+        assert_eq!(a, saved);
+        let mut other = RecurrentState::new(2, 24, 32);
+        assert!(other.copy_from(&saved).is_err());
+    }
+}

@@ -100,6 +100,38 @@ pub enum ModelError {
     Invalid(String),
 }
 
+// === Checkpoint ===
+
+/// Errors saving, restoring or placing recurrent-state checkpoints (`state::checkpoint`,
+/// `model::prefill`).
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("checkpoint at position {pos} cannot be restored: the KV cache holds only {kv_len} positions")]
+    BeyondKv { pos: usize, kv_len: usize },
+    #[error("checkpoint has {actual_layers} recurrent layers / {actual_bytes} bytes; the sequence state has {expected_layers} layers / {expected_bytes} bytes")]
+    ShapeMismatch {
+        expected_layers: usize,
+        expected_bytes: usize,
+        actual_layers: usize,
+        actual_bytes: usize,
+    },
+    #[error(
+        "the sequence state has no recurrent state (attention-only model): nothing to restore"
+    )]
+    NotRecurrent,
+    #[error("checkpoint position {pos} is outside {start}..={end} of this prefill or not after the previous one ({prev:?})")]
+    SavePosition {
+        pos: usize,
+        start: usize,
+        end: usize,
+        prev: Option<usize>,
+    },
+    #[error("KV prefix of {n} positions cannot be copied: {reason}")]
+    KvPrefix { n: usize, reason: String },
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}
+
 // === GGUF ===
 
 /// Errors reading a GGUF model file (`model::gguf`). Offsets and sizes are in bytes.

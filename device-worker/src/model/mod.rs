@@ -3,6 +3,7 @@
 pub mod gguf;
 pub mod llama;
 pub mod parallel;
+pub mod prefill;
 pub(crate) mod project;
 pub mod qwen35;
 pub mod weights;

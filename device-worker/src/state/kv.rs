@@ -6,6 +6,8 @@
 
 use half::f16;
 
+use crate::error::CheckpointError;
+
 /// KV cache sized for `n_ctx` positions of `n_layer` layers with `n_kv_head` heads of
 /// `head_dim`. Holds `len` valid positions (`0..len`).
 #[derive(Clone)]
@@ -93,6 +95,48 @@ impl KvCache {
         }
     }
 
+    /// Overwrites positions `0..n` of every layer and head with those of `src` and sets the
+    /// length to `n` (the KV half of moving a checkpoint to another slot; see
+    /// [`crate::state::checkpoint`]). Copies `2 · n_layer · n_kv_head · n · head_dim` f16 values.
+    ///
+    /// Errors: [`CheckpointError::KvPrefix`] if `src` holds fewer than `n` positions, `n`
+    /// exceeds this cache's `n_ctx`, or the layer/head/head-dimension counts differ.
+    pub fn copy_prefix_from(&mut self, src: &KvCache, n: usize) -> Result<(), CheckpointError> {
+        let fail = |reason: String| Err(CheckpointError::KvPrefix { n, reason });
+        if (self.n_layer, self.n_kv_head, self.head_dim)
+            != (src.n_layer, src.n_kv_head, src.head_dim)
+        {
+            return fail(format!(
+                "source cache is [{} layers, {} heads, {} dims], destination [{}, {}, {}]",
+                src.n_layer,
+                src.n_kv_head,
+                src.head_dim,
+                self.n_layer,
+                self.n_kv_head,
+                self.head_dim
+            ));
+        }
+        if n > src.len {
+            return fail(format!("source holds only {} positions", src.len));
+        }
+        if n > self.n_ctx {
+            return fail(format!(
+                "destination holds at most {} positions",
+                self.n_ctx
+            ));
+        }
+        let span = n * self.head_dim;
+        for layer in 0..self.n_layer {
+            for head in 0..self.n_kv_head {
+                let (d, s) = (self.offset(layer, head), src.offset(layer, head));
+                self.k[d..d + span].copy_from_slice(&src.k[s..s + span]);
+                self.v[d..d + span].copy_from_slice(&src.v[s..s + span]);
+            }
+        }
+        self.len = n;
+        Ok(())
+    }
+
     /// Keys and values of `head` in `layer` for positions `0..n`, each `[n, head_dim]`.
     pub fn head(&self, layer: usize, head: usize, n: usize) -> (&[f16], &[f16]) {
         let base = self.offset(layer, head);
@@ -124,5 +168,32 @@ mod tests {
         kv.truncate(2);
         assert_eq!(kv.len(), 2);
         assert_eq!(kv.bytes_used(), 2 * 2 * 2 * 2 * 2 * 4);
+    }
+
+    #[test]
+    fn copy_prefix_copies_only_the_prefix_and_checks_shapes() {
+        let mut src = KvCache::new(2, 2, 4, 8);
+        let k: Vec<f32> = (0..3 * 8).map(|i| i as f32).collect(); // 3 tokens x (2 heads x 4)
+        let v: Vec<f32> = k.iter().map(|x| x + 100.0).collect();
+        src.write(0, 0, 3, &k, &v);
+        src.write(1, 0, 3, &v, &k);
+        src.set_len(3);
+        let mut dst = KvCache::new(2, 2, 4, 16);
+        let junk = vec![-5.0f32; 5 * 8];
+        dst.write(1, 0, 5, &junk, &junk);
+        dst.set_len(5);
+        dst.copy_prefix_from(&src, 2).unwrap();
+        assert_eq!(dst.len(), 2);
+        for layer in 0..2 {
+            for head in 0..2 {
+                assert_eq!(dst.head(layer, head, 2), src.head(layer, head, 2));
+            }
+        }
+        // Beyond the prefix the destination keeps its own values.
+        dst.set_len(3);
+        assert_eq!(dst.head(1, 0, 3).0[2 * 4].to_f32(), -5.0);
+        assert!(dst.copy_prefix_from(&src, 4).is_err(), "source too short");
+        assert!(KvCache::new(2, 1, 4, 8).copy_prefix_from(&src, 1).is_err());
+        assert!(KvCache::new(2, 2, 4, 1).copy_prefix_from(&src, 2).is_err());
     }
 }

@@ -1,4 +1,5 @@
 //! Per-slot inference state.
+pub mod checkpoint;
 pub mod kv;
 pub mod recurrent;
 pub mod sequence;

@@ -193,7 +193,7 @@ macro_rules! backend_conformance {
                 let mut rng = Rng(7);
                 for ty in WEIGHT_TYPES {
                     let cols = 512;
-                    for (rows, toks) in [(1, 1), (3, 2), (4, 2), (5, 3), (9, 5)] {
+                    for (rows, toks) in [(1, 1), (3, 2), (4, 2), (5, 3), (9, 5), (2, 8), (3, 11)] {
                         let w = quantize_matrix(ty, &rng.vec(rows * cols), rows, cols);
                         let x = rng.vec(toks * cols);
                         let pool = ThreadPool::new(1).expect("pool");

@@ -1,15 +1,98 @@
 //! Small dense f32 products for the chunked GDN form, written so the compiler keeps a
-//! `MR × NR` block of the result in registers (safe Rust, auto-vectorised; no ISA paths).
+//! `MR × NR` block of the result in registers. [`gemm_acc`] dispatches once per process to
+//! the same generic code compiled with AVX2+FMA (x86_64, when the CPU has both and
+//! `TANDEM_KERNELS=scalar` is not set) or for the baseline target (the portable reference).
 //! Checked through `dsp/tests/gdn.rs`, where the chunked form that uses them must match the
-//! per-token recurrence.
+//! per-token recurrence, and by the unit tests below (AVX2 path vs portable path).
+
+use std::sync::OnceLock;
 
 /// Rows of the register tile.
 const MR: usize = 4;
-/// Columns of the register tile (one AVX or two SSE registers).
+/// Columns of the portable register tile (two SSE registers).
 const NR: usize = 8;
+/// Columns of the AVX2 register tile (two 256-bit registers per row, so `2·MR` independent
+/// FMA chains hide the FMA latency).
+#[cfg(target_arch = "x86_64")]
+const AVX2_NR: usize = 16;
+
+/// Signature shared by the [`gemm_acc`] implementations.
+type GemmFn = fn(&mut [f32], &[f32], &[f32], usize, usize, usize);
 
 /// `y += a · x` with `y`: `[m, nn]`, `a`: `[m, p]`, `x`: `[p, nn]`, all row-major.
+///
+/// Uses [`gemm_acc_avx2`] (same loop, `MR × AVX2_NR` tile, fused multiply-adds) when the CPU
+/// has AVX2 and FMA, else [`gemm_acc_portable`]; chosen once per process, and
+/// [`crate::backend::KERNELS_ENV`]`=scalar` forces the portable path. Both sum over `p` in
+/// the same order, but FMA rounds once per step, so results may differ in the last bits.
+#[inline]
 pub(crate) fn gemm_acc(y: &mut [f32], a: &[f32], x: &[f32], m: usize, p: usize, nn: usize) {
+    static IMPL: OnceLock<GemmFn> = OnceLock::new();
+    let f = IMPL.get_or_init(|| {
+        let forced_scalar = std::env::var(crate::backend::KERNELS_ENV)
+            .is_ok_and(|v| v.eq_ignore_ascii_case("scalar"));
+        if forced_scalar {
+            return gemm_acc_portable;
+        }
+        avx2_gemm().unwrap_or(gemm_acc_portable)
+    });
+    f(y, a, x, m, p, nn)
+}
+
+/// The AVX2+FMA implementation if this CPU can run it.
+fn avx2_gemm() -> Option<GemmFn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            return Some(gemm_acc_avx2_checked);
+        }
+    }
+    None
+}
+
+/// Safe entry to [`gemm_acc_avx2`]; only handed out by [`avx2_gemm`] after feature detection.
+#[cfg(target_arch = "x86_64")]
+fn gemm_acc_avx2_checked(y: &mut [f32], a: &[f32], x: &[f32], m: usize, p: usize, nn: usize) {
+    // SAFETY: this function is only reachable through `avx2_gemm`, which checked that the
+    // CPU supports AVX2 and FMA.
+    unsafe { gemm_acc_avx2(y, a, x, m, p, nn) }
+}
+
+/// [`gemm_body`] compiled with AVX2+FMA enabled and an `MR × AVX2_NR` tile, so LLVM keeps the
+/// tile in eight 256-bit registers and uses `vfmadd` for each step.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gemm_acc_avx2(y: &mut [f32], a: &[f32], x: &[f32], m: usize, p: usize, nn: usize) {
+    gemm_body::<MR, AVX2_NR>(y, a, x, m, p, nn, |acc, ar, xj| ar.mul_add(xj, acc))
+}
+
+/// Portable reference for [`gemm_acc`]: separate multiply and add, baseline target features.
+pub(crate) fn gemm_acc_portable(
+    y: &mut [f32],
+    a: &[f32],
+    x: &[f32],
+    m: usize,
+    p: usize,
+    nn: usize,
+) {
+    gemm_body::<MR, NR>(y, a, x, m, p, nn, |acc, ar, xj| acc + ar * xj)
+}
+
+/// Tiled `y += a · x`; `fma(acc, a, x)` is the multiply-add step (plain or fused). Inlined
+/// into each caller so it is compiled with that caller's target features.
+#[inline(always)]
+fn gemm_body<const MR: usize, const NR: usize>(
+    y: &mut [f32],
+    a: &[f32],
+    x: &[f32],
+    m: usize,
+    p: usize,
+    nn: usize,
+    fma: impl Fn(f32, f32, f32) -> f32 + Copy,
+) {
     debug_assert_eq!(y.len(), m * nn);
     debug_assert_eq!(a.len(), m * p);
     debug_assert_eq!(x.len(), p * nn);
@@ -27,7 +110,7 @@ pub(crate) fn gemm_acc(y: &mut [f32], a: &[f32], x: &[f32], m: usize, p: usize, 
                     for (acc_r, a_r) in acc.iter_mut().zip(&a_rows) {
                         let ar = a_r[i];
                         for (acc_rj, &xj) in acc_r.iter_mut().zip(xv) {
-                            *acc_rj += ar * xj;
+                            *acc_rj = fma(*acc_rj, ar, xj);
                         }
                     }
                 }
@@ -42,7 +125,7 @@ pub(crate) fn gemm_acc(y: &mut [f32], a: &[f32], x: &[f32], m: usize, p: usize, 
                     for j in j0..j0 + nr {
                         let mut s = 0.0f32;
                         for i in 0..p {
-                            s += a[r * p + i] * x[i * nn + j];
+                            s = fma(s, a[r * p + i], x[i * nn + j]);
                         }
                         y[r * nn + j] += s;
                     }
@@ -93,12 +176,57 @@ mod tests {
             let x: Vec<f32> = (0..p * nn).map(|i| (i % 5) as f32 - 2.0).collect();
             let y0: Vec<f32> = (0..m * nn).map(|i| (i % 3) as f32).collect();
             let mut y = y0.clone();
-            gemm_acc(&mut y, &a, &x, m, p, nn);
+            gemm_acc_portable(&mut y, &a, &x, m, p, nn);
+            let mut y_fast = y0.clone();
+            gemm_acc(&mut y_fast, &a, &x, m, p, nn);
+            assert_eq!(y_fast, y, "dispatched vs portable ({m},{p},{nn})");
             for r in 0..m {
                 for j in 0..nn {
                     let want =
                         y0[r * nn + j] + (0..p).map(|i| a[r * p + i] * x[i * nn + j]).sum::<f32>();
                     assert_eq!(y[r * nn + j], want, "({m},{p},{nn}) at ({r},{j})");
+                }
+            }
+        }
+    }
+
+    /// Relative tolerance between the AVX2+FMA and portable paths: both sum in the same
+    /// order, so they differ only by the single rounding FMA skips per step (≤ p half-ulps
+    /// of the running sum); 1e-5 of the summed magnitudes covers p = 64 with margin.
+    #[cfg(target_arch = "x86_64")]
+    const AVX2_REL_TOL: f32 = 1e-5;
+
+    /// The AVX2+FMA build agrees with the portable reference within [`AVX2_REL_TOL`] on
+    /// non-integer inputs (where FMA rounding differs), including tile remainders.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn gemm_acc_avx2_matches_portable() {
+        let Some(fast) = avx2_gemm() else {
+            eprintln!("skipped: CPU lacks AVX2+FMA");
+            return;
+        };
+        for &(m, p, nn) in &[(1, 1, 1), (4, 7, 8), (5, 9, 17), (9, 64, 24), (16, 64, 128)] {
+            let a: Vec<f32> = (0..m * p)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.3)
+                .collect();
+            let x: Vec<f32> = (0..p * nn)
+                .map(|i| ((i * 53 % 97) as f32 - 48.0) / 11.1)
+                .collect();
+            let y0: Vec<f32> = (0..m * nn).map(|i| (i % 13) as f32 / 3.0).collect();
+            let (mut want, mut got) = (y0.clone(), y0.clone());
+            gemm_acc_portable(&mut want, &a, &x, m, p, nn);
+            fast(&mut got, &a, &x, m, p, nn);
+            for r in 0..m {
+                for j in 0..nn {
+                    let mag: f32 = y0[r * nn + j].abs()
+                        + (0..p)
+                            .map(|i| (a[r * p + i] * x[i * nn + j]).abs())
+                            .sum::<f32>();
+                    let (w, g) = (want[r * nn + j], got[r * nn + j]);
+                    assert!(
+                        (w - g).abs() <= AVX2_REL_TOL * mag,
+                        "({m},{p},{nn}) at ({r},{j}): portable {w}, avx2 {g}, magnitude {mag}"
+                    );
                 }
             }
         }

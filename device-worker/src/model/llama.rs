@@ -13,7 +13,7 @@ use dsp::pool::ThreadPool;
 
 use crate::error::ModelError;
 use crate::model::gguf::GgufFile;
-use crate::model::project::{causal_attention, kernel, mm, mm_shared, AttnShape};
+use crate::model::project::{causal_attention, kernel, mm, mm_shared, AttnShape, Mlp, MlpBuffers};
 use crate::model::weights::{load_vector, Linear};
 use crate::state::kv::KvCache;
 
@@ -94,12 +94,6 @@ struct Attention {
     wo: Linear,
 }
 
-struct Mlp {
-    gate: Linear,
-    up: Linear,
-    down: Linear,
-}
-
 struct Layer {
     attn_norm: Vec<f32>,
     attn: Attention,
@@ -156,11 +150,7 @@ impl LlamaModel {
                     wo: Linear::load(f, &n("attn_output"), e, cfg.n_head * hd)?,
                 },
                 ffn_norm: load_vector(f, &n("ffn_norm"), e)?,
-                mlp: Mlp {
-                    gate: Linear::load(f, &n("ffn_gate"), cfg.n_ff, e)?,
-                    up: Linear::load(f, &n("ffn_up"), cfg.n_ff, e)?,
-                    down: Linear::load(f, &n("ffn_down"), e, cfg.n_ff)?,
-                },
+                mlp: Mlp::load(f, &n, e, cfg.n_ff)?,
             });
         }
         let output_norm = load_vector(f, "output_norm.weight", e)?;
@@ -184,7 +174,7 @@ impl LlamaModel {
         for l in &self.layers {
             n += l.attn_norm.len() + l.ffn_norm.len();
             n += l.attn.wq.numel() + l.attn.wk.numel() + l.attn.wv.numel() + l.attn.wo.numel();
-            n += l.mlp.gate.numel() + l.mlp.up.numel() + l.mlp.down.numel();
+            n += l.mlp.numel();
         }
         if self.output.name != self.tok_embd.name {
             n += self.output.numel();
@@ -360,26 +350,13 @@ impl LlamaModel {
                 .map_err(kernel("ffn_norm"))?;
             }
             let f = c.n_ff;
-            mm_shared(
-                pool,
-                bytes,
-                &s.h[..n * e],
-                n,
-                &mut [
-                    (&layer.mlp.gate, &mut s.gate[..n * f]),
-                    (&layer.mlp.up, &mut s.up[..n * f]),
-                ],
-            )?;
-            ops::swiglu(&s.gate[..n * f], &s.up[..n * f], &mut s.act[..n * f])
-                .map_err(kernel("swiglu"))?;
-            mm(
-                pool,
-                &layer.mlp.down,
-                bytes,
-                &s.act[..n * f],
-                n,
-                &mut s.o[..n * e],
-            )?;
+            let buf = MlpBuffers {
+                gate: &mut s.gate[..n * f],
+                up: &mut s.up[..n * f],
+                act: &mut s.act[..n * f],
+                out: &mut s.o[..n * e],
+            };
+            layer.mlp.forward(pool, bytes, &s.h[..n * e], n, buf)?;
             ops::add_inplace(&mut s.x[..n * e], &s.o[..n * e]).map_err(kernel("residual"))?;
         }
         kv.set_len(pos0 + n);

@@ -108,3 +108,67 @@ pub(crate) fn causal_attention(
             .expect("attention shapes follow the config");
     });
 }
+
+/// The SwiGLU feed-forward block shared by the architectures: `down(silu(gate(h)) * up(h))`
+/// (GGUF `blk.{i}.ffn_gate|ffn_up|ffn_down.weight`; llama.cpp `build_ffn` with
+/// `LLM_FFN_SILU, LLM_FFN_PAR`).
+pub(crate) struct Mlp {
+    pub gate: Linear,
+    pub up: Linear,
+    pub down: Linear,
+}
+
+/// Buffers of one [`Mlp::forward`] call: `gate`, `up`, `act` are `[n, n_ff]`, `out` is
+/// `[n, n_embd]`.
+pub(crate) struct MlpBuffers<'a> {
+    pub gate: &'a mut [f32],
+    pub up: &'a mut [f32],
+    pub act: &'a mut [f32],
+    pub out: &'a mut [f32],
+}
+
+impl Mlp {
+    /// Binds `ffn_{gate,up,down}` for `n_embd → n_ff → n_embd`; `n` maps a tensor's short
+    /// name to its GGUF name (`ffn_gate` → `blk.3.ffn_gate.weight`).
+    ///
+    /// Errors: missing tensors, wrong shapes.
+    pub fn load(
+        file: &crate::model::gguf::GgufFile,
+        n: &dyn Fn(&str) -> String,
+        n_embd: usize,
+        n_ff: usize,
+    ) -> Result<Self, ModelError> {
+        Ok(Self {
+            gate: Linear::load(file, &n("ffn_gate"), n_ff, n_embd)?,
+            up: Linear::load(file, &n("ffn_up"), n_ff, n_embd)?,
+            down: Linear::load(file, &n("ffn_down"), n_embd, n_ff)?,
+        })
+    }
+
+    /// Weights in the block.
+    pub fn numel(&self) -> usize {
+        self.gate.numel() + self.up.numel() + self.down.numel()
+    }
+
+    /// `buf.out = down(silu(gate(h)) * up(h))` for `h` `[n, n_embd]`.
+    ///
+    /// Errors: [`ModelError::Kernel`] naming the weight or op.
+    pub fn forward(
+        &self,
+        pool: &ThreadPool,
+        bytes: &[u8],
+        h: &[f32],
+        n: usize,
+        buf: MlpBuffers<'_>,
+    ) -> Result<(), ModelError> {
+        mm_shared(
+            pool,
+            bytes,
+            h,
+            n,
+            &mut [(&self.gate, &mut *buf.gate), (&self.up, &mut *buf.up)],
+        )?;
+        ops::swiglu(buf.gate, buf.up, buf.act).map_err(kernel("swiglu"))?;
+        mm(pool, &self.down, bytes, buf.act, n, buf.out)
+    }
+}

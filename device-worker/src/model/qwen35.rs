@@ -26,7 +26,7 @@ use dsp::pool::ThreadPool;
 
 use crate::error::ModelError;
 use crate::model::gguf::{GgufFile, MetaValue};
-use crate::model::project::{causal_attention, kernel, mm, mm_shared, AttnShape};
+use crate::model::project::{causal_attention, kernel, mm, mm_shared, AttnShape, Mlp, MlpBuffers};
 use crate::model::weights::{load_vector, Linear};
 use crate::state::kv::KvCache;
 use crate::state::recurrent::{GdnLayerState, RecurrentState};
@@ -253,12 +253,6 @@ enum LayerKind {
     Attention(AttnWeights),
 }
 
-struct Mlp {
-    gate: Linear,
-    up: Linear,
-    down: Linear,
-}
-
 struct Layer {
     attn_norm: Vec<f32>,
     kind: LayerKind,
@@ -316,14 +310,6 @@ pub struct Qwen35Model {
     output_norm: Vec<f32>,
     output: Linear,
     mtp: Option<MtpBlock>,
-}
-
-fn load_mlp(f: &GgufFile, n: &dyn Fn(&str) -> String, c: &Qwen35Config) -> Result<Mlp, ModelError> {
-    Ok(Mlp {
-        gate: Linear::load(f, &n("ffn_gate"), c.n_ff, c.n_embd)?,
-        up: Linear::load(f, &n("ffn_up"), c.n_ff, c.n_embd)?,
-        down: Linear::load(f, &n("ffn_down"), c.n_embd, c.n_ff)?,
-    })
 }
 
 fn load_attn(
@@ -395,7 +381,7 @@ impl Qwen35Model {
                 attn_norm: load_vector(f, &n("attn_norm"), e)?,
                 kind,
                 post_attn_norm: load_vector(f, &n("post_attention_norm"), e)?,
-                mlp: load_mlp(f, &n, &cfg)?,
+                mlp: Mlp::load(f, &n, e, cfg.n_ff)?,
             });
         }
         let output_norm = load_vector(f, "output_norm.weight", e)?;
@@ -421,7 +407,7 @@ impl Qwen35Model {
                     attn_norm: load_vector(f, &n("attn_norm"), e)?,
                     kind: LayerKind::Attention(load_attn(f, &n, &cfg, n_attn)?),
                     post_attn_norm: load_vector(f, &n("post_attention_norm"), e)?,
-                    mlp: load_mlp(f, &n, &cfg)?,
+                    mlp: Mlp::load(f, &n, e, cfg.n_ff)?,
                 },
             })
         } else {
@@ -446,11 +432,7 @@ impl Qwen35Model {
     /// Parameter count (every bound tensor, MTP block included; tied output counted once).
     pub fn n_params(&self) -> u64 {
         fn layer_params(l: &Layer) -> usize {
-            let mut n = l.attn_norm.len()
-                + l.post_attn_norm.len()
-                + l.mlp.gate.numel()
-                + l.mlp.up.numel()
-                + l.mlp.down.numel();
+            let mut n = l.attn_norm.len() + l.post_attn_norm.len() + l.mlp.numel();
             n += match &l.kind {
                 LayerKind::Attention(a) => {
                     a.wq_gate.numel()
@@ -633,30 +615,13 @@ impl Qwen35Model {
             )
             .map_err(kernel("post_attention_norm"))?;
             let f = c.n_ff;
-            mm_shared(
-                pool,
-                bytes,
-                &s.h[..n * e],
-                n,
-                &mut [
-                    (&layer.mlp.gate, &mut s.ffn_gate[..n * f]),
-                    (&layer.mlp.up, &mut s.ffn_up[..n * f]),
-                ],
-            )?;
-            ops::swiglu(
-                &s.ffn_gate[..n * f],
-                &s.ffn_up[..n * f],
-                &mut s.act[..n * f],
-            )
-            .map_err(kernel("swiglu"))?;
-            mm(
-                pool,
-                &layer.mlp.down,
-                bytes,
-                &s.act[..n * f],
-                n,
-                &mut s.o[..n * e],
-            )?;
+            let buf = MlpBuffers {
+                gate: &mut s.ffn_gate[..n * f],
+                up: &mut s.ffn_up[..n * f],
+                act: &mut s.act[..n * f],
+                out: &mut s.o[..n * e],
+            };
+            layer.mlp.forward(pool, bytes, &s.h[..n * e], n, buf)?;
             ops::add_inplace(&mut s.x[..n * e], &s.o[..n * e]).map_err(kernel("residual"))?;
         }
         kv.set_len(pos0 + n);

@@ -9,8 +9,8 @@
 //!
 //! Q4_0, Q4_1 and Q8_0 have a register-blocked tile kernel (`TILE_R` weight rows ×
 //! `TILE_T` tokens) so each weight block is unpacked once per tile of tokens in prefill; Q4_K
-//! and Q6_K have one of `TILE_KR × TILE_KT` that decodes each super-block's scales and quants
-//! once per tile. Single dot products run the same kernels at 1 × 1. Every
+//! and Q6_K are in [`super::avx2_kquants`] (each super-block unpacked once per sweep of up to
+//! 64 tokens). Single dot products run the same kernels at 1 × 1. Every
 //! (row, token) accumulator performs the same operations in the same order whatever the tile
 //! shape, so tiled results are bit-identical to single dot products.
 
@@ -18,6 +18,7 @@ use std::arch::x86_64::*;
 
 use half::{bf16, f16};
 
+use super::avx2_kquants::{dot_kquant, dot_tile_kquant, KQuant};
 use super::{dot_tile_by_pairs, DotTile, KernelBackend};
 use crate::quant::blocks::{
     BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
@@ -28,10 +29,6 @@ use crate::quant::GgmlType;
 const TILE_R: usize = 4;
 /// Tokens per register tile.
 const TILE_T: usize = 2;
-/// Weight rows per register tile of the K-quants (Q4_K, Q6_K).
-const TILE_KR: usize = 1;
-/// Tokens per register tile of the K-quants.
-const TILE_KT: usize = 4;
 
 /// The AVX2 backend. Only obtainable through [`Avx2::get`], which checks the CPU features, so
 /// holding one proves AVX2, FMA and F16C are available.
@@ -56,7 +53,7 @@ impl Avx2 {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum_ps(v: __m256) -> f32 {
+pub(super) unsafe fn hsum_ps(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -66,7 +63,7 @@ unsafe fn hsum_ps(v: __m256) -> f32 {
 /// f16 bits at `p` (unaligned) to f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load_f16(p: *const u8) -> f32 {
+pub(super) unsafe fn load_f16(p: *const u8) -> f32 {
     let bits = p.cast::<u16>().read_unaligned();
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
@@ -98,16 +95,12 @@ unsafe fn dot_u8(w: __m256i, x: __m256i) -> __m256i {
 const K_Q4_0: u8 = 0;
 const K_Q4_1: u8 = 1;
 const K_Q8_0: u8 = 2;
-const K_Q4K: u8 = 3;
-const K_Q6K: u8 = 4;
 
 /// (weight block bytes, activation block bytes, offset of the activation quants).
 const fn geometry(k: u8) -> (usize, usize, usize) {
     match k {
         K_Q4_0 => (18, 34, 2),
         K_Q4_1 => (20, 36, 4),
-        K_Q4K => (size_of::<BlockQ4K>(), size_of::<BlockQ8K>(), 0),
-        K_Q6K => (size_of::<BlockQ6K>(), size_of::<BlockQ8K>(), 0),
         _ => (34, 34, 2),
     }
 }
@@ -177,7 +170,7 @@ unsafe fn tile_q<const K: u8, const R: usize, const T: usize>(
     }
 }
 
-/// The `R × T` tile kernel of weight kind `K`: [`tile_q4k`], [`tile_q6k`] or [`tile_q`].
+/// The `R × T` tile kernel of weight kind `K` ([`tile_q`]).
 ///
 /// # Safety
 /// As the kernel it dispatches to.
@@ -192,11 +185,7 @@ unsafe fn tile_any<const K: u8, const R: usize, const T: usize>(
     out: *mut f32,
     out_stride: usize,
 ) {
-    match K {
-        K_Q4K => tile_q4k::<R, T>(w, w_stride, x, x_stride, nb, out, out_stride),
-        K_Q6K => tile_q6k::<R, T>(w, w_stride, x, x_stride, nb, out, out_stride),
-        _ => tile_q::<K, R, T>(w, w_stride, x, x_stride, nb, out, out_stride),
-    }
+    tile_q::<K, R, T>(w, w_stride, x, x_stride, nb, out, out_stride)
 }
 
 /// Runs [`tile_any`] over a whole [`DotTile`] in `R × T` pieces plus `1 × T`, `R × 1` and
@@ -260,175 +249,6 @@ unsafe fn dot_q<const K: u8>(w: *const u8, x: *const u8, nb: usize) -> f32 {
     let mut out = 0f32;
     tile_any::<K, 1, 1>(w, 0, x, 0, nb, &mut out, 0);
     out
-}
-
-/// Sum of the 8 i32 lanes of `v` (exact up to wrap-around).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum_epi32(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01));
-    _mm_cvtsi128_si32(s)
-}
-
-/// `R × T` Q4_K × Q8_K dot products of `nb` super-blocks, laid out as in [`tile_q`]. Per
-/// (weight row, super-block) the 6-bit scales and mins are decoded once and each 32-byte
-/// group of quants is unpacked once, then applied to all `T` tokens. Every (row, token)
-/// accumulator sees the same integer lanes and the same f32 operations in the same order
-/// whatever `R` and `T`, so tiled results are bit-identical to `R = T = 1`.
-///
-/// # Safety
-/// Needs avx2, fma, f16c. `w + r*w_stride` for `r < R` must point at `nb` [`BlockQ4K`] and
-/// `x + t*x_stride` for `t < T` at `nb` [`BlockQ8K`], both aligned for their structs;
-/// `out + t*out_stride + r` must be writable for all r, t.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_q4k<const R: usize, const T: usize>(
-    w: *const u8,
-    w_stride: usize,
-    x: *const u8,
-    x_stride: usize,
-    nb: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
-    let mask = _mm256_set1_epi8(0x0F);
-    let mut acc = [[_mm256_setzero_ps(); T]; R];
-    let mut acc_min = [[0f32; T]; R];
-    for ib in 0..nb {
-        let bx: [&BlockQ8K; T] = std::array::from_fn(|t| {
-            &*x.add(t * x_stride + ib * size_of::<BlockQ8K>())
-                .cast::<BlockQ8K>()
-        });
-        for r in 0..R {
-            let bw = &*w
-                .add(r * w_stride + ib * size_of::<BlockQ4K>())
-                .cast::<BlockQ4K>();
-            let (sc, mn) = bw.scales_mins();
-            let mut sumi = [_mm256_setzero_si256(); T];
-            for g in 0..4 {
-                let q4 = _mm256_loadu_si256(bw.qs.as_ptr().add(32 * g).cast());
-                let lo = _mm256_and_si256(q4, mask);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), mask);
-                let s_lo = _mm256_set1_epi16(sc[2 * g] as i16);
-                let s_hi = _mm256_set1_epi16(sc[2 * g + 1] as i16);
-                for t in 0..T {
-                    let xq = bx[t].qs.as_ptr().add(64 * g);
-                    let x_lo = _mm256_loadu_si256(xq.cast());
-                    let x_hi = _mm256_loadu_si256(xq.add(32).cast());
-                    let p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x_lo), s_lo);
-                    let p_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x_hi), s_hi);
-                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p_lo, p_hi));
-                }
-            }
-            // mins as 16 i16 lanes, m[k] at 2k and 2k+1, to pair with the 16 bsums.
-            let m8 = _mm_loadl_epi64(mn.as_ptr().cast());
-            let mn16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
-            let wd = load_f16((&bw.d as *const f16).cast());
-            let wdmin = load_f16((&bw.dmin as *const f16).cast());
-            for t in 0..T {
-                let bs = _mm256_loadu_si256(bx[t].bsums.as_ptr().cast());
-                let summ = hsum_epi32(_mm256_madd_epi16(bs, mn16));
-                let d = bx[t].d * wd;
-                let dmin = bx[t].d * wdmin;
-                acc[r][t] =
-                    _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[t]), acc[r][t]);
-                acc_min[r][t] += dmin * summ as f32;
-            }
-        }
-    }
-    for r in 0..R {
-        for t in 0..T {
-            *out.add(t * out_stride + r) = hsum_ps(acc[r][t]) - acc_min[r][t];
-        }
-    }
-}
-
-/// `R × T` Q6_K × Q8_K dot products of `nb` super-blocks, laid out as in [`tile_q`]. Per
-/// (weight row, super-block) the 6-bit quants are rebuilt from `ql`/`qh` once and applied to
-/// all `T` tokens; bit-identical to `R = T = 1` for the reasons given at [`tile_q4k`].
-///
-/// # Safety
-/// As [`tile_q4k`], with [`BlockQ6K`] weights.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_q6k<const R: usize, const T: usize>(
-    w: *const u8,
-    w_stride: usize,
-    x: *const u8,
-    x_stride: usize,
-    nb: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m30 = _mm256_set1_epi8(0x30);
-    let mut acc = [[_mm256_setzero_ps(); T]; R];
-    for ib in 0..nb {
-        let bx: [&BlockQ8K; T] = std::array::from_fn(|t| {
-            &*x.add(t * x_stride + ib * size_of::<BlockQ8K>())
-                .cast::<BlockQ8K>()
-        });
-        for r in 0..R {
-            let bw = &*w
-                .add(r * w_stride + ib * size_of::<BlockQ6K>())
-                .cast::<BlockQ6K>();
-            let mut sumi = [_mm256_setzero_si256(); T];
-            for h in 0..2 {
-                let ql0 = _mm256_loadu_si256(bw.ql.as_ptr().add(64 * h).cast());
-                let ql1 = _mm256_loadu_si256(bw.ql.as_ptr().add(64 * h + 32).cast());
-                let qh = _mm256_loadu_si256(bw.qh.as_ptr().add(32 * h).cast());
-                let q = [
-                    _mm256_or_si256(
-                        _mm256_and_si256(ql0, m4),
-                        _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(ql1, m4),
-                        _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                        _mm256_and_si256(qh, m30),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
-                    ),
-                ];
-                for (g, &qg) in q.iter().enumerate() {
-                    let k = 8 * h + 2 * g;
-                    let scv = _mm256_set_m128i(
-                        _mm_set1_epi16(bw.scales[k + 1] as i16),
-                        _mm_set1_epi16(bw.scales[k] as i16),
-                    );
-                    for t in 0..T {
-                        let xv = _mm256_loadu_si256(bx[t].qs.as_ptr().add(128 * h + 32 * g).cast());
-                        sumi[t] = _mm256_add_epi32(
-                            sumi[t],
-                            _mm256_madd_epi16(_mm256_maddubs_epi16(qg, xv), scv),
-                        );
-                    }
-                }
-            }
-            // The quants above are q + 32: remove 32 * sum_k sc[k] * bsum[k].
-            let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(bw.scales.as_ptr().cast()));
-            let wd = load_f16((&bw.d as *const f16).cast());
-            for t in 0..T {
-                let bs = _mm256_loadu_si256(bx[t].bsums.as_ptr().cast());
-                let corr = hsum_epi32(_mm256_madd_epi16(bs, sc16)).wrapping_mul(32);
-                let s = _mm256_sub_epi32(sumi[t], _mm256_setr_epi32(corr, 0, 0, 0, 0, 0, 0, 0));
-                let d = bx[t].d * wd;
-                acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s), acc[r][t]);
-            }
-        }
-    }
-    for r in 0..R {
-        for t in 0..T {
-            *out.add(t * out_stride + r) = hsum_ps(acc[r][t]);
-        }
-    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -632,13 +452,13 @@ impl KernelBackend for Avx2 {
     fn vec_dot_q4_k_q8_k(&self, w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
         let nb = w.len().min(x.len());
         // SAFETY: see the impl comment; both slices hold >= nb blocks, aligned as slices.
-        unsafe { dot_q::<K_Q4K>(w.as_ptr().cast(), x.as_ptr().cast(), nb) }
+        unsafe { dot_kquant(KQuant::Q4K, w.as_ptr().cast(), x.as_ptr().cast(), nb) }
     }
 
     fn vec_dot_q6_k_q8_k(&self, w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
         let nb = w.len().min(x.len());
         // SAFETY: see the impl comment; both slices hold >= nb blocks, aligned as slices.
-        unsafe { dot_q::<K_Q6K>(w.as_ptr().cast(), x.as_ptr().cast(), nb) }
+        unsafe { dot_kquant(KQuant::Q6K, w.as_ptr().cast(), x.as_ptr().cast(), nb) }
     }
 
     fn vec_dot_f16(&self, w: &[f16], x: &[f16]) -> f32 {
@@ -663,8 +483,8 @@ impl KernelBackend for Avx2 {
                 GgmlType::Q4_0 => dot_tile_q::<K_Q4_0, TILE_R, TILE_T>(tile, out),
                 GgmlType::Q4_1 => dot_tile_q::<K_Q4_1, TILE_R, TILE_T>(tile, out),
                 GgmlType::Q8_0 => dot_tile_q::<K_Q8_0, TILE_R, TILE_T>(tile, out),
-                GgmlType::Q4_K => dot_tile_q::<K_Q4K, TILE_KR, TILE_KT>(tile, out),
-                GgmlType::Q6_K => dot_tile_q::<K_Q6K, TILE_KR, TILE_KT>(tile, out),
+                GgmlType::Q4_K => dot_tile_kquant(KQuant::Q4K, tile, out),
+                GgmlType::Q6_K => dot_tile_kquant(KQuant::Q6K, tile, out),
                 _ => dot_tile_by_pairs(self, tile, out),
             }
         }

@@ -18,6 +18,8 @@ use crate::quant::GgmlType;
 
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_kquants;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
 pub mod scalar;

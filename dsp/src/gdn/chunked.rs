@@ -21,7 +21,7 @@
 
 use super::heads::{run_pooled, run_serial, split_heads, HeadIo, Inputs};
 use super::shape::GdnShape;
-use super::tile::{dot, gemm_acc};
+use super::tile::gemm_acc;
 use crate::error::DspError;
 use crate::pool::ThreadPool;
 
@@ -40,7 +40,7 @@ pub const DEFAULT_CHUNK: usize = 64;
 /// slot that should hold the state after the last token as `state` (copy the entry state
 /// into it first).
 ///
-/// Scratch per head: `chunk·(1 + 3·d_k + 2·d_v + chunk)` floats.
+/// Scratch per head: `chunk·(1 + 4·d_k + 2·d_v + 3·chunk)` floats.
 ///
 /// # Errors
 /// `InvalidArgument` for a bad [`GdnShape`] or `chunk == 0`; `LengthMismatch` for any buffer
@@ -129,10 +129,42 @@ struct Scratch {
     scores: Vec<f32>,
     /// Decayed keys transposed, `k_s[i]·e^{G_last−G_s}` at `[i, s]`: `[d_k, chunk]`.
     kwt: Vec<f32>,
+    /// The chunk's keys transposed, `k_s[i]` at `[i, s]`: `[d_k, chunk]`.
+    kt: Vec<f32>,
+    /// Gram products `[K; Q] · Kᵀ`: `k_t·k_s` at `[t, s]`, then `q_t·k_s` at `[c + t, s]`:
+    /// `[2·chunk, chunk]`.
+    gram: Vec<f32>,
 }
 
-/// All chunks of value head `h`.
+/// All chunks of value head `h`: [`chunked_head_body`] compiled with AVX2+FMA when the CPU
+/// has them (and `TANDEM_KERNELS=scalar` is not set), else for the baseline target. The body's
+/// own loops use no fused multiply-adds and are element-wise, so both builds compute them
+/// identically (only the vector width differs); the products go through [`gemm_acc`], whose
+/// AVX2 path fuses its multiply-adds (within the tolerance tested in `dsp/tests/gdn.rs`).
 fn chunked_head(inp: &Inputs<'_>, h: usize, io: &mut HeadIo<'_>, chunk: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if super::tile::avx2_enabled() {
+        // SAFETY: `avx2_enabled` checked that the CPU supports AVX2 and FMA.
+        unsafe { chunked_head_avx2(inp, h, io, chunk) };
+        return;
+    }
+    chunked_head_body(inp, h, io, chunk)
+}
+
+/// [`chunked_head_body`] compiled with AVX2+FMA.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn chunked_head_avx2(inp: &Inputs<'_>, h: usize, io: &mut HeadIo<'_>, chunk: usize) {
+    chunked_head_body(inp, h, io, chunk)
+}
+
+/// All chunks of value head `h` (inlined into each caller so it is compiled with the caller's
+/// target features).
+#[inline(always)]
+fn chunked_head_body(inp: &Inputs<'_>, h: usize, io: &mut HeadIo<'_>, chunk: usize) {
     let chunk = chunk.min(inp.n.max(1));
     let GdnShape { d_k, d_v, .. } = inp.shape;
     let mut sc = Scratch {
@@ -141,6 +173,8 @@ fn chunked_head(inp: &Inputs<'_>, h: usize, io: &mut HeadIo<'_>, chunk: usize) {
         dout: vec![0f32; 2 * chunk * d_v],
         scores: vec![0f32; chunk * chunk],
         kwt: vec![0f32; d_k * chunk],
+        kt: vec![0f32; d_k * chunk],
+        gram: vec![0f32; 2 * chunk * chunk],
     };
     let mut t0 = 0;
     while t0 < inp.n {
@@ -151,6 +185,7 @@ fn chunked_head(inp: &Inputs<'_>, h: usize, io: &mut HeadIo<'_>, chunk: usize) {
 }
 
 /// Tokens `t0..t0+c` of value head `h`.
+#[inline(always)]
 fn chunk_step(
     inp: &Inputs<'_>,
     h: usize,
@@ -178,7 +213,18 @@ fn chunk_step(
         kq[t * d_k..][..d_k].copy_from_slice(inp.k(t0 + t, kh));
         kq[(c + t) * d_k..][..d_k].copy_from_slice(inp.q(t0 + t, kh));
     }
-    let (kc, qc) = kq.split_at(c * d_k);
+    let kc = &kq[..c * d_k];
+    // Every k_t·k_s and q_t·k_s of the chunk in one product: [K; Q] · Kᵀ.
+    let kt = &mut sc.kt[..d_k * c];
+    for s_ in 0..c {
+        for (i, &ki) in kc[s_ * d_k..][..d_k].iter().enumerate() {
+            kt[i * c + s_] = ki;
+        }
+    }
+    let gram = &mut sc.gram[..2 * c * c];
+    gram.fill(0.0);
+    gemm_acc(gram, kq, kt, 2 * c, d_k, c);
+    let (kk, qk) = gram.split_at(c * c);
 
     // Inter-chunk terms, one product with the entry state: [K; Q] · S₀ = [S₀ᵀk_t; S₀ᵀq_t].
     let dout = &mut sc.dout[..2 * c * d_v];
@@ -210,21 +256,19 @@ fn chunk_step(
 
     // (I + A) Δ = B by forward substitution, A[t][s] = β_t e^{G_t−G_s} (k_t·k_s), s < t.
     for t in 1..c {
-        let k_t = &kc[t * d_k..][..d_k];
         let b = inp.beta(t0 + t, h);
         let (prev, rest) = delta.split_at_mut(t * d_v);
         let d_t = &mut rest[..d_v];
         for s_ in 0..t {
-            let a = b * scores[t * c + s_] * dot(k_t, &kc[s_ * d_k..][..d_k]);
+            let a = b * scores[t * c + s_] * kk[t * c + s_];
             axpy(d_t, -a, &prev[s_ * d_v..][..d_v]);
         }
     }
 
     // Intra-chunk output: O += M Δ with M[t][s] = e^{G_t−G_s} (q_t·k_s) for s ≤ t, else 0.
     for t in 0..c {
-        let q_t = &qc[t * d_k..][..d_k];
         for s_ in 0..=t {
-            scores[t * c + s_] *= dot(q_t, &kc[s_ * d_k..][..d_k]);
+            scores[t * c + s_] *= qk[t * c + s_];
         }
     }
     gemm_acc(out, scores, delta, c, c, d_v);
@@ -252,7 +296,7 @@ fn chunk_step(
 }
 
 /// `y += a · x`.
-#[inline]
+#[inline(always)]
 fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     for (yi, &xi) in y.iter_mut().zip(x) {
         *yi += a * xi;

@@ -39,6 +39,17 @@ pub(crate) fn gemm_acc(y: &mut [f32], a: &[f32], x: &[f32], m: usize, p: usize, 
     f(y, a, x, m, p, nn)
 }
 
+/// Whether the AVX2+FMA builds of the GDN kernels run: the CPU has both and
+/// [`crate::backend::KERNELS_ENV`]`=scalar` is not set. Decided once per process.
+pub(crate) fn avx2_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        let forced_scalar = std::env::var(crate::backend::KERNELS_ENV)
+            .is_ok_and(|v| v.eq_ignore_ascii_case("scalar"));
+        !forced_scalar && avx2_gemm().is_some()
+    })
+}
+
 /// The AVX2+FMA implementation if this CPU can run it.
 fn avx2_gemm() -> Option<GemmFn> {
     #[cfg(target_arch = "x86_64")]
@@ -58,15 +69,82 @@ fn gemm_acc_avx2_checked(y: &mut [f32], a: &[f32], x: &[f32], m: usize, p: usize
     unsafe { gemm_acc_avx2(y, a, x, m, p, nn) }
 }
 
-/// [`gemm_body`] compiled with AVX2+FMA enabled and an `MR × AVX2_NR` tile, so LLVM keeps the
-/// tile in eight 256-bit registers and uses `vfmadd` for each step.
+/// AVX2+FMA `y += a · x`: `4 × 16` register tiles (eight 256-bit accumulators, so eight
+/// independent FMA chains hide the FMA latency; `a` broadcast from memory), `1 × 16` tiles for
+/// the last `m % 4` rows and fused scalar steps for the last `nn % 16` columns. Each 16-column
+/// panel of `x` is first copied to a contiguous `[p, 16]` buffer: read in place, its rows sit
+/// `4·nn` bytes apart (512 B for `d_v = 128`), which maps a 128-row panel onto only 8 of the
+/// L1 cache's 64 sets and evicts it on every sweep. Per element the arithmetic is that of
+/// [`gemm_body`] with a fused step: the sum over `p` in order from zero, then added to `y`.
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn gemm_acc_avx2(y: &mut [f32], a: &[f32], x: &[f32], m: usize, p: usize, nn: usize) {
-    gemm_body::<MR, AVX2_NR>(y, a, x, m, p, nn, |acc, ar, xj| ar.mul_add(xj, acc))
+    // Soundness of the raw accesses in `gemm_tile_avx2` rests on these checks.
+    assert!(y.len() == m * nn && a.len() == m * p && x.len() == p * nn);
+    let j_end = nn - nn % AVX2_NR;
+    let mut panel = vec![0f32; p * AVX2_NR];
+    for j0 in (0..j_end).step_by(AVX2_NR) {
+        for (i, row) in panel.chunks_exact_mut(AVX2_NR).enumerate() {
+            row.copy_from_slice(&x[i * nn + j0..][..AVX2_NR]);
+        }
+        let mut r0 = 0;
+        while r0 + MR <= m {
+            gemm_tile_avx2::<MR>(y, a, &panel, r0, j0, p, nn);
+            r0 += MR;
+        }
+        for r in r0..m {
+            gemm_tile_avx2::<1>(y, a, &panel, r, j0, p, nn);
+        }
+    }
+    for r in 0..m {
+        for j in j_end..nn {
+            let mut s = 0.0f32;
+            for i in 0..p {
+                s = a[r * p + i].mul_add(x[i * nn + j], s);
+            }
+            y[r * nn + j] += s;
+        }
+    }
+}
+
+/// One `R × 16` tile of [`gemm_acc_avx2`]: rows `r0..r0+R`, columns `j0..j0+16` of `y`, from
+/// the packed `[p, 16]` `panel` of `x`.
+///
+/// # Safety
+/// AVX2 and FMA; `r0 + R ≤ m`, `j0 + 16 ≤ nn`, `panel.len() == 16·p` and the slice lengths
+/// checked by the caller.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gemm_tile_avx2<const R: usize>(
+    y: &mut [f32],
+    a: &[f32],
+    panel: &[f32],
+    r0: usize,
+    j0: usize,
+    p: usize,
+    nn: usize,
+) {
+    use std::arch::x86_64::*;
+    let (yp, ap, xp) = (y.as_mut_ptr(), a.as_ptr(), panel.as_ptr());
+    let mut c = [[_mm256_setzero_ps(); 2]; R];
+    for i in 0..p {
+        let x0 = _mm256_loadu_ps(xp.add(i * AVX2_NR));
+        let x1 = _mm256_loadu_ps(xp.add(i * AVX2_NR + 8));
+        for (r, cr) in c.iter_mut().enumerate() {
+            let av = _mm256_broadcast_ss(&*ap.add((r0 + r) * p + i));
+            cr[0] = _mm256_fmadd_ps(av, x0, cr[0]);
+            cr[1] = _mm256_fmadd_ps(av, x1, cr[1]);
+        }
+    }
+    for (r, cr) in c.iter().enumerate() {
+        let yr = yp.add((r0 + r) * nn + j0);
+        _mm256_storeu_ps(yr, _mm256_add_ps(_mm256_loadu_ps(yr), cr[0]));
+        _mm256_storeu_ps(yr.add(8), _mm256_add_ps(_mm256_loadu_ps(yr.add(8)), cr[1]));
+    }
 }
 
 /// Portable reference for [`gemm_acc`]: separate multiply and add, baseline target features.
@@ -135,25 +213,6 @@ fn gemm_body<const MR: usize, const NR: usize>(
         }
         r0 += mr;
     }
-}
-
-/// `a · b` with eight partial sums, so the loop vectorises.
-#[inline]
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
-    let mut acc = [0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ar, br) = (ac.remainder(), bc.remainder());
-    for (x, y) in ac.zip(bc) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    let mut s: f32 = acc.iter().sum();
-    for (x, y) in ar.iter().zip(br) {
-        s += x * y;
-    }
-    s
 }
 
 #[cfg(test)]
@@ -229,16 +288,6 @@ mod tests {
                     );
                 }
             }
-        }
-    }
-
-    #[test]
-    fn dot_matches_naive() {
-        for n in [0, 1, 7, 8, 9, 33] {
-            let a: Vec<f32> = (0..n).map(|i| (i % 4) as f32 - 1.5).collect();
-            let b: Vec<f32> = (0..n).map(|i| (i % 3) as f32).collect();
-            let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
-            assert_eq!(dot(&a, &b), want, "n={n}");
         }
     }
 }

@@ -55,7 +55,7 @@ pub fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) -> Result<(), DspError>
         let (d, id) = q8_scales(xb);
         yb.d = f16::from_f32(d);
         for (q, &v) in yb.qs.iter_mut().zip(xb) {
-            *q = (v * id).round_ties_even() as i8;
+            *q = round_ties_even_small(v * id) as i8;
         }
     }
     Ok(())
@@ -73,7 +73,7 @@ pub fn quantize_row_q8_1(x: &[f32], y: &mut [BlockQ8_1]) -> Result<(), DspError>
         yb.d = f16::from_f32(d);
         let mut sum = 0i32;
         for (q, &v) in yb.qs.iter_mut().zip(xb) {
-            *q = (v * id).round_ties_even() as i8;
+            *q = round_ties_even_small(v * id) as i8;
             sum += *q as i32;
         }
         yb.s = f16::from_f32(sum as f32 * d);
@@ -105,7 +105,7 @@ pub fn quantize_row_q8_k(x: &[f32], y: &mut [BlockQ8K]) -> Result<(), DspError> 
         }
         let iscale = -127.0 / max;
         for (q, &v) in yb.qs.iter_mut().zip(xb) {
-            *q = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+            *q = (round_ties_even_small(iscale * v) as i32).min(127) as i8;
         }
         for (s, qs) in yb.bsums.iter_mut().zip(yb.qs.chunks_exact(16)) {
             *s = qs.iter().map(|&q| q as i16).sum();
@@ -113,6 +113,16 @@ pub fn quantize_row_q8_k(x: &[f32], y: &mut [BlockQ8K]) -> Result<(), DspError> 
         yb.d = 1.0 / iscale;
     }
     Ok(())
+}
+
+/// `x` rounded to the nearest integer, ties to even, valid for `|x| < 2^22` (activation
+/// quants are within ±128), as `f32::round_ties_even` but without its libm call (`rintf`
+/// without SSE4.1 at the baseline target): adding and removing `1.5 · 2^23` leaves no
+/// fraction bits, and IEEE round-to-nearest-even (Rust's only mode) does the rounding.
+#[inline(always)]
+pub fn round_ties_even_small(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (x + MAGIC) - MAGIC
 }
 
 /// Quantizes weights to Q4_0: `d = max / -8` with `max` the value of largest magnitude,
@@ -278,4 +288,30 @@ pub fn quantize_row_q6_k_simple(x: &[f32], y: &mut [BlockQ6K]) -> Result<(), Dsp
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_ties_even_small;
+
+    #[test]
+    fn small_rounding_equals_round_ties_even() {
+        // Every half-integer in ±300 (the ties), and a dense sweep of other values around
+        // the activation range, including values one ulp either side of the ties.
+        for k in -600i32..=600 {
+            let tie = k as f32 * 0.5;
+            for x in [tie, f32::from_bits(tie.to_bits() + 1), f32::from_bits(tie.to_bits().wrapping_sub(1))] {
+                if x.is_finite() {
+                    assert_eq!(round_ties_even_small(x), x.round_ties_even(), "x = {x:e}");
+                }
+            }
+        }
+        let mut v = -300.0f32;
+        while v < 300.0 {
+            assert_eq!(round_ties_even_small(v), v.round_ties_even(), "x = {v:e}");
+            v += 0.0137;
+        }
+        assert_eq!(round_ties_even_small(2.5), 2.0);
+        assert_eq!(round_ties_even_small(-3.5), -4.0);
+    }
 }

@@ -1,0 +1,282 @@
+//! AVX2 Q4_K and Q6_K products against Q8_K activations, for any number of tokens.
+//!
+//! Scheme (the integer part follows ggml's `ggml_vec_dot_q4_K_q8_K` / `..._q6_K_q8_K` for AVX2
+//! in `ggml/src/ggml-cpu/arch/x86/quants.c`): a weight super-block (256 weights) is unpacked
+//! once into eight 32-byte groups of unsigned quants and eight vectors of per-group scales
+//! ([`Unpacked`]); for each token, `_mm256_maddubs_epi16` (u8 × i8 → i16 pairs) and
+//! `_mm256_madd_epi16` with the scales give exact i32 lane sums, which are converted and
+//! `fmadd`ed with `d_w * d_x` into an 8-lane f32 accumulator per (row, token). The Q4_K min
+//! term (`dmin * Σ m_k * bsum_k`) is subtracted lane-wise from the same accumulator (no
+//! horizontal sum per super-block); Q6_K's `-32` offset is removed exactly in the integers.
+//!
+//! Blocking ([`dot_tile_kquant`]): `ROWS` weight rows × up to [`TOKENS`] tokens per sweep; for
+//! each super-block column the activation blocks of the sweep's tokens (≤ 64 × 292 B) stay in
+//! L1 while each row's super-block is unpacked once and applied to every token. That makes a
+//! product of 2..5 columns (verification of drafts) read and unpack each weight block once.
+//!
+//! Every (row, token) accumulator sees the same float operations in the same order whatever
+//! the number of rows and tokens in the sweep (integer sums are exact, so their order does not
+//! matter): results are bit-identical between a single dot product, a few columns and a
+//! prefill tile.
+
+use std::arch::x86_64::*;
+
+use half::f16;
+
+use super::avx2::{hsum_ps, load_f16};
+use super::DotTile;
+use crate::quant::blocks::{BlockQ4K, BlockQ6K, BlockQ8K};
+
+/// Tokens per sweep (activation blocks of one super-block column for this many tokens stay in
+/// L1: 64 × 292 B ≈ 18 KiB).
+pub(super) const TOKENS: usize = 64;
+/// Weight rows per sweep.
+pub(super) const ROWS: usize = 4;
+
+/// Weight kinds handled here.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum KQuant {
+    Q4K,
+    Q6K,
+}
+
+impl KQuant {
+    fn block_bytes(self) -> usize {
+        match self {
+            KQuant::Q4K => size_of::<BlockQ4K>(),
+            KQuant::Q6K => size_of::<BlockQ6K>(),
+        }
+    }
+}
+
+/// One weight super-block ready for the token loop.
+/// `q[j]`: unsigned quants of weights `32j..32j+32` (Q4_K: 0..15, Q6_K: q + 32 in 0..63);
+/// `s[j]`: i16 scales for those 32 weights (16 lanes); `bias`: Q4_K mins `m_k` at lanes `2k`
+/// and `2k+1`, or Q6_K scales, to pair with the 16 `bsums` of the activation block.
+struct Unpacked {
+    q: [__m256i; 8],
+    s: [__m256i; 8],
+    bias: __m256i,
+    d: f32,
+    dmin: f32,
+}
+
+/// Unpacks a [`BlockQ4K`].
+///
+/// # Safety
+/// Needs avx2, fma, f16c.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn unpack_q4k(b: &BlockQ4K) -> Unpacked {
+    let mask = _mm256_set1_epi8(0x0F);
+    let (sc, mn) = b.scales_mins();
+    let mut q = [_mm256_setzero_si256(); 8];
+    let mut s = [_mm256_setzero_si256(); 8];
+    for g in 0..4 {
+        let q4 = _mm256_loadu_si256(b.qs.as_ptr().add(32 * g).cast());
+        q[2 * g] = _mm256_and_si256(q4, mask);
+        q[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(q4, 4), mask);
+        s[2 * g] = _mm256_set1_epi16(sc[2 * g] as i16);
+        s[2 * g + 1] = _mm256_set1_epi16(sc[2 * g + 1] as i16);
+    }
+    let m8 = _mm_loadl_epi64(mn.as_ptr().cast());
+    Unpacked {
+        q,
+        s,
+        bias: _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)),
+        d: load_f16((&b.d as *const f16).cast()),
+        dmin: load_f16((&b.dmin as *const f16).cast()),
+    }
+}
+
+/// Unpacks a [`BlockQ6K`] (quants rebuilt from `ql`/`qh` as `q + 32`).
+///
+/// # Safety
+/// Needs avx2, fma, f16c.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn unpack_q6k(b: &BlockQ6K) -> Unpacked {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m30 = _mm256_set1_epi8(0x30);
+    let mut q = [_mm256_setzero_si256(); 8];
+    let mut s = [_mm256_setzero_si256(); 8];
+    for h in 0..2 {
+        let ql0 = _mm256_loadu_si256(b.ql.as_ptr().add(64 * h).cast());
+        let ql1 = _mm256_loadu_si256(b.ql.as_ptr().add(64 * h + 32).cast());
+        let qh = _mm256_loadu_si256(b.qh.as_ptr().add(32 * h).cast());
+        q[4 * h] = _mm256_or_si256(
+            _mm256_and_si256(ql0, m4),
+            _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30),
+        );
+        q[4 * h + 1] = _mm256_or_si256(
+            _mm256_and_si256(ql1, m4),
+            _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30),
+        );
+        q[4 * h + 2] = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+            _mm256_and_si256(qh, m30),
+        );
+        q[4 * h + 3] = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+            _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
+        );
+    }
+    for (j, sj) in s.iter_mut().enumerate() {
+        *sj = _mm256_set_m128i(
+            _mm_set1_epi16(b.scales[2 * j + 1] as i16),
+            _mm_set1_epi16(b.scales[2 * j] as i16),
+        );
+    }
+    Unpacked {
+        q,
+        s,
+        bias: _mm256_cvtepi8_epi16(_mm_loadu_si128(b.scales.as_ptr().cast())),
+        d: load_f16((&b.d as *const f16).cast()),
+        dmin: 0.0,
+    }
+}
+
+/// Adds one super-block product `w · x` to the 8-lane accumulator `acc`.
+///
+/// # Safety
+/// Needs avx2, fma, f16c.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn accumulate<const Q4K: bool>(u: &Unpacked, x: &BlockQ8K, acc: __m256) -> __m256 {
+    let mut sumi = _mm256_setzero_si256();
+    for j in 0..8 {
+        let xv = _mm256_loadu_si256(x.qs.as_ptr().add(32 * j).cast());
+        sumi = _mm256_add_epi32(
+            sumi,
+            _mm256_madd_epi16(_mm256_maddubs_epi16(u.q[j], xv), u.s[j]),
+        );
+    }
+    let bs = _mm256_loadu_si256(x.bsums.as_ptr().cast());
+    let corr = _mm256_madd_epi16(bs, u.bias);
+    if Q4K {
+        let acc = _mm256_fmadd_ps(_mm256_set1_ps(x.d * u.d), _mm256_cvtepi32_ps(sumi), acc);
+        _mm256_fnmadd_ps(_mm256_set1_ps(x.d * u.dmin), _mm256_cvtepi32_ps(corr), acc)
+    } else {
+        // The quants above are q + 32: remove 32 * Σ_k sc_k * bsum_k, exactly.
+        let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5));
+        _mm256_fmadd_ps(_mm256_set1_ps(x.d * u.d), _mm256_cvtepi32_ps(sumi), acc)
+    }
+}
+
+/// `rows × n_tok` products for `rows ≤ ROWS` weight rows and `n_tok ≤ NT` tokens (`NT`: the
+/// accumulator capacity, so that a few columns do not pay for a prefill-sized one);
+/// `out[t * out_stride + r] = w_row(r) · x_row(t)`.
+///
+/// # Safety
+/// Needs avx2, fma, f16c. `w + r*w_stride` (r < rows) must point at `nb` aligned weight blocks
+/// of kind `kind`, `x + t*x_stride` (t < n_tok) at `nb` aligned [`BlockQ8K`];
+/// `out + t*out_stride + r` must be writable.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn sweep<const Q4K: bool, const NT: usize>(
+    w: *const u8,
+    w_stride: usize,
+    rows: usize,
+    x: *const u8,
+    x_stride: usize,
+    n_tok: usize,
+    nb: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    debug_assert!(rows <= ROWS && n_tok <= NT);
+    let wb = if Q4K { size_of::<BlockQ4K>() } else { size_of::<BlockQ6K>() };
+    let mut acc = [[_mm256_setzero_ps(); NT]; ROWS];
+    for ib in 0..nb {
+        for (r, acc_r) in acc.iter_mut().enumerate().take(rows) {
+            let p = w.add(r * w_stride + ib * wb);
+            let u = if Q4K {
+                unpack_q4k(&*p.cast::<BlockQ4K>())
+            } else {
+                unpack_q6k(&*p.cast::<BlockQ6K>())
+            };
+            for (t, a) in acc_r.iter_mut().enumerate().take(n_tok) {
+                let bx = &*x
+                    .add(t * x_stride + ib * size_of::<BlockQ8K>())
+                    .cast::<BlockQ8K>();
+                *a = accumulate::<Q4K>(&u, bx, *a);
+            }
+        }
+    }
+    for (r, acc_r) in acc.iter().enumerate().take(rows) {
+        for (t, a) in acc_r.iter().enumerate().take(n_tok) {
+            *out.add(t * out_stride + r) = hsum_ps(*a);
+        }
+    }
+}
+
+/// [`sweep`] with the smallest accumulator capacity that holds `n_tok ≤ TOKENS` tokens.
+///
+/// # Safety
+/// As [`sweep`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn sweep_any<const Q4K: bool>(
+    w: *const u8,
+    w_stride: usize,
+    rows: usize,
+    x: *const u8,
+    x_stride: usize,
+    n_tok: usize,
+    nb: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    match n_tok {
+        1 => sweep::<Q4K, 1>(w, w_stride, rows, x, x_stride, n_tok, nb, out, out_stride),
+        2 => sweep::<Q4K, 2>(w, w_stride, rows, x, x_stride, n_tok, nb, out, out_stride),
+        3..=4 => sweep::<Q4K, 4>(w, w_stride, rows, x, x_stride, n_tok, nb, out, out_stride),
+        5..=8 => sweep::<Q4K, 8>(w, w_stride, rows, x, x_stride, n_tok, nb, out, out_stride),
+        _ => sweep::<Q4K, TOKENS>(w, w_stride, rows, x, x_stride, n_tok, nb, out, out_stride),
+    }
+}
+
+/// All products of a K-quant [`DotTile`] (`out[t * n_rows + r]`), in sweeps of [`ROWS`] rows ×
+/// [`TOKENS`] tokens.
+///
+/// # Safety
+/// Needs avx2, fma, f16c. The tile's weight and activation bytes must be aligned for
+/// [`BlockQ4K`]/[`BlockQ6K`] and [`BlockQ8K`] (the [`DotTile`] contract); the geometry is
+/// checked here.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_tile_kquant(kind: KQuant, tile: &DotTile<'_>, out: &mut [f32]) {
+    let (wb, xb) = (kind.block_bytes(), size_of::<BlockQ8K>());
+    let (n_rows, n_tok) = (tile.n_rows(), tile.n_tok());
+    let nb = tile.w_row_bytes / wb;
+    // Soundness of the raw reads and writes below rests on these O(1) checks.
+    assert!(tile.w_row_bytes == nb * wb && tile.x_row_bytes == nb * xb);
+    assert!(tile.w.len() == n_rows * tile.w_row_bytes && tile.x.len() == n_tok * tile.x_row_bytes);
+    assert_eq!(out.len(), n_rows * n_tok);
+    let (ws, xs) = (tile.w_row_bytes, tile.x_row_bytes);
+    let (w, x, o) = (tile.w.as_ptr(), tile.x.as_ptr(), out.as_mut_ptr());
+    for t0 in (0..n_tok).step_by(TOKENS) {
+        let nt = TOKENS.min(n_tok - t0);
+        for r0 in (0..n_rows).step_by(ROWS) {
+            let nr = ROWS.min(n_rows - r0);
+            let (wp, xp, op) = (w.add(r0 * ws), x.add(t0 * xs), o.add(t0 * n_rows + r0));
+            match kind {
+                KQuant::Q4K => sweep_any::<true>(wp, ws, nr, xp, xs, nt, nb, op, n_rows),
+                KQuant::Q6K => sweep_any::<false>(wp, ws, nr, xp, xs, nt, nb, op, n_rows),
+            }
+        }
+    }
+}
+
+/// One K-quant dot product through [`dot_tile_kquant`]'s arithmetic (bit-identical to tiles).
+///
+/// # Safety
+/// Needs avx2, fma, f16c; `w` and `x` point at `nb` aligned blocks each.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_kquant(kind: KQuant, w: *const u8, x: *const u8, nb: usize) -> f32 {
+    let mut out = 0f32;
+    match kind {
+        KQuant::Q4K => sweep::<true, 1>(w, 0, 1, x, 0, 1, nb, &mut out, 0),
+        KQuant::Q6K => sweep::<false, 1>(w, 0, 1, x, 0, 1, nb, &mut out, 0),
+    }
+    out
+}

@@ -125,3 +125,74 @@ pub enum GatewayError {
         source: std::io::Error,
     },
 }
+
+/// A request to the OpenAI-compatible HTTP endpoint ([`crate::http`]) failed. Rendered as
+/// OpenAI's error JSON, `{"error": {"message", "type", "param", "code"}}`, with the HTTP status
+/// of [`ApiError::http_status`] (shape: OpenAI API reference, "Error codes").
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApiError {
+    /// The body is not JSON, or not the shape of a chat-completion request (400).
+    #[error("request body is not a valid chat completion request: {0}")]
+    BadJson(String),
+    /// A field has a value the endpoint does not accept (400); `param` names the field.
+    #[error("{param}: expected {expected}, found {found}")]
+    InvalidParam { param: &'static str, expected: &'static str, found: String },
+    /// No route for this method and path (404).
+    #[error("unknown endpoint {method} {path}; served: POST /v1/chat/completions, GET /v1/models, GET /health")]
+    NotFound { method: String, path: String },
+    /// The worker returned a gRPC status (mapped: INVALID_ARGUMENT 400, RESOURCE_EXHAUSTED 429,
+    /// UNAVAILABLE 503, DEADLINE_EXCEEDED 504, others 502).
+    #[error("worker {worker}: {message} ({code:?})")]
+    Worker { worker: String, code: tonic::Code, message: String },
+    /// The worker's stream ended before its final event (502).
+    #[error("worker {worker}: stream ended without a final event")]
+    WorkerStreamEnded { worker: String },
+    /// No worker answered a status request (503).
+    #[error("no worker answered: {0}")]
+    NoWorker(String),
+}
+
+impl ApiError {
+    /// The HTTP status code of this error.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            ApiError::BadJson(_) | ApiError::InvalidParam { .. } => 400,
+            ApiError::NotFound { .. } => 404,
+            ApiError::Worker { code, .. } => match code {
+                tonic::Code::InvalidArgument | tonic::Code::OutOfRange => 400,
+                tonic::Code::ResourceExhausted => 429,
+                tonic::Code::Unavailable => 503,
+                tonic::Code::DeadlineExceeded => 504,
+                _ => 502,
+            },
+            ApiError::WorkerStreamEnded { .. } => 502,
+            ApiError::NoWorker(_) => 503,
+        }
+    }
+
+    /// OpenAI's `error.type`: `invalid_request_error` for 4xx caused by the request,
+    /// `rate_limit_error` for 429, `server_error` otherwise.
+    pub fn error_type(&self) -> &'static str {
+        match self.http_status() {
+            400 | 404 => "invalid_request_error",
+            429 => "rate_limit_error",
+            _ => "server_error",
+        }
+    }
+
+    /// OpenAI's error JSON for this error.
+    pub fn to_json(&self) -> serde_json::Value {
+        let param = match self {
+            ApiError::InvalidParam { param, .. } => serde_json::Value::String(param.to_string()),
+            _ => serde_json::Value::Null,
+        };
+        let code = match self {
+            ApiError::BadJson(_) => "invalid_json",
+            ApiError::InvalidParam { .. } => "invalid_value",
+            ApiError::NotFound { .. } => "unknown_url",
+            ApiError::Worker { .. } | ApiError::WorkerStreamEnded { .. } => "worker_error",
+            ApiError::NoWorker(_) => "no_worker",
+        };
+        serde_json::json!({"error": {"message": self.to_string(), "type": self.error_type(), "param": param, "code": code}})
+    }
+}

@@ -5,17 +5,22 @@
 //! - [`prompt`]: the agent prompt (rules, task, last actions, controls).
 //! - [`action`]: AndroidWorld-compatible JSON actions, their schema and validation.
 //! - [`step`], [`episode`], [`worker`]: running a step on a worker.
-//! - [`service`]: the gRPC AgentService. [`replay`]: corpus replay client. [`corpus`]: episodes.
+//! - [`metrics`]: Prometheus metrics (`GET /metrics`); [`telemetry`]: spans and trace context.
+//! - [`service`]: the gRPC AgentService. [`http`]: the OpenAI-compatible HTTP endpoint. [`replay`]: corpus replay client. [`corpus`]: episodes.
 pub mod action;
 pub mod config;
 pub mod corpus;
+pub mod dry_run;
 pub mod episode;
 pub mod error;
 pub mod health;
+pub mod http;
+pub mod metrics;
 pub mod observation;
 pub mod prompt;
 pub mod prompt_dump;
 pub mod replay;
 pub mod service;
 pub mod step;
+pub mod telemetry;
 pub mod worker;

@@ -25,6 +25,25 @@ enum Command {
     Prompt(agent_gateway::prompt_dump::PromptArgs),
 }
 
+/// A future that resolves on Ctrl-C (SIGINT). On Unix the handler is registered before this
+/// returns, so a signal that arrives while the servers start is not lost.
+fn interrupt_signal() -> anyhow::Result<impl std::future::Future<Output = ()> + Send> {
+    #[cfg(unix)]
+    {
+        let mut sig = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+            .context("cannot install the SIGINT handler")?;
+        Ok(async move {
+            let _ = sig.recv().await;
+        })
+    }
+    #[cfg(not(unix))]
+    {
+        Ok(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
@@ -38,20 +57,48 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(async move {
         match cli.command {
             Command::Serve(cfg) => {
+                // One Ctrl-C stops both servers; listen for it before anything else starts.
+                let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+                let interrupted = interrupt_signal()?;
+                tokio::spawn(async move {
+                    interrupted.await;
+                    tracing::info!("shutting down");
+                    let _ = stop_tx.send(true);
+                });
+                let metrics = agent_gateway::metrics::install()?;
                 let router = agent_gateway::worker::Router::new(&cfg.workers)?;
-                let runner = Arc::new(agent_gateway::step::StepRunner::new(router));
+                let runner = Arc::new(agent_gateway::step::StepRunner::new(router.clone()));
                 let listener = tokio::net::TcpListener::bind(cfg.listen)
                     .await
                     .with_context(|| format!("cannot listen on {}", cfg.listen))?;
                 tracing::info!(addr = %listener.local_addr()?, workers = ?cfg.workers, "AgentService listening");
-                let shutdown = async {
-                    let _ = tokio::signal::ctrl_c().await;
-                    tracing::info!("shutting down");
+                let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+                    let _ = rx.wait_for(|s| *s).await;
                 };
-                agent_gateway::service::serve(runner, listener, shutdown).await?;
+                let http = match cfg.http_listen.0 {
+                    Some(addr) => {
+                        let l = tokio::net::TcpListener::bind(addr)
+                            .await
+                            .with_context(|| format!("cannot listen on {addr} (HTTP; --http-listen off disables it)"))?;
+                        tracing::info!(addr = %l.local_addr()?, "OpenAI-compatible HTTP endpoint listening");
+                        Some(tokio::spawn(agent_gateway::http::serve(
+                            agent_gateway::http::HttpState { router, metrics: Some(metrics) },
+                            l,
+                            stopped(stop_rx.clone()),
+                        )))
+                    }
+                    None => None,
+                };
+                agent_gateway::service::serve(runner, listener, stopped(stop_rx)).await?;
+                if let Some(h) = http {
+                    h.await.context("HTTP server task")??;
+                }
             }
             Command::Health(args) => agent_gateway::health::run(&args).await?,
             Command::Prompt(args) => println!("{}", agent_gateway::prompt_dump::messages_json(&args)?),
+            Command::Replay(cfg) if cfg.dry_run => {
+                agent_gateway::dry_run::run(&cfg.corpus, &cfg.episodes, &cfg.dry)?;
+            }
             Command::Replay(cfg) => {
                 let (_records, summary) = agent_gateway::replay::run(&cfg).await?;
                 if summary.steps > 0 && summary.valid_actions == 0 {

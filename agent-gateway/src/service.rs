@@ -11,7 +11,8 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::GatewayError;
-use crate::step::{parse_observation, StepRunner};
+use crate::metrics::{record_step, StepKind, StepOutcome};
+use crate::step::{parse_observation, StepInput, StepRunner};
 
 const STREAM_BUFFER: usize = 64;
 
@@ -72,19 +73,30 @@ impl AgentService for AgentServiceImpl {
                                 .await;
                             break;
                         };
+                        let has_image = !obs.screenshot_png.is_empty();
                         let result = match parse_observation(&obs) {
                             Ok(screen) => {
-                                runner.run(&ep.episode_id, &ep.task, Some(&obs.foreground_app), screen, ep.max_tokens, &tx).await
+                                let input = StepInput {
+                                    episode_id: &ep.episode_id,
+                                    task: &ep.task,
+                                    foreground_app: Some(&obs.foreground_app),
+                                    max_tokens: ep.max_tokens,
+                                    kind: StepKind::Episode,
+                                    has_image,
+                                };
+                                runner.run(input, screen, &tx).await
                             }
                             Err(e) => {
                                 let st = runner.episodes.begin_step(&ep.episode_id, &ep.task);
                                 runner.episodes.end_step(&ep.episode_id, None);
-                                apb::StepResult {
+                                let r = apb::StepResult {
                                     episode_id: ep.episode_id.clone(),
                                     step: st.steps,
                                     error: format!("observation rejected: {e}"),
                                     ..Default::default()
-                                }
+                                };
+                                record_step(StepKind::Episode, has_image, StepOutcome::ObservationError, &r);
+                                r
                             }
                         };
                         if tx.send(Ok(result_event(result))).await.is_err() {
@@ -101,12 +113,24 @@ impl AgentService for AgentServiceImpl {
     async fn step(&self, request: Request<apb::StepRequest>) -> Result<Response<Self::StepStream>, Status> {
         let req = request.into_inner();
         let obs = req.observation.ok_or_else(|| Status::invalid_argument("observation is missing"))?;
-        let screen = parse_observation(&obs).map_err(|e| Status::invalid_argument(format!("observation rejected: {e}")))?;
+        let has_image = !obs.screenshot_png.is_empty();
+        let screen = parse_observation(&obs).map_err(|e| {
+            record_step(StepKind::Step, has_image, StepOutcome::ObservationError, &apb::StepResult::default());
+            Status::invalid_argument(format!("observation rejected: {e}"))
+        })?;
         let episode_id = if req.episode_id.is_empty() { new_episode_id() } else { req.episode_id };
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let runner = self.runner.clone();
         tokio::spawn(async move {
-            let result = runner.run(&episode_id, &req.task, Some(&obs.foreground_app), screen, req.max_tokens, &tx).await;
+            let input = StepInput {
+                episode_id: &episode_id,
+                task: &req.task,
+                foreground_app: Some(&obs.foreground_app),
+                max_tokens: req.max_tokens,
+                kind: StepKind::Step,
+                has_image,
+            };
+            let result = runner.run(input, screen, &tx).await;
             let _ = tx.send(Ok(result_event(result))).await;
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))

@@ -8,10 +8,12 @@ use tandem_proto::step::v1 as spb;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tonic::Status;
+use tracing::Instrument;
 
 use crate::action::{action_json_schema_for, check_index_listed, parse_action};
 use crate::episode::EpisodeStore;
 use crate::error::ObservationError;
+use crate::metrics::{record_first_token, record_retry, record_step, InFlight, StepKind, StepOutcome};
 use crate::observation::{parse_android_world, parse_uiautomator, Screen};
 use crate::prompt::{build_prompt, PromptInput};
 use crate::worker::Router;
@@ -36,27 +38,54 @@ pub struct StepRunner {
     pub episodes: EpisodeStore,
 }
 
+/// What one step is asked to do, besides the screen.
+#[derive(Clone, Copy, Debug)]
+pub struct StepInput<'a> {
+    pub episode_id: &'a str,
+    pub task: &'a str,
+    /// The controller's foreground app, if it sent one (else the screen's package).
+    pub foreground_app: Option<&'a str>,
+    /// Output budget, tokens (0: [`DEFAULT_MAX_TOKENS`]).
+    pub max_tokens: u32,
+    /// The API the step came through (metric label).
+    pub kind: StepKind,
+    /// The observation carried a screenshot (metric label).
+    pub has_image: bool,
+}
+
 impl StepRunner {
     pub fn new(router: Router) -> Self {
         Self { router, episodes: EpisodeStore::new(4096) }
     }
 
-    /// Runs one step of episode `episode_id` on an already parsed `screen`, sending
-    /// [`apb::ActionToken`] events to `events` as the worker produces them, and returns the
-    /// step's result (with `error` set when no valid action came out). A closed `events`
-    /// channel cancels the worker request.
+    /// Runs one step on an already parsed `screen`, sending [`apb::ActionToken`] events to
+    /// `events` as the worker produces them, and returns the step's result (with `error` set
+    /// when no valid action came out). A closed `events` channel cancels the worker request.
+    ///
+    /// Records the step's metrics ([`crate::metrics::record_step`]) and runs inside a `step`
+    /// span (children: `route`, `generate`; see [`crate::telemetry`]).
     pub async fn run(
         &self,
-        episode_id: &str,
-        task: &str,
-        foreground_app: Option<&str>,
+        input: StepInput<'_>,
         screen: Screen,
-        max_tokens: u32,
         events: &mpsc::Sender<Result<apb::StepEvent, Status>>,
     ) -> apb::StepResult {
+        let span = tracing::info_span!("step", episode = %input.episode_id, step = tracing::field::Empty, kind = input.kind.as_str());
+        self.run_in_span(input, screen, events).instrument(span).await
+    }
+
+    async fn run_in_span(
+        &self,
+        input: StepInput<'_>,
+        screen: Screen,
+        events: &mpsc::Sender<Result<apb::StepEvent, Status>>,
+    ) -> apb::StepResult {
+        let StepInput { episode_id, task, foreground_app, max_tokens, kind, has_image } = input;
+        let _in_flight = InFlight::enter();
         let t0 = Instant::now();
         let state = self.episodes.begin_step(episode_id, task);
         let step = state.steps;
+        tracing::Span::current().record("step", step);
         let app = foreground_app.filter(|a| !a.is_empty()).map(str::to_string).or_else(|| screen.foreground_package.clone());
         let prompt = build_prompt(&PromptInput {
             task: &state.task,
@@ -67,7 +96,11 @@ impl StepRunner {
         // Indices the model may name: those of the controls listed in the prompt (AndroidWorld
         // screens keep their source indices, so this is the largest listed index + 1).
         let n_controls = screen.controls.iter().take(crate::prompt::MAX_CONTROLS).map(|c| c.index + 1).max().unwrap_or(0);
-        let worker = self.router.route(episode_id);
+        let worker = tracing::info_span!("route").in_scope(|| {
+            let w = self.router.route(episode_id);
+            tracing::debug!(worker = %w.addr, "routed");
+            w
+        });
         let request = spb::GenerateRequest {
             session_id: episode_id.to_string(),
             prompt: Some(spb::generate_request::Prompt::Chat(spb::ChatPrompt {
@@ -89,13 +122,21 @@ impl StepRunner {
             stats: Some(apb::StepStats { controls: screen.controls.len() as u32, worker: worker.addr.clone(), ..Default::default() }),
             ..Default::default()
         };
-        let outcome = self.generate(worker.client.clone(), request, step, events, &mut result).await;
+        let mut progress = Progress { sent: 0, first_token: None, t0 };
+        let outcome = self
+            .generate(worker.client.clone(), request, step, events, &mut result, &mut progress)
+            .instrument(tracing::info_span!("generate", worker = %worker.addr))
+            .await;
+        if let Some(d) = progress.first_token {
+            record_first_token(kind, d.as_secs_f64());
+        }
         let stats = result.stats.get_or_insert_with(Default::default);
         stats.step_ms = t0.elapsed().as_secs_f64() * 1e3;
-        match outcome {
+        let metric_outcome = match outcome {
             Err(e) => {
                 result.error = e;
                 self.episodes.end_step(episode_id, None);
+                StepOutcome::WorkerError
             }
             Ok(text) => {
                 result.raw_output = text.clone();
@@ -105,34 +146,65 @@ impl StepRunner {
                         result.action_type = action.action_type().to_string();
                         result.action_json = json.clone();
                         self.episodes.end_step(episode_id, Some(json));
+                        StepOutcome::Ok
                     }
                     Err(e) => {
                         result.error = format!("model output is not a valid action: {e}");
                         self.episodes.end_step(episode_id, None);
+                        StepOutcome::InvalidAction
                     }
                 }
             }
+        };
+        record_step(kind, has_image, metric_outcome, &result);
+        if !result.error.is_empty() {
+            tracing::info!(step, outcome = metric_outcome.as_str(), error = %result.error, "step failed");
         }
         result
     }
 
     /// Streams the worker's tokens to `events`; returns the output text or an error message.
+    /// A worker UNAVAILABLE (its watchdog restarted the engine, or it is reloading) is retried
+    /// once with the same request on the worker's fresh state; tokens the controller already
+    /// received are not sent again (greedy output on a fresh state repeats them).
     async fn generate(
+        &self,
+        client: tandem_proto::step::v1::step_service_client::StepServiceClient<tonic::transport::Channel>,
+        request: spb::GenerateRequest,
+        step: u32,
+        events: &mpsc::Sender<Result<apb::StepEvent, Status>>,
+        result: &mut apb::StepResult,
+        progress: &mut Progress,
+    ) -> Result<String, String> {
+        match self.generate_once(client.clone(), request.clone(), step, events, result, progress).await {
+            Err(Attempt::Unavailable(msg)) => {
+                tracing::warn!(step, error = %msg, "worker unavailable; retrying the step once");
+                record_retry();
+                self.generate_once(client, request, step, events, result, progress).await.map_err(Attempt::into_message)
+            }
+            other => other.map_err(Attempt::into_message),
+        }
+    }
+
+    /// One Generate call; `progress.sent` counts the tokens already forwarded to `events`.
+    async fn generate_once(
         &self,
         mut client: tandem_proto::step::v1::step_service_client::StepServiceClient<tonic::transport::Channel>,
         request: spb::GenerateRequest,
         step: u32,
         events: &mpsc::Sender<Result<apb::StepEvent, Status>>,
         result: &mut apb::StepResult,
-    ) -> Result<String, String> {
+        progress: &mut Progress,
+    ) -> Result<String, Attempt> {
+        let worker = result.stats.as_ref().map(|s| s.worker.clone()).unwrap_or_default();
         let mut stream = client
-            .generate(request)
+            .generate(crate::telemetry::with_trace_context(request))
             .await
-            .map_err(|s| format!("worker {}: {} ({:?})", result.stats.as_ref().map(|s| s.worker.as_str()).unwrap_or(""), s.message(), s.code()))?
+            .map_err(|s| Attempt::from_status(format!("worker {worker}: {} ({:?})", s.message(), s.code()), &s))?
             .into_inner();
         let stats = result.stats.get_or_insert_with(Default::default);
         while let Some(ev) = stream.next().await {
-            let ev = ev.map_err(|s| format!("worker stream: {} ({:?})", s.message(), s.code()))?;
+            let ev = ev.map_err(|s| Attempt::from_status(format!("worker stream: {} ({:?})", s.message(), s.code()), &s))?;
             match ev.event {
                 Some(spb::generate_event::Event::Prefill(p)) => {
                     stats.prompt_tokens = p.prompt_tokens;
@@ -141,9 +213,14 @@ impl StepRunner {
                     stats.prefill_ms = p.prefill_ms;
                 }
                 Some(spb::generate_event::Event::Token(t)) => {
+                    if t.index < progress.sent {
+                        continue; // a retry repeating what the controller already has
+                    }
+                    progress.sent = t.index + 1;
+                    progress.first_token.get_or_insert_with(|| progress.t0.elapsed());
                     let tok = apb::ActionToken { step, text: t.text, index: t.index };
                     if events.send(Ok(apb::StepEvent { event: Some(apb::step_event::Event::Token(tok)) })).await.is_err() {
-                        return Err("controller went away; step cancelled".into());
+                        return Err(Attempt::Failed("controller went away; step cancelled".into()));
                     }
                 }
                 Some(spb::generate_event::Event::Done(d)) => {
@@ -162,6 +239,130 @@ impl StepRunner {
                 None => {}
             }
         }
-        Err("worker stream ended without a final event".into())
+        Err(Attempt::Failed("worker stream ended without a final event".into()))
+    }
+}
+
+/// What a step has forwarded so far, across a retry.
+struct Progress {
+    /// Tokens forwarded to the controller.
+    sent: u32,
+    /// Step start to the first forwarded token.
+    first_token: Option<std::time::Duration>,
+    /// Step start.
+    t0: Instant,
+}
+
+/// How one Generate attempt failed.
+enum Attempt {
+    /// UNAVAILABLE from the worker: worth one retry.
+    Unavailable(String),
+    Failed(String),
+}
+
+impl Attempt {
+    fn from_status(msg: String, s: &Status) -> Self {
+        if s.code() == tonic::Code::Unavailable {
+            Self::Unavailable(msg)
+        } else {
+            Self::Failed(msg)
+        }
+    }
+
+    fn into_message(self) -> String {
+        match self {
+            Self::Unavailable(m) | Self::Failed(m) => m,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use tandem_proto::step::v1::step_service_server::{StepService, StepServiceServer};
+    use tokio_stream::Stream;
+    use tonic::{Request, Response};
+
+    use super::*;
+
+    /// A worker whose first Generate streams two tokens then fails (UNAVAILABLE or, with
+    /// `code`, another code); later calls stream three tokens and the final stats.
+    struct FlakyWorker {
+        calls: Arc<AtomicUsize>,
+        code: tonic::Code,
+    }
+
+    type Events = Pin<Box<dyn Stream<Item = Result<spb::GenerateEvent, Status>> + Send>>;
+
+    fn token(i: u32) -> Result<spb::GenerateEvent, Status> {
+        Ok(spb::GenerateEvent {
+            event: Some(spb::generate_event::Event::Token(spb::TokenEvent { id: i, text: format!("t{i}"), index: i })),
+        })
+    }
+
+    #[tonic::async_trait]
+    impl StepService for FlakyWorker {
+        type GenerateStream = Events;
+
+        async fn generate(&self, _r: Request<spb::GenerateRequest>) -> Result<Response<Events>, Status> {
+            let first = self.calls.fetch_add(1, Ordering::SeqCst) == 0;
+            let evs: Vec<Result<spb::GenerateEvent, Status>> = if first {
+                vec![token(0), token(1), Err(Status::new(self.code, "watchdog: engine restarting"))]
+            } else {
+                let done = spb::GenerateEvent {
+                    event: Some(spb::generate_event::Event::Done(spb::FinalStats { text: "t0t1t2".into(), ..Default::default() })),
+                };
+                vec![token(0), token(1), token(2), Ok(done)]
+            };
+            Ok(Response::new(Box::pin(tokio_stream::iter(evs))))
+        }
+
+        async fn status(&self, _r: Request<spb::StatusRequest>) -> Result<Response<spb::StatusResponse>, Status> {
+            Ok(Response::new(Default::default()))
+        }
+    }
+
+    async fn run_against(code: tonic::Code) -> (Result<String, String>, Vec<u32>, usize) {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = format!("http://{}", listener.local_addr().unwrap());
+        let svc = StepServiceServer::new(FlakyWorker { calls: calls.clone(), code });
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let runner = StepRunner::new(Router::new(&[addr]).unwrap());
+        let (tx, mut rx) = mpsc::channel(16);
+        let client = runner.router.route("e").client.clone();
+        let mut result = apb::StepResult::default();
+        let mut progress = Progress { sent: 0, first_token: None, t0: Instant::now() };
+        let out = runner.generate(client, spb::GenerateRequest::default(), 0, &tx, &mut result, &mut progress).await;
+        drop(tx);
+        let mut seen = Vec::new();
+        while let Some(Ok(ev)) = rx.recv().await {
+            if let Some(apb::step_event::Event::Token(t)) = ev.event {
+                seen.push(t.index);
+            }
+        }
+        (out, seen, calls.load(Ordering::SeqCst))
+    }
+
+    #[tokio::test]
+    async fn unavailable_is_retried_once_without_repeating_tokens() {
+        let (out, seen, calls) = run_against(tonic::Code::Unavailable).await;
+        assert_eq!(out.as_deref(), Ok("t0t1t2"));
+        assert_eq!(calls, 2);
+        assert_eq!(seen, vec![0, 1, 2], "tokens reach the controller once each");
+    }
+
+    #[tokio::test]
+    async fn other_errors_are_not_retried() {
+        let (out, _, calls) = run_against(tonic::Code::Internal).await;
+        assert!(out.is_err());
+        assert_eq!(calls, 1);
     }
 }

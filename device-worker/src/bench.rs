@@ -35,6 +35,10 @@ pub struct BenchConfig {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Also time each operation of the prefill runs and print a table (op, ms per run, share
+    /// of prefill time); with --json, as the `prefill_profile` array. Qwen3.5 only.
+    #[arg(long)]
+    pub profile: bool,
 }
 
 /// Runs the benchmark and prints the result.
@@ -72,6 +76,10 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
         true,
     )?;
 
+    let profiling = cfg.profile && scratch.set_profiling(true);
+    if cfg.profile && !profiling {
+        eprintln!("bench: --profile is only available for qwen35 models; ignored");
+    }
     let mut pp = Vec::new();
     for _ in 0..reps {
         seq.reset();
@@ -81,6 +89,9 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
         }
         pp.push(cfg.prompt_tokens as f64 / t.elapsed().as_secs_f64());
     }
+    let profile: Vec<(&str, f64, f64)> =
+        scratch.profile().map(|p| p.table()).unwrap_or_default();
+    scratch.set_profiling(false);
     // Decode from an empty cache (llama-bench tg) and after the prompt (tg @ depth).
     let mut tg = Vec::new();
     let mut tg_depth = Vec::new();
@@ -120,6 +131,9 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
                 "prefill_tokens_per_s": p,
                 "decode_tokens_per_s": d,
                 "decode_at_depth_tokens_per_s": dd,
+                "prefill_profile": profile.iter().map(|(op, secs, share)| serde_json::json!({
+                    "op": op, "ms_per_run": secs * 1e3 / reps as f64, "share": share,
+                })).collect::<Vec<_>>(),
             })
         );
     } else {
@@ -135,6 +149,13 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
             "tg{:<5} {:>9.1} tokens/s after {} prompt tokens",
             cfg.gen_tokens, dd, cfg.prompt_tokens
         );
+        if !profile.is_empty() {
+            println!("\nprefill profile (pp{}, mean of {reps} runs):", cfg.prompt_tokens);
+            println!("| op | ms per run | share |\n|---|---:|---:|");
+            for (op, secs, share) in &profile {
+                println!("| {op} | {:.1} | {:.1}% |", secs * 1e3 / reps as f64, share * 100.0);
+            }
+        }
     }
     Ok(())
 }

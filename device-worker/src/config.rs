@@ -46,11 +46,57 @@ pub struct EngineConfig {
     /// Output budget when a request says 0.
     #[arg(long, default_value_t = 256)]
     pub default_max_tokens: u32,
+    /// Milliseconds without requests or batches after which every power vote is released
+    /// (weights, slots and caches stay in memory).
+    #[arg(long, default_value_t = 3000)]
+    pub idle_release_ms: u64,
+    /// Seconds without requests or batches after which the model is unloaded (the next
+    /// request reloads it: a cold start); 0 never unloads.
+    #[arg(long, default_value_t = 300)]
+    pub unload_after_idle_s: u64,
+    /// Power backend: `linux` (PM QoS + cpufreq floor), `recording` (records votes only) or
+    /// `none`. Every backend parks the thread pool on release.
+    #[arg(long, value_enum, default_value_t = PowerBackendKind::Linux)]
+    pub power_backend: PowerBackendKind,
+    /// Milliseconds a batch (one prefill micro-batch or one decode step) may run before the
+    /// watchdog fails the request with UNAVAILABLE and restarts the engine.
+    #[arg(long, default_value_t = 60_000, value_parser = at_least_one_u64)]
+    pub watchdog_ms: u64,
+    /// TEST ONLY (fault injection): the batch after this many batches hangs until the
+    /// watchdog abandons the engine. Fires once per worker process.
+    #[arg(long, hide = true)]
+    pub fault_hang_after_batches: Option<u64>,
+}
+
+/// Which [`crate::power::PowerBackend`] the worker uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PowerBackendKind {
+    Linux,
+    Recording,
+    None,
+}
+
+/// Parses a u64 that must be at least 1.
+fn at_least_one_u64(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 impl EngineConfig {
     pub fn model_path(&self) -> PathBuf {
         self.model.clone().unwrap_or_else(default_model_path)
+    }
+
+    /// The idle timers as durations.
+    pub fn idle(&self) -> crate::power::IdleConfig {
+        crate::power::IdleConfig {
+            idle_release: std::time::Duration::from_millis(self.idle_release_ms),
+            unload_after_idle: (self.unload_after_idle_s > 0)
+                .then(|| std::time::Duration::from_secs(self.unload_after_idle_s)),
+        }
     }
 
     pub fn n_threads(&self) -> usize {
@@ -74,6 +120,11 @@ impl Default for EngineConfig {
             micro_batch: 512,
             max_queue: 32,
             default_max_tokens: 256,
+            idle_release_ms: 3000,
+            unload_after_idle_s: 300,
+            power_backend: PowerBackendKind::Linux,
+            watchdog_ms: 60_000,
+            fault_hang_after_batches: None,
         }
     }
 }

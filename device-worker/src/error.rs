@@ -33,6 +33,10 @@ pub enum WorkerError {
     LoadFailed(String),
     #[error("the engine has stopped")]
     EngineStopped,
+    #[error("a batch ran {elapsed_ms} ms, over the watchdog limit of {limit_ms} ms; the engine is restarting")]
+    WatchdogTimeout { limit_ms: u64, elapsed_ms: u64 },
+    #[error("the engine was abandoned by the watchdog; its results are discarded")]
+    Abandoned,
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -61,7 +65,11 @@ impl WorkerError {
             | Self::Template(_) => ErrorClass::InvalidArgument,
             Self::Constraint(ConstraintError::InvalidSchema(_)) => ErrorClass::InvalidArgument,
             Self::QueueFull => ErrorClass::ResourceExhausted,
-            Self::Loading | Self::LoadFailed(_) | Self::EngineStopped => ErrorClass::Unavailable,
+            Self::Loading
+            | Self::LoadFailed(_)
+            | Self::EngineStopped
+            | Self::WatchdogTimeout { .. }
+            | Self::Abandoned => ErrorClass::Unavailable,
             _ => ErrorClass::Internal,
         }
     }

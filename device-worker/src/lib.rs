@@ -4,14 +4,19 @@
 //! - [`engine`]: the actor that owns model and slots; [`engine::admission`] validates requests.
 //! - [`model`]: GGUF loading and forward passes.
 //! - [`state`]: slots and KV caches.
+//! - [`power`]: power votes, the idle controller; [`watchdog`]: the batch watchdog.
 //! - [`service`]: the tonic handlers.
 pub mod bench;
+pub mod cache;
 pub mod chat_template;
 pub mod config;
 pub mod constraint;
+pub mod energy;
 pub mod engine;
 pub mod error;
 pub mod model;
+pub mod power;
 pub mod service;
 pub mod state;
 pub mod tokenizer;
+pub mod watchdog;

@@ -21,6 +21,25 @@ enum Command {
     Serve(ServeConfig),
     /// Measure prefill and decode speed on the model (no server).
     Bench(device_worker::bench::BenchConfig),
+    /// Send one Generate request to a running worker and print one JSON line with the
+    /// client-side and server-reported times (for bench/idle_power.sh).
+    Request {
+        /// Worker address.
+        #[arg(long, default_value = "http://127.0.0.1:50051")]
+        addr: String,
+        /// Prompt text (tokenized as is).
+        #[arg(long)]
+        text: String,
+        #[arg(long, default_value_t = 8)]
+        max_tokens: u32,
+        #[arg(long, default_value = "")]
+        session: String,
+    },
+    /// Print a running worker's power figures as one JSON line.
+    Power {
+        #[arg(long, default_value = "http://127.0.0.1:50051")]
+        addr: String,
+    },
     /// Render chat messages (JSON `{"messages":[{"role","content"}]}` on stdin) with the
     /// model's chat template and print the prompt text, as the worker would tokenize it.
     Render {
@@ -68,8 +87,9 @@ fn main() -> anyhow::Result<()> {
                 let mut state = engine.state();
                 let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
                 tokio::spawn(async move {
+                    // A failed (re)load, at start or after a watchdog restart.
                     let failed = state
-                        .wait_for(|s| !matches!(s, device_worker::engine::EngineState::Loading))
+                        .wait_for(|s| matches!(s, device_worker::engine::EngineState::Failed(_)))
                         .await
                         .ok()
                         .and_then(|s| match &*s {
@@ -98,6 +118,13 @@ fn main() -> anyhow::Result<()> {
             })
         }
         Command::Bench(cfg) => device_worker::bench::run(&cfg),
+        Command::Request {
+            addr,
+            text,
+            max_tokens,
+            session,
+        } => client_runtime()?.block_on(request(addr, text, max_tokens, session)),
+        Command::Power { addr } => client_runtime()?.block_on(power(addr)),
         Command::Render { model } => {
             use std::io::Read;
             let path = model.unwrap_or_else(device_worker::config::default_model_path);
@@ -115,4 +142,84 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+fn client_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+async fn request(
+    addr: String,
+    text: String,
+    max_tokens: u32,
+    session: String,
+) -> anyhow::Result<()> {
+    use tandem_proto::step::v1 as pb;
+    use tokio_stream::StreamExt;
+    let mut client = pb::step_service_client::StepServiceClient::connect(addr.clone())
+        .await
+        .with_context(|| format!("cannot connect to {addr}"))?;
+    let t0 = std::time::Instant::now();
+    let mut stream = client
+        .generate(pb::GenerateRequest {
+            session_id: session,
+            prompt: Some(pb::generate_request::Prompt::Text(text)),
+            max_tokens,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let mut first_token_ms = None;
+    let mut done = None;
+    while let Some(ev) = stream.next().await {
+        match ev?.event {
+            Some(pb::generate_event::Event::Token(_)) => {
+                first_token_ms.get_or_insert(t0.elapsed().as_secs_f64() * 1e3);
+            }
+            Some(pb::generate_event::Event::Done(d)) => done = Some(d),
+            _ => {}
+        }
+    }
+    let d = done.context("the stream ended without final stats")?;
+    println!(
+        "{}",
+        serde_json::json!({
+            "client_ms": t0.elapsed().as_secs_f64() * 1e3,
+            "first_token_ms": first_token_ms.unwrap_or(0.0),
+            "wake_ms": d.wake_ms,
+            "cold_start": d.cold_start,
+            "server_ms": d.server_ms,
+            "queue_ms": d.queue_ms,
+            "decode_tokens": d.decode_tokens,
+        })
+    );
+    Ok(())
+}
+
+async fn power(addr: String) -> anyhow::Result<()> {
+    use tandem_proto::step::v1 as pb;
+    let mut client = pb::step_service_client::StepServiceClient::connect(addr.clone())
+        .await
+        .with_context(|| format!("cannot connect to {addr}"))?;
+    let s = client.status(pb::StatusRequest {}).await?.into_inner();
+    let p = s.power.unwrap_or_default();
+    let wl = p.wake_latency.unwrap_or_default();
+    println!(
+        "{}",
+        serde_json::json!({
+            "state": p.state,
+            "backend": p.backend,
+            "released_ms": p.released_ms,
+            "release_cycles": p.release_cycles,
+            "wake_count": wl.count,
+            "wake_sum_ms": wl.sum_ms,
+            "wake_max_ms": wl.max_ms,
+            "cold_starts": p.cold_starts,
+            "unloads": p.unloads,
+            "watchdog_restarts": p.watchdog_restarts,
+        })
+    );
+    Ok(())
 }

@@ -68,7 +68,7 @@ impl StepService for StepServiceImpl {
     ) -> Result<Response<pb::StatusResponse>, Status> {
         let mut s = self.engine.status();
         let state = match &*self.engine.state().borrow() {
-            EngineState::Loading => Some("loading"),
+            EngineState::Loading | EngineState::Restarting(_) => Some("loading"),
             EngineState::Failed(_) => Some("unloaded"),
             EngineState::Ready(_) => None,
         };
@@ -92,7 +92,8 @@ impl From<WorkerError> for Status {
 }
 
 /// Serves StepService, gRPC health (`tandem.step.v1.StepService` and "") and reflection on
-/// `listener` until `shutdown` resolves. Health is NOT_SERVING until the model is loaded.
+/// `listener` until `shutdown` resolves. Health is NOT_SERVING until the model is loaded
+/// and while the watchdog restarts the engine.
 pub async fn serve(
     engine: EngineHandle,
     listener: tokio::net::TcpListener,
@@ -107,23 +108,28 @@ pub async fn serve(
         .await;
     let mut state = engine.state();
     let rep = reporter.clone();
+    // Health follows the engine for the server's whole life: NOT_SERVING while loading,
+    // restarting after a watchdog timeout or failed; SERVING when ready.
     tokio::spawn(async move {
+        let mut last = None;
         loop {
-            // 0: loading, 1: ready, 2: failed (the borrow must end before any await).
-            let phase = match &*state.borrow_and_update() {
-                EngineState::Loading => 0,
-                EngineState::Ready(_) => 1,
-                EngineState::Failed(_) => 2,
-            };
-            if phase == 1 {
-                rep.set_serving::<StepServiceServer<StepServiceImpl>>()
-                    .await;
-                rep.set_service_status("", tonic_health::ServingStatus::Serving)
-                    .await;
-                break;
-            }
-            if phase == 2 {
-                break;
+            // The borrow must end before any await.
+            let serving = matches!(&*state.borrow_and_update(), EngineState::Ready(_));
+            if last != Some(serving) {
+                last = Some(serving);
+                let st = if serving {
+                    tonic_health::ServingStatus::Serving
+                } else {
+                    tonic_health::ServingStatus::NotServing
+                };
+                if serving {
+                    rep.set_serving::<StepServiceServer<StepServiceImpl>>()
+                        .await;
+                } else {
+                    rep.set_not_serving::<StepServiceServer<StepServiceImpl>>()
+                        .await;
+                }
+                rep.set_service_status("", st).await;
             }
             if state.changed().await.is_err() {
                 break;

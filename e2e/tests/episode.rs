@@ -1,66 +1,12 @@
 //! A real corpus episode through a real gateway and a real worker, over gRPC on loopback.
 
-use std::path::PathBuf;
-use std::sync::Arc;
+mod common;
 
 use agent_gateway::replay::{self, ReplayConfig};
+use common::{corpus, model_path, start};
 use tandem_proto::agent::v1 as apb;
 use tandem_proto::agent::v1::agent_service_client::AgentServiceClient;
 use tokio_stream::StreamExt;
-
-fn model_path() -> Option<PathBuf> {
-    let p = std::env::var_os("TANDEM_MODEL").map(PathBuf::from).unwrap_or_else(device_worker::config::default_model_path);
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("SKIPPED: model {} not found; run tools/fetch_model.sh", p.display());
-        None
-    }
-}
-
-fn corpus() -> PathBuf {
-    std::env::var_os("TANDEM_CORPUS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/raw"))
-}
-
-struct Servers {
-    gateway: String,
-    _stop: Vec<tokio::sync::oneshot::Sender<()>>,
-}
-
-async fn start(model: PathBuf) -> Servers {
-    let cfg = device_worker::config::EngineConfig {
-        model: Some(model),
-        threads: Some(2),
-        ctx_size: 4096,
-        slots: 2,
-        ..Default::default()
-    };
-    let engine = device_worker::engine::EngineHandle::spawn(cfg).unwrap();
-    // Serve only once the model is loaded, as deploy/demo.sh waits for the worker's health.
-    let mut state = engine.state();
-    state
-        .wait_for(|s| !matches!(s, device_worker::engine::EngineState::Loading))
-        .await
-        .expect("engine state");
-    assert!(engine.admission().is_ok(), "the model failed to load");
-    let wl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let worker = format!("http://{}", wl.local_addr().unwrap());
-    let (s1, r1) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(device_worker::service::serve(engine, wl, async {
-        let _ = r1.await;
-    }));
-    let router = agent_gateway::worker::Router::new(&[worker]).unwrap();
-    let runner = Arc::new(agent_gateway::step::StepRunner::new(router));
-    let gl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let gateway = format!("http://{}", gl.local_addr().unwrap());
-    let (s2, r2) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(agent_gateway::service::serve(runner, gl, async {
-        let _ = r2.await;
-    }));
-    Servers { gateway, _stop: vec![s1, s2] }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_gives_a_schema_valid_action_per_step_and_reuses_the_prefix() {

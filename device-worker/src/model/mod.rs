@@ -2,6 +2,7 @@
 //! architecture's `from_gguf`; `forward` never sees tensor names.
 pub mod gguf;
 pub mod llama;
+pub mod op_profile;
 pub mod parallel;
 pub mod prefill;
 pub(crate) mod project;
@@ -32,6 +33,29 @@ pub enum Model {
 pub enum Scratch {
     Llama(llama::Scratch),
     Qwen35(qwen35::Scratch),
+}
+
+impl Scratch {
+    /// Starts (`true`: a fresh [`op_profile::OpProfile`]) or stops per-op timing of the forward
+    /// passes that use this scratch. Returns `false` when the architecture has no per-op
+    /// timing (llama).
+    pub fn set_profiling(&mut self, on: bool) -> bool {
+        match self {
+            Scratch::Qwen35(s) => {
+                s.profile = on.then(op_profile::OpProfile::default);
+                true
+            }
+            Scratch::Llama(_) => false,
+        }
+    }
+
+    /// The per-op timing collected since [`Scratch::set_profiling`]`(true)`.
+    pub fn profile(&self) -> Option<&op_profile::OpProfile> {
+        match self {
+            Scratch::Qwen35(s) => s.profile.as_ref(),
+            Scratch::Llama(_) => None,
+        }
+    }
 }
 
 impl Model {

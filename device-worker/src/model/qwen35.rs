@@ -26,6 +26,7 @@ use dsp::pool::ThreadPool;
 
 use crate::error::ModelError;
 use crate::model::gguf::{GgufFile, MetaValue};
+use crate::model::op_profile::{Laps, OpProfile};
 use crate::model::project::{causal_attention, kernel, mm, mm_shared, AttnShape, Mlp, MlpBuffers};
 use crate::model::weights::{load_vector, Linear};
 use crate::state::kv::KvCache;
@@ -299,6 +300,8 @@ pub struct Scratch {
     act: Vec<f32>,
     last: Vec<f32>,
     logits: Vec<f32>,
+    /// Per-op timing of forward passes, when attached (`device-worker bench --profile`).
+    pub profile: Option<OpProfile>,
 }
 
 /// `qwen35` model weights (memory-mapped) and hyperparameters.
@@ -518,6 +521,7 @@ impl Qwen35Model {
             act: vec![0.0; n * c.n_ff],
             last: vec![0.0; c.n_embd],
             logits: vec![0.0; c.n_vocab],
+            profile: None,
         }
     }
 
@@ -569,6 +573,8 @@ impl Qwen35Model {
         };
         let bytes = self.file.bytes();
         let e = c.n_embd;
+        let mut profile = scratch.profile.take();
+        let mut laps = Laps::new(profile.as_mut());
 
         // Embedding lookup (ggml get_rows).
         for (t, &id) in tokens.iter().enumerate() {
@@ -589,6 +595,7 @@ impl Qwen35Model {
             })?;
         }
 
+        laps.lap("embedding");
         let s = scratch;
         for layer in &self.layers {
             ops::rms_norm(
@@ -598,11 +605,12 @@ impl Qwen35Model {
                 &mut s.h[..n * e],
             )
             .map_err(kernel("attn_norm"))?;
+            laps.lap("norms + residuals");
             match &layer.kind {
                 LayerKind::GatedDeltaNet(g) => {
-                    self.gdn_block(pool, g, rec.layer_mut(g.state_layer), n, s)?
+                    self.gdn_block(pool, g, rec.layer_mut(g.state_layer), n, s, &mut laps)?
                 }
-                LayerKind::Attention(a) => self.attn_block(pool, a, kv, pos0, n, s)?,
+                LayerKind::Attention(a) => self.attn_block(pool, a, kv, pos0, n, s, &mut laps)?,
             }
             ops::add_inplace(&mut s.x[..n * e], &s.o[..n * e]).map_err(kernel("residual"))?;
 
@@ -614,6 +622,7 @@ impl Qwen35Model {
                 &mut s.h[..n * e],
             )
             .map_err(kernel("post_attention_norm"))?;
+            laps.lap("norms + residuals");
             let f = c.n_ff;
             let buf = MlpBuffers {
                 gate: &mut s.ffn_gate[..n * f],
@@ -622,9 +631,13 @@ impl Qwen35Model {
                 out: &mut s.o[..n * e],
             };
             layer.mlp.forward(pool, bytes, &s.h[..n * e], n, buf)?;
+            laps.lap("ffn (gate/up/down + swiglu)");
             ops::add_inplace(&mut s.x[..n * e], &s.o[..n * e]).map_err(kernel("residual"))?;
+            laps.lap("norms + residuals");
         }
         kv.set_len(pos0 + n);
+        drop(laps);
+        s.profile = profile;
 
         if !want_logits {
             return Ok(None);
@@ -654,6 +667,7 @@ impl Qwen35Model {
         st: &mut GdnLayerState,
         n: usize,
         s: &mut Scratch,
+        laps: &mut Laps<'_>,
     ) -> Result<(), ModelError> {
         let c = &self.cfg;
         let bytes = self.file.bytes();
@@ -673,6 +687,7 @@ impl Qwen35Model {
                 (&w.wbeta, &mut s.beta[..n * hv]),
             ],
         )?;
+        laps.lap("gdn projections (qkv, z, alpha, beta)");
         gdn::conv1d_silu(
             &s.qkv[..n * ch],
             n,
@@ -682,6 +697,7 @@ impl Qwen35Model {
             &mut s.conv_out[..n * ch],
         )
         .map_err(kernel("ssm_conv1d"))?;
+        laps.lap("gdn conv1d + silu");
         for t in 0..n {
             let row = &s.conv_out[t * ch..(t + 1) * ch];
             let (q, rest) = row.split_at(kd);
@@ -695,6 +711,7 @@ impl Qwen35Model {
                 s.beta[i] = sigmoid(s.beta[i]);
             }
         }
+        laps.lap("gdn l2norm + gates");
         let (q, k, v) = (&s.gq[..n * kd], &s.gk[..n * kd], &s.gv[..n * vd]);
         let (gate, beta, out) = (&s.alpha[..n * hv], &s.beta[..n * hv], &mut s.gout[..n * vd]);
         if n >= CHUNKED_MIN_TOKENS {
@@ -714,13 +731,17 @@ impl Qwen35Model {
             gdn::gdn_recurrent_pooled(pool, g, q, k, v, gate, beta, &mut st.ssm, out, None)
         }
         .map_err(kernel("gated_delta_net"))?;
+        laps.lap("gdn delta rule (chunked / recurrent)");
         // Gated RMSNorm per value head (weights shared by all heads), into `gv` (free now).
         ops::rms_norm(&s.gout[..n * vd], &w.norm, c.rms_eps, &mut s.gv[..n * vd])
             .map_err(kernel("ssm_norm"))?;
         for (o, &zi) in s.gv[..n * vd].iter_mut().zip(&s.z[..n * vd]) {
             *o *= ops::silu(zi);
         }
-        mm(pool, &w.wout, bytes, &s.gv[..n * vd], n, &mut s.o[..n * e])
+        laps.lap("gdn gated norm");
+        let r = mm(pool, &w.wout, bytes, &s.gv[..n * vd], n, &mut s.o[..n * e]);
+        laps.lap("gdn out projection");
+        r
     }
 
     /// Gated full-attention block on `s.h`; writes `s.o`. (HF `Qwen3_5Attention.forward`,
@@ -733,6 +754,7 @@ impl Qwen35Model {
         pos0: usize,
         n: usize,
         s: &mut Scratch,
+        laps: &mut Laps<'_>,
     ) -> Result<(), ModelError> {
         let c = &self.cfg;
         let bytes = self.file.bytes();
@@ -749,6 +771,7 @@ impl Qwen35Model {
                 (&a.wv, &mut s.v[..n * nkv]),
             ],
         )?;
+        laps.lap("attn projections (q+gate, k, v)");
         // De-interleave [q_h | gate_h] per head.
         for (i, pair) in s.qg[..n * 2 * nq].chunks_exact(2 * hd).enumerate() {
             s.q[i * hd..(i + 1) * hd].copy_from_slice(&pair[..hd]);
@@ -778,6 +801,7 @@ impl Qwen35Model {
             )
             .map_err(kernel("rope k"))?;
         }
+        laps.lap("attn q/k norm + rope");
         kv.write(a.cache_layer, pos0, n, &s.k[..n * nkv], &s.v[..n * nkv]);
         let shape = AttnShape {
             n_head: c.n_head,
@@ -794,10 +818,13 @@ impl Qwen35Model {
             &s.q[..n * nq],
             &mut s.attn[..n * nq],
         );
+        laps.lap("attn kv write + attention");
         for (o, &gt) in s.attn[..n * nq].iter_mut().zip(&s.gate[..n * nq]) {
             *o *= sigmoid(gt);
         }
-        mm(pool, &a.wo, bytes, &s.attn[..n * nq], n, &mut s.o[..n * e])
+        let r = mm(pool, &a.wo, bytes, &s.attn[..n * nq], n, &mut s.o[..n * e]);
+        laps.lap("attn gate + out projection");
+        r
     }
 }
 

@@ -22,6 +22,12 @@ pub struct KvCache {
 }
 
 impl KvCache {
+    /// An empty cache with `other`'s layer, head and head-dimension counts and room for
+    /// `n_ctx` positions (a prompt-cache copy of a slot's first `n_ctx` positions).
+    pub fn like(other: &KvCache, n_ctx: usize) -> Self {
+        Self::new(other.n_layer, other.n_kv_head, other.head_dim, n_ctx)
+    }
+
     /// Allocates `2 * n_layer * n_kv_head * n_ctx * head_dim` f16 values.
     pub fn new(n_layer: usize, n_kv_head: usize, head_dim: usize, n_ctx: usize) -> Self {
         let n = n_layer * n_kv_head * n_ctx * head_dim;

@@ -49,6 +49,23 @@ pub async fn start_worker(cfg: EngineConfig) -> TestWorker {
     }
 }
 
+/// Serves an already spawned engine on an ephemeral loopback port and connects a client
+/// (tests that keep the handle: power figures, a recording backend).
+pub async fn start_worker_with(engine: EngineHandle) -> TestWorker {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = format!("http://{}", listener.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(device_worker::service::serve(engine, listener, async {
+        let _ = rx.await;
+    }));
+    let client = StepServiceClient::connect(addr.clone()).await.unwrap();
+    TestWorker {
+        client,
+        addr,
+        _shutdown: tx,
+    }
+}
+
 pub fn config(model: PathBuf) -> EngineConfig {
     EngineConfig {
         model: Some(model),

@@ -1,0 +1,276 @@
+//! `agent-gateway replay --dry-run`: the corpus through the checkpoint planner alone — no
+//! worker, no model run, milliseconds. Every step's prompt is built exactly as the gateway
+//! builds it (history: the episode's recorded actions), rendered and tokenized with the
+//! model's own chat template and tokenizer (the worker's admission path), then planned under
+//! each policy with the worker's planner (`device_worker::cache`), one slot serving the
+//! episodes in order (a host prompt cache keeps earlier episodes). Prints new prompt tokens
+//! per step beside the KV-cache bound (LCP-only reuse) and the forward passes per step.
+//!
+//! Two prompt formats: `system-user` (the rules as a system message, as the gateway sends)
+//! and `single-user` (everything in one user message, the source paper's agent).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use device_worker::cache::{chat_tokens, plan, CacheState, PlanConfig, PlanRequest, Policy};
+use device_worker::chat_template::{ChatMessage, ChatTemplate};
+use device_worker::model::gguf::GgufFile;
+use device_worker::tokenizer::Tokenizer;
+
+use crate::corpus::{load_episode, load_episodes, Episode};
+use crate::error::GatewayError;
+use crate::prompt::{build_prompt, PromptInput};
+
+/// The planner configurations compared, in table order.
+pub const CONFIGS: [(&str, Policy, bool); 5] = [
+    ("stock", Policy::Stock, false),
+    ("stock+cons", Policy::Stock, true),
+    ("marconi", Policy::Marconi, false),
+    ("divergence", Policy::Divergence, false),
+    ("div+cons", Policy::Divergence, true),
+];
+
+/// Prompt layouts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PromptFormat {
+    /// Rules as a system message, then one user message (what the gateway sends).
+    SystemUser,
+    /// Rules and everything else in one user message.
+    SingleUser,
+    /// Both, one after the other.
+    Both,
+}
+
+/// Options of the dry run (shared with `replay`).
+#[derive(Clone, Debug, clap::Args)]
+pub struct DryRunArgs {
+    /// GGUF whose tokenizer and chat template tokenize the prompts (default: $TANDEM_MODEL,
+    /// else the fetched SmolLM2). Only metadata is read.
+    #[arg(long, env = "TANDEM_MODEL")]
+    pub model: Option<PathBuf>,
+    /// Prompt format(s) to plan.
+    #[arg(long, value_enum, default_value = "both")]
+    pub format: PromptFormat,
+    /// Micro-batch limit of the planned worker.
+    #[arg(long, default_value_t = 512)]
+    pub micro_batch: usize,
+    /// Checkpoints per slot.
+    #[arg(long, default_value_t = 8)]
+    pub checkpoints: usize,
+    /// Also print a line per step.
+    #[arg(long)]
+    pub per_step: bool,
+}
+
+/// One step's planned figures per configuration.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct StepPlan {
+    pub episode: String,
+    pub step: usize,
+    pub prompt_tokens: usize,
+    /// New tokens a KV cache would process (`n − min(L, n − 1)`).
+    pub kv_bound_new: usize,
+    /// `(config name, new tokens, passes, checkpoints saved)` in [`CONFIGS`] order.
+    pub configs: Vec<(String, usize, usize, usize)>,
+}
+
+/// Summary of one format's run.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct FormatSummary {
+    pub format: String,
+    pub steps: usize,
+    pub mean_prompt_tokens: f64,
+    pub mean_kv_bound_new: f64,
+    /// `(config, mean new tokens, mean passes, ratio to the KV bound, checkpoints saved)`.
+    pub configs: Vec<(String, f64, f64, f64, usize)>,
+}
+
+/// Runs the dry run over the episodes with the given ids (empty: every corpus episode) and
+/// prints the tables.
+///
+/// Errors: corpus or model-metadata problems, a prompt that cannot be rendered/tokenized.
+pub fn run(
+    corpus: &std::path::Path,
+    episode_ids: &[String],
+    args: &DryRunArgs,
+) -> Result<Vec<FormatSummary>, GatewayError> {
+    let t0 = std::time::Instant::now();
+    let path = args
+        .model
+        .clone()
+        .unwrap_or_else(device_worker::config::default_model_path);
+    let file = Arc::new(GgufFile::open(&path).map_err(|e| {
+        GatewayError::Config(format!("dry run: cannot read {}: {e}", path.display()))
+    })?);
+    let tokenizer = Tokenizer::from_gguf(&file)
+        .map_err(|e| GatewayError::Config(format!("dry run: tokenizer: {e}")))?;
+    let template = ChatTemplate::from_gguf(&file)
+        .map_err(|e| GatewayError::Config(format!("dry run: chat template: {e}")))?;
+    let episodes: Vec<Episode> = if episode_ids.is_empty() {
+        load_episodes(corpus)?
+    } else {
+        episode_ids
+            .iter()
+            .map(|id| load_episode(corpus, id))
+            .collect::<Result<_, _>>()?
+    };
+    let formats: &[PromptFormat] = match args.format {
+        PromptFormat::Both => &[PromptFormat::SystemUser, PromptFormat::SingleUser],
+        PromptFormat::SystemUser => &[PromptFormat::SystemUser],
+        PromptFormat::SingleUser => &[PromptFormat::SingleUser],
+    };
+    println!(
+        "dry run: {} episodes, tokenizer and template of {}, planned as a hybrid model \
+         (micro-batch {}, {} checkpoints per slot, one slot, 512 MiB prompt cache)",
+        episodes.len(),
+        path.display(),
+        args.micro_batch,
+        args.checkpoints
+    );
+    let mut out = Vec::new();
+    for &format in formats {
+        let steps = plan_format(&episodes, format, &tokenizer, &template, args)?;
+        let summary = summarize(format, &steps);
+        print_summary(&summary, &steps, args.per_step);
+        out.push(summary);
+    }
+    println!("dry run took {:.0} ms", t0.elapsed().as_secs_f64() * 1e3);
+    Ok(out)
+}
+
+fn plan_format(
+    episodes: &[Episode],
+    format: PromptFormat,
+    tokenizer: &Tokenizer,
+    template: &ChatTemplate,
+    args: &DryRunArgs,
+) -> Result<Vec<StepPlan>, GatewayError> {
+    let cfgs: Vec<PlanConfig> = CONFIGS
+        .iter()
+        .map(|&(_, policy, consolidate)| PlanConfig {
+            policy,
+            consolidate,
+            n_batch: args.micro_batch.max(1),
+            n_checkpoints: args.checkpoints.max(1),
+            // Qwen3.5-0.8B shapes (../shared/PEER.md: 19.3 MiB per checkpoint) and its KV
+            // cache (6 attention layers × 2 × 512 × f16) per token, for the prompt cache.
+            checkpoint_bytes: 20_201_472,
+            kv_bytes_per_token: 6 * 2 * 512 * 2,
+            ..PlanConfig::default()
+        })
+        .collect();
+    let mut states: Vec<CacheState> = vec![CacheState::default(); cfgs.len()];
+    let mut steps = Vec::new();
+    for ep in episodes {
+        for (i, step) in ep.steps.iter().enumerate() {
+            let screen = step.observation.parse()?;
+            let history: Vec<String> = ep.steps[..i]
+                .iter()
+                .filter_map(|s| s.recorded_action.clone())
+                .collect();
+            let app = step
+                .foreground_app
+                .clone()
+                .or_else(|| screen.foreground_package.clone());
+            let p = build_prompt(&PromptInput {
+                task: &ep.task,
+                foreground_app: app.as_deref(),
+                history: &history,
+                screen: &screen,
+            });
+            let messages = match format {
+                PromptFormat::SingleUser => {
+                    vec![ChatMessage::new("user", format!("{}\n\n{}", p.system, p.user))]
+                }
+                _ => vec![
+                    ChatMessage::new("system", p.system),
+                    ChatMessage::new("user", p.user),
+                ],
+            };
+            let ct = chat_tokens(tokenizer, template, &messages)
+                .map_err(|e| GatewayError::Config(format!("dry run: {} step {i}: {e}", ep.id)))?;
+            let output: Vec<u32> = step
+                .recorded_action
+                .as_deref()
+                .map(|a| tokenizer.encode(a, false).unwrap_or_default())
+                .unwrap_or_default();
+            let req = PlanRequest {
+                prompt: &ct.tokens,
+                last_user_start: ct.last_user_start,
+                image_start: None,
+                line_starts: &ct.line_starts,
+            };
+            let mut processed = ct.tokens.clone();
+            processed.extend_from_slice(&output[..output.len().saturating_sub(1)]);
+            let mut row = StepPlan {
+                episode: ep.id.clone(),
+                step: i,
+                prompt_tokens: ct.tokens.len(),
+                kv_bound_new: 0,
+                configs: Vec::new(),
+            };
+            for ((cfg, st), (name, _, _)) in cfgs.iter().zip(states.iter_mut()).zip(CONFIGS) {
+                let pl = plan(st, &req, cfg);
+                row.kv_bound_new = pl.n_prompt - pl.kv_bound;
+                row.configs
+                    .push((name.to_string(), pl.new_tokens(), pl.passes(), pl.saved.len()));
+                st.apply(cfg, &pl, &processed);
+            }
+            steps.push(row);
+        }
+    }
+    Ok(steps)
+}
+
+fn summarize(format: PromptFormat, steps: &[StepPlan]) -> FormatSummary {
+    let n = steps.len().max(1) as f64;
+    let kv = steps.iter().map(|s| s.kv_bound_new as f64).sum::<f64>() / n;
+    let configs = CONFIGS
+        .iter()
+        .enumerate()
+        .map(|(ci, (name, _, _))| {
+            let new = steps.iter().map(|s| s.configs[ci].1 as f64).sum::<f64>() / n;
+            let passes = steps.iter().map(|s| s.configs[ci].2 as f64).sum::<f64>() / n;
+            let saved = steps.iter().map(|s| s.configs[ci].3).sum::<usize>();
+            (name.to_string(), new, passes, if kv > 0.0 { new / kv } else { 0.0 }, saved)
+        })
+        .collect();
+    FormatSummary {
+        format: format!("{format:?}"),
+        steps: steps.len(),
+        mean_prompt_tokens: steps.iter().map(|s| s.prompt_tokens as f64).sum::<f64>() / n,
+        mean_kv_bound_new: kv,
+        configs,
+    }
+}
+
+fn print_summary(s: &FormatSummary, steps: &[StepPlan], per_step: bool) {
+    println!(
+        "\n== {} format: {} steps, {:.0} prompt tokens per step, KV bound {:.1} new tokens per step ==",
+        s.format, s.steps, s.mean_prompt_tokens, s.mean_kv_bound_new
+    );
+    if per_step {
+        print!("{:<44} {:>4} {:>6} {:>6}", "episode", "step", "prompt", "kv");
+        for (name, _, _) in CONFIGS {
+            print!(" {name:>11}");
+        }
+        println!();
+        for st in steps {
+            print!(
+                "{:<44} {:>4} {:>6} {:>6}",
+                st.episode, st.step, st.prompt_tokens, st.kv_bound_new
+            );
+            for c in &st.configs {
+                print!(" {:>6}/{:<4}", c.1, c.2);
+            }
+            println!();
+        }
+        println!("(per config: new tokens / passes)");
+    }
+    println!("| config | new tokens/step | × KV bound | passes/step | checkpoints saved |");
+    println!("|---|---:|---:|---:|---:|");
+    println!("| KV bound | {:.1} | 1.00 | | |", s.mean_kv_bound_new);
+    for (name, new, passes, ratio, saved) in &s.configs {
+        println!("| {name} | {new:.1} | {ratio:.3} | {passes:.2} | {saved} |");
+    }
+}

@@ -1,0 +1,180 @@
+//! `POST /v1/chat/completions`: one worker `Generate` per request, answered as one
+//! `chat.completion` object or as server-sent `chat.completion.chunk` events ending in
+//! `data: [DONE]` (a token's text is sent as soon as the worker produces it, less any text held
+//! back by a pending stop string).
+
+use std::convert::Infallible;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use tandem_proto::step::v1 as spb;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+
+use super::openai::{chunk_json, completion_json, usage_chunk_json, ChatCompletionRequest, RunInfo};
+use super::stop::{truncate_at_stop, StopFilter};
+use super::{json_response, unique_id, unix_now, HttpState, EPISODE_HEADER};
+use crate::error::ApiError;
+
+type WorkerStream = tonic::Streaming<spb::GenerateEvent>;
+
+/// The handler. Errors before the first byte are OpenAI error JSON with a 4xx/5xx status;
+/// errors during a stream are one `data: {"error": {...}}` event, after which the stream ends
+/// without `[DONE]`.
+pub async fn chat_completions(State(state): State<HttpState>, headers: HeaderMap, body: Bytes) -> Response {
+    match run(state, headers, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The episode a request belongs to: the `X-Episode-Id` header, else the `user` field.
+pub fn episode_of(headers: &HeaderMap, user: Option<&str>) -> Option<String> {
+    headers
+        .get(EPISODE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .or(user)
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+}
+
+fn worker_error(worker: &str, s: tonic::Status) -> ApiError {
+    ApiError::Worker { worker: worker.to_string(), code: s.code(), message: s.message().to_string() }
+}
+
+struct Reply {
+    id: String,
+    created: u64,
+    model: String,
+    run: RunInfo,
+}
+
+async fn run(state: HttpState, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+    let req = ChatCompletionRequest::from_body(&body)?;
+    let episode = episode_of(&headers, req.user.as_deref());
+    // Without an episode: a fresh routing key and no session (no slot affinity).
+    let (route_key, session_id) = match episode {
+        Some(e) => (e.clone(), e),
+        None => (unique_id("http"), String::new()),
+    };
+    let fallback_seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let generate = req.to_generate_request(&session_id, fallback_seed)?;
+    let stops = generate.stop.clone();
+    let worker = state.router.route(&route_key).clone();
+    let mut stream = worker.client.clone().generate(generate).await.map_err(|s| worker_error(&worker.addr, s))?.into_inner();
+    let mut reply = Reply {
+        id: unique_id("chatcmpl"),
+        created: unix_now(),
+        model: req.model_name(),
+        run: RunInfo { worker: worker.addr.clone(), session_id, slot_id: 0 },
+    };
+    if !req.streaming() {
+        let done = collect(&mut stream, &mut reply.run).await?;
+        log_done(&reply.run, &done);
+        let content = truncate_at_stop(&done.text, &stops);
+        return Ok(json_response(StatusCode::OK, &completion_json(&reply.id, reply.created, &reply.model, &content, &done, &reply.run)));
+    }
+    // Wait for the first event so that a request the worker rejects gets an HTTP error status.
+    let first = match stream.next().await {
+        Some(Ok(ev)) => ev,
+        Some(Err(s)) => return Err(worker_error(&reply.run.worker, s)),
+        None => return Err(ApiError::WorkerStreamEnded { worker: reply.run.worker }),
+    };
+    let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
+    tokio::spawn(async move {
+        let mut filter = StopFilter::new(&stops);
+        // A closed channel (client gone) ends the task, dropping the worker stream, which
+        // cancels the request on the worker.
+        let _ = forward(first, stream, &mut reply, &mut filter, include_usage, &tx).await;
+    });
+    Ok(Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).into_response())
+}
+
+/// Reads the worker stream to its final event.
+async fn collect(stream: &mut WorkerStream, run: &mut RunInfo) -> Result<spb::FinalStats, ApiError> {
+    while let Some(ev) = stream.next().await {
+        match ev.map_err(|s| worker_error(&run.worker, s))?.event {
+            Some(spb::generate_event::Event::Prefill(p)) => run.slot_id = p.slot_id,
+            Some(spb::generate_event::Event::Done(d)) => return Ok(d),
+            _ => {}
+        }
+    }
+    Err(ApiError::WorkerStreamEnded { worker: run.worker.clone() })
+}
+
+fn log_done(run: &RunInfo, d: &spb::FinalStats) {
+    tracing::info!(
+        worker = %run.worker, session = %run.session_id, slot = run.slot_id,
+        prompt_tokens = d.prompt_tokens, reused_tokens = d.reused_tokens, decode_tokens = d.decode_tokens,
+        server_ms = d.server_ms, "chat completion"
+    );
+}
+
+fn data(v: &Value) -> Result<Event, Infallible> {
+    Ok(Event::default().data(v.to_string()))
+}
+
+/// Sends the SSE events of one completion: a role chunk, content chunks as tokens come, a final
+/// chunk with `finish_reason`, the usage chunk if asked, `[DONE]`. `Err(())`: the client went
+/// away or the worker failed (an error event was sent).
+async fn forward(
+    first: spb::GenerateEvent,
+    mut stream: WorkerStream,
+    reply: &mut Reply,
+    filter: &mut StopFilter,
+    include_usage: bool,
+    tx: &mpsc::Sender<Result<Event, Infallible>>,
+) -> Result<(), ()> {
+    let send = |v: Value| async move { tx.send(data(&v)).await.map_err(|_| ()) };
+    send(chunk_json(&reply.id, reply.created, &reply.model, json!({"role": "assistant", "content": ""}), None)).await?;
+    let mut next = Some(Ok(first));
+    loop {
+        let ev = match next.take() {
+            Some(ev) => ev,
+            None => match stream.next().await {
+                Some(ev) => ev,
+                None => {
+                    let e = ApiError::WorkerStreamEnded { worker: reply.run.worker.clone() };
+                    let _ = send(e.to_json()).await;
+                    return Err(());
+                }
+            },
+        };
+        let ev = match ev {
+            Ok(ev) => ev,
+            Err(s) => {
+                let _ = send(worker_error(&reply.run.worker, s).to_json()).await;
+                return Err(());
+            }
+        };
+        match ev.event {
+            Some(spb::generate_event::Event::Prefill(p)) => reply.run.slot_id = p.slot_id,
+            Some(spb::generate_event::Event::Token(t)) => {
+                let text = filter.push(&t.text);
+                if !text.is_empty() {
+                    send(chunk_json(&reply.id, reply.created, &reply.model, json!({"content": text}), None)).await?;
+                }
+            }
+            Some(spb::generate_event::Event::Done(d)) => {
+                log_done(&reply.run, &d);
+                let rest = filter.finish();
+                if !filter.stopped() && !rest.is_empty() {
+                    send(chunk_json(&reply.id, reply.created, &reply.model, json!({"content": rest}), None)).await?;
+                }
+                let finish = super::openai::finish_reason(d.finish_reason);
+                send(chunk_json(&reply.id, reply.created, &reply.model, json!({}), Some(finish))).await?;
+                if include_usage {
+                    send(usage_chunk_json(&reply.id, reply.created, &reply.model, &d, &reply.run)).await?;
+                }
+                return tx.send(Ok(Event::default().data("[DONE]"))).await.map_err(|_| ());
+            }
+            None => {}
+        }
+    }
+}

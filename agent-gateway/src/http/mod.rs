@@ -1,0 +1,112 @@
+//! The OpenAI-compatible HTTP endpoint (`agent-gateway serve --http-listen`).
+//!
+//! - `POST /v1/chat/completions`: chat messages pass straight to a worker's `Generate`
+//!   (JSON or server-sent events; see [`openai`] for the accepted fields).
+//! - `GET /v1/models`: the workers' models (`StepService.Status`).
+//! - `GET /health`: the workers' reachability.
+//! - `GET /metrics`: Prometheus text exposition of the gateway's metrics
+//!   ([`crate::metrics`]), when a recorder is installed.
+//!
+//! Episode affinity: requests with the same `X-Episode-Id` header (or, without it, the same
+//! `user` field) go to the same worker ([`crate::worker::Router`]) with that id as the
+//! worker's `session_id`, so the worker's slot keeps the KV cache of the shared prompt prefix;
+//! `usage.prompt_tokens_details.cached_tokens` reports how many prompt tokens were reused.
+//! Without either, each request gets a fresh routing key and no session (nothing reused on
+//! purpose). Errors use OpenAI's error JSON ([`ApiError::to_json`]).
+
+pub mod chat;
+pub mod models;
+pub mod openai;
+pub mod stop;
+
+use axum::http::{HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+use crate::error::{ApiError, GatewayError};
+use crate::worker::Router;
+
+/// Header naming the episode a request belongs to.
+pub const EPISODE_HEADER: &str = "x-episode-id";
+
+/// Largest request body accepted, in bytes (screens with hundreds of controls fit easily).
+pub const MAX_BODY_BYTES: usize = 16 << 20;
+
+/// Shared state of the HTTP handlers.
+#[derive(Clone)]
+pub struct HttpState {
+    pub router: Router,
+    /// The Prometheus recorder's handle; `None`: `/metrics` answers 404.
+    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+}
+
+/// The axum router serving the endpoints above.
+pub fn app(state: HttpState) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/models", get(models::list_models))
+        .route("/health", get(models::health))
+        .route("/metrics", get(prometheus_metrics))
+        .fallback(not_found)
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// Serves [`app`] on `listener` until `shutdown` resolves.
+///
+/// Errors: [`GatewayError::Config`] when the server fails.
+pub async fn serve(
+    state: HttpState,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), GatewayError> {
+    axum::serve(listener, app(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(|e| GatewayError::Config(format!("HTTP server: {e}")))
+}
+
+/// `GET /metrics`: the Prometheus text format (404 when no recorder is installed).
+async fn prometheus_metrics(axum::extract::State(state): axum::extract::State<HttpState>, method: Method, uri: Uri) -> Response {
+    match &state.metrics {
+        Some(h) => {
+            let mut resp = crate::metrics::render(h).into_response();
+            resp.headers_mut()
+                .insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static(crate::metrics::CONTENT_TYPE));
+            resp
+        }
+        None => not_found(method, uri).await,
+    }
+}
+
+async fn not_found(method: Method, uri: Uri) -> Response {
+    ApiError::NotFound { method: method.to_string(), path: uri.path().to_string() }.into_response()
+}
+
+/// A JSON response with `status`.
+pub(crate) fn json_response(status: StatusCode, body: &serde_json::Value) -> Response {
+    let mut resp = (status, body.to_string()).into_response();
+    resp.headers_mut().insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        tracing::info!(status = status.as_u16(), error = %self, "HTTP request failed");
+        json_response(status, &self.to_json())
+    }
+}
+
+/// Seconds since the Unix epoch (OpenAI's `created`).
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// A process-unique id `"{prefix}-{micros:x}-{n}"`.
+pub(crate) fn unique_id(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros()).unwrap_or(0);
+    format!("{prefix}-{t:x}-{}", N.fetch_add(1, Ordering::Relaxed))
+}

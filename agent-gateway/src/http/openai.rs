@@ -1,0 +1,405 @@
+//! OpenAI chat-completion requests → worker `GenerateRequest`s, and worker results → OpenAI
+//! response JSON.
+//!
+//! Request and response shapes follow the OpenAI API reference, "Create chat completion"
+//! (`POST /v1/chat/completions`) and "The chat completion chunk object". Accepted fields:
+//! `model` (echoed, not checked), `messages` (roles `system`/`developer`/`user`/`assistant`;
+//! content a string or a list of `{"type":"text","text":...}` parts), `max_completion_tokens`
+//! or `max_tokens`, `temperature` (absent or 0: greedy), `top_p`, `top_k` (extension), `seed`,
+//! `stop` (a string or up to 4 strings), `stream`, `stream_options.include_usage`,
+//! `response_format` (`text`, `json_object`, `json_schema`), `user` (episode affinity), `n`
+//! (only 1). Other fields are ignored.
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tandem_proto::step::v1 as spb;
+
+use crate::error::ApiError;
+
+/// Most stop strings a request may give (OpenAI's limit).
+pub const MAX_STOP_STRINGS: usize = 4;
+
+/// The fields of a chat-completion request the gateway reads.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatCompletionRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub messages: Vec<InMessage>,
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    #[serde(default)]
+    pub max_completion_tokens: Option<u32>,
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    #[serde(default)]
+    pub top_p: Option<f32>,
+    /// Not an OpenAI field: top-k filtering (0 or absent: off).
+    #[serde(default)]
+    pub top_k: Option<u32>,
+    #[serde(default)]
+    pub seed: Option<u64>,
+    #[serde(default)]
+    pub stop: Option<Value>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub response_format: Option<Value>,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub n: Option<u32>,
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Send a last chunk with `usage` and no choices.
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// One input message; `content` is a string, a list of content parts, or null.
+#[derive(Debug, Clone, Deserialize)]
+pub struct InMessage {
+    pub role: String,
+    #[serde(default)]
+    pub content: Value,
+}
+
+impl ChatCompletionRequest {
+    /// Parses a request body.
+    ///
+    /// Errors: [`ApiError::BadJson`] when the body is not JSON or lacks `messages`.
+    pub fn from_body(body: &[u8]) -> Result<Self, ApiError> {
+        serde_json::from_slice(body).map_err(|e| ApiError::BadJson(e.to_string()))
+    }
+
+    /// Whether the client asked for server-sent events.
+    pub fn streaming(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    /// The model name to echo in responses (`"tandem"` when the request gives none).
+    pub fn model_name(&self) -> String {
+        self.model.clone().filter(|m| !m.is_empty()).unwrap_or_else(|| "tandem".to_string())
+    }
+
+    /// The stop strings (empty strings dropped).
+    ///
+    /// Errors: [`ApiError::InvalidParam`] (`stop`) for a value that is not a string or a list of
+    /// at most [`MAX_STOP_STRINGS`] strings.
+    pub fn stop_strings(&self) -> Result<Vec<String>, ApiError> {
+        let bad = |found: String| ApiError::InvalidParam { param: "stop", expected: "a string or a list of at most 4 strings", found };
+        let stops = match &self.stop {
+            None | Some(Value::Null) => vec![],
+            Some(Value::String(s)) => vec![s.clone()],
+            Some(Value::Array(a)) => {
+                if a.len() > MAX_STOP_STRINGS {
+                    return Err(bad(format!("{} strings", a.len())));
+                }
+                a.iter().map(|v| v.as_str().map(str::to_string).ok_or_else(|| bad(v.to_string()))).collect::<Result<_, _>>()?
+            }
+            Some(other) => return Err(bad(other.to_string())),
+        };
+        Ok(stops.into_iter().filter(|s| !s.is_empty()).collect())
+    }
+
+    /// The JSON schema (as JSON text) the output must match, from `response_format`: `""`
+    /// for none or `text`, `{"type":"object"}` for `json_object`, the given schema for
+    /// `json_schema` (`{"type":"json_schema","json_schema":{"name":..,"schema":{..}}}`).
+    ///
+    /// Errors: [`ApiError::InvalidParam`] (`response_format`) for an unknown type or a
+    /// `json_schema` without an object `schema`.
+    pub fn json_schema(&self) -> Result<String, ApiError> {
+        let bad = |expected: &'static str, found: String| ApiError::InvalidParam { param: "response_format", expected, found };
+        let Some(rf) = self.response_format.as_ref().filter(|v| !v.is_null()) else { return Ok(String::new()) };
+        match rf.get("type").and_then(Value::as_str) {
+            Some("text") => Ok(String::new()),
+            Some("json_object") => Ok(json!({"type": "object"}).to_string()),
+            Some("json_schema") => match rf.pointer("/json_schema/schema") {
+                Some(s @ Value::Object(_)) => Ok(s.to_string()),
+                other => Err(bad("json_schema.schema to be a JSON object", other.map(|v| v.to_string()).unwrap_or_else(|| "none".into()))),
+            },
+            _ => Err(bad("type \"text\", \"json_object\" or \"json_schema\"", rf.to_string())),
+        }
+    }
+
+    /// The chat messages for the worker (`developer` becomes `system`).
+    ///
+    /// Errors: [`ApiError::InvalidParam`] (`messages`) for no messages, an unsupported role
+    /// (`tool`, `function`) or a non-text content part.
+    pub fn chat_messages(&self) -> Result<Vec<spb::ChatMessage>, ApiError> {
+        let bad = |expected: &'static str, found: String| ApiError::InvalidParam { param: "messages", expected, found };
+        if self.messages.is_empty() {
+            return Err(bad("at least one message", "none".into()));
+        }
+        self.messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let role = match m.role.as_str() {
+                    "system" | "developer" => "system",
+                    "user" => "user",
+                    "assistant" => "assistant",
+                    other => return Err(bad("role system, developer, user or assistant", format!("message {i}: role {other:?}"))),
+                };
+                let content = match &m.content {
+                    Value::Null => String::new(),
+                    Value::String(s) => s.clone(),
+                    Value::Array(parts) => {
+                        let mut text = String::new();
+                        for p in parts {
+                            match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                                (Some("text"), Some(t)) => text.push_str(t),
+                                _ => return Err(bad("text content parts only", format!("message {i}: part {p}"))),
+                            }
+                        }
+                        text
+                    }
+                    other => return Err(bad("content as a string or a list of text parts", format!("message {i}: {other}"))),
+                };
+                Ok(spb::ChatMessage { role: role.to_string(), content })
+            })
+            .collect()
+    }
+
+    /// The sampling mode: greedy when `temperature` is absent or 0, else seeded sampling with
+    /// `seed` (or `fallback_seed`), `top_p` (absent: 1, off) and `top_k` (absent: 0, off).
+    ///
+    /// Errors: [`ApiError::InvalidParam`] for `temperature` outside [0, 2] or `top_p` outside
+    /// (0, 1].
+    pub fn sampling(&self, fallback_seed: u64) -> Result<spb::Sampling, ApiError> {
+        let t = self.temperature.unwrap_or(0.0);
+        if !(0.0..=2.0).contains(&t) {
+            return Err(ApiError::InvalidParam { param: "temperature", expected: "a number in [0, 2]", found: t.to_string() });
+        }
+        let top_p = self.top_p.unwrap_or(1.0);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(ApiError::InvalidParam { param: "top_p", expected: "a number in (0, 1]", found: top_p.to_string() });
+        }
+        let mode = if t == 0.0 {
+            spb::sampling::Mode::Greedy(spb::Greedy {})
+        } else {
+            spb::sampling::Mode::Seeded(spb::Seeded {
+                seed: self.seed.unwrap_or(fallback_seed),
+                temperature: t,
+                top_p,
+                top_k: self.top_k.unwrap_or(0),
+            })
+        };
+        Ok(spb::Sampling { mode: Some(mode) })
+    }
+
+    /// The worker request for this chat completion on session `session_id` (`""`: no slot
+    /// affinity).
+    ///
+    /// Errors: [`ApiError::InvalidParam`] as the accessors above, and for `n` ≠ 1 or a
+    /// `max_tokens` / `max_completion_tokens` of 0.
+    pub fn to_generate_request(&self, session_id: &str, fallback_seed: u64) -> Result<spb::GenerateRequest, ApiError> {
+        if let Some(n) = self.n.filter(|&n| n != 1) {
+            return Err(ApiError::InvalidParam { param: "n", expected: "1", found: n.to_string() });
+        }
+        let max_tokens = self.max_completion_tokens.or(self.max_tokens);
+        if max_tokens == Some(0) {
+            return Err(ApiError::InvalidParam { param: "max_tokens", expected: "a positive number", found: "0".into() });
+        }
+        Ok(spb::GenerateRequest {
+            session_id: session_id.to_string(),
+            prompt: Some(spb::generate_request::Prompt::Chat(spb::ChatPrompt { messages: self.chat_messages()? })),
+            // 0: the worker's default budget.
+            max_tokens: max_tokens.unwrap_or(0),
+            stop: self.stop_strings()?,
+            sampling: Some(self.sampling(fallback_seed)?),
+            json_schema: self.json_schema()?,
+        })
+    }
+}
+
+/// OpenAI's `finish_reason` for a worker finish reason: `length` for the token budget or a
+/// full context, `stop` otherwise (end of generation, stop string, completed JSON schema).
+pub fn finish_reason(reason: i32) -> &'static str {
+    match spb::FinishReason::try_from(reason) {
+        Ok(spb::FinishReason::Length) | Ok(spb::FinishReason::Context) => "length",
+        _ => "stop",
+    }
+}
+
+/// Where a request ran, for the response's `tandem` extension object.
+#[derive(Debug, Clone, Default)]
+pub struct RunInfo {
+    pub worker: String,
+    pub session_id: String,
+    pub slot_id: u32,
+}
+
+/// OpenAI `usage` from the worker's final stats: `prompt_tokens`, `completion_tokens`,
+/// `total_tokens`, and `prompt_tokens_details.cached_tokens` = prompt tokens whose KV cache was
+/// reused from the slot.
+pub fn usage_json(done: &spb::FinalStats) -> Value {
+    json!({
+        "prompt_tokens": done.prompt_tokens,
+        "completion_tokens": done.decode_tokens,
+        "total_tokens": done.prompt_tokens + done.decode_tokens,
+        "prompt_tokens_details": {"cached_tokens": done.reused_tokens},
+    })
+}
+
+/// The `tandem` extension object: routing and the worker's timings (milliseconds).
+pub fn tandem_json(done: &spb::FinalStats, run: &RunInfo) -> Value {
+    json!({
+        "worker": run.worker,
+        "session_id": run.session_id,
+        "slot_id": run.slot_id,
+        "reused_tokens": done.reused_tokens,
+        "new_tokens": done.new_tokens,
+        "kv_bound_tokens": done.kv_bound_tokens,
+        "passes": done.passes,
+        "queue_ms": done.queue_ms,
+        "prefill_ms": done.prefill_ms,
+        "decode_ms": done.decode_ms,
+        "server_ms": done.server_ms,
+        "ms_per_token": done.ms_per_token,
+    })
+}
+
+/// A whole `chat.completion` object.
+pub fn completion_json(id: &str, created: u64, model: &str, content: &str, done: &spb::FinalStats, run: &RunInfo) -> Value {
+    json!({
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": content},
+            "logprobs": null,
+            "finish_reason": finish_reason(done.finish_reason),
+        }],
+        "usage": usage_json(done),
+        "tandem": tandem_json(done, run),
+    })
+}
+
+/// A `chat.completion.chunk` object with one choice: `delta` (e.g. `{"content": "..."}`) and
+/// `finish_reason` (null until the last chunk).
+pub fn chunk_json(id: &str, created: u64, model: &str, delta: Value, finish: Option<&str>) -> Value {
+    json!({
+        "id": id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+    })
+}
+
+/// The last chunk of a stream with `stream_options.include_usage`: no choices, `usage` set.
+pub fn usage_chunk_json(id: &str, created: u64, model: &str, done: &spb::FinalStats, run: &RunInfo) -> Value {
+    json!({
+        "id": id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": usage_json(done),
+        "tandem": tandem_json(done, run),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(v: Value) -> Result<ChatCompletionRequest, ApiError> {
+        ChatCompletionRequest::from_body(v.to_string().as_bytes())
+    }
+
+    #[test]
+    fn a_full_request_maps_to_the_worker_request() {
+        let r = req(json!({
+            "model": "m",
+            "messages": [
+                {"role": "developer", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]},
+            ],
+            "max_completion_tokens": 12, "max_tokens": 99,
+            "temperature": 0.7, "top_p": 0.9, "seed": 5,
+            "stop": ["\n", "END"],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object", "properties": {"x": {"type": "integer"}}}}},
+            "frequency_penalty": 0.0
+        }))
+        .unwrap();
+        let g = r.to_generate_request("ep-1", 1).unwrap();
+        assert_eq!(g.session_id, "ep-1");
+        assert_eq!(g.max_tokens, 12, "max_completion_tokens wins over max_tokens");
+        assert_eq!(g.stop, vec!["\n".to_string(), "END".to_string()]);
+        let Some(spb::generate_request::Prompt::Chat(chat)) = g.prompt else { panic!("chat prompt") };
+        assert_eq!(chat.messages[0].role, "system");
+        assert_eq!(chat.messages[1].content, "hi there");
+        let schema: Value = serde_json::from_str(&g.json_schema).unwrap();
+        assert_eq!(schema["properties"]["x"]["type"], "integer");
+        match g.sampling.unwrap().mode.unwrap() {
+            spb::sampling::Mode::Seeded(s) => {
+                assert_eq!((s.seed, s.top_k), (5, 0));
+                assert!((s.temperature - 0.7).abs() < 1e-6 && (s.top_p - 0.9).abs() < 1e-6);
+            }
+            m => panic!("expected seeded sampling, got {m:?}"),
+        }
+    }
+
+    #[test]
+    fn temperature_zero_or_absent_is_greedy_and_defaults_are_empty() {
+        for t in [json!(0), Value::Null] {
+            let r = req(json!({"messages": [{"role": "user", "content": "x"}], "temperature": t, "stop": "zz"})).unwrap();
+            let g = r.to_generate_request("", 9).unwrap();
+            assert!(matches!(g.sampling.unwrap().mode, Some(spb::sampling::Mode::Greedy(_))));
+            assert_eq!((g.max_tokens, g.json_schema.as_str(), g.stop.len()), (0, "", 1));
+        }
+        let r = req(json!({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})).unwrap();
+        assert_eq!(r.json_schema().unwrap(), r#"{"type":"object"}"#);
+        assert_eq!(r.model_name(), "tandem");
+    }
+
+    #[test]
+    fn bad_fields_name_the_parameter() {
+        let cases = [
+            (json!({"messages": []}), "messages"),
+            (json!({"messages": [{"role": "tool", "content": "x"}]}), "messages"),
+            (json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]}), "messages"),
+            (json!({"messages": [{"role": "user", "content": "x"}], "temperature": 3}), "temperature"),
+            (json!({"messages": [{"role": "user", "content": "x"}], "top_p": 0}), "top_p"),
+            (json!({"messages": [{"role": "user", "content": "x"}], "n": 2}), "n"),
+            (json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}), "max_tokens"),
+            (json!({"messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]}), "stop"),
+            (json!({"messages": [{"role": "user", "content": "x"}], "stop": 3}), "stop"),
+            (json!({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}), "response_format"),
+            (json!({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "a"}}}), "response_format"),
+        ];
+        for (body, param) in cases {
+            let err = req(body.clone()).unwrap().to_generate_request("", 0).unwrap_err();
+            assert_eq!(err.http_status(), 400, "{body}");
+            assert_eq!(err.to_json()["error"]["param"], param, "{body}: {err}");
+            assert_eq!(err.to_json()["error"]["type"], "invalid_request_error");
+        }
+        let err = req(json!({"model": "m"})).unwrap_err();
+        assert!(matches!(err, ApiError::BadJson(ref m) if m.contains("messages")), "{err}");
+    }
+
+    #[test]
+    fn usage_reports_reused_prompt_tokens_as_cached_tokens() {
+        let done = spb::FinalStats {
+            finish_reason: spb::FinishReason::Length as i32,
+            prompt_tokens: 120,
+            reused_tokens: 100,
+            decode_tokens: 7,
+            ..Default::default()
+        };
+        let v = completion_json("c1", 3, "m", "hello", &done, &RunInfo::default());
+        assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 100);
+        assert_eq!(v["usage"]["total_tokens"], 127);
+        assert_eq!(v["choices"][0]["finish_reason"], "length");
+        assert_eq!(v["choices"][0]["message"]["content"], "hello");
+        assert_eq!(finish_reason(spb::FinishReason::Grammar as i32), "stop");
+    }
+}

@@ -1,0 +1,251 @@
+"""A small client for the agent-gateway's gRPC ``AgentService`` (proto/tandem/agent/v1).
+
+- :class:`AgentClient`: ``step(...)`` (one step, tokens streamed) and ``run_episode(...)``
+  (one bidirectional stream per episode, see :class:`Episode`).
+- :class:`Token` / :class:`StepResult`: the two kinds of event a step streams.
+- :func:`make_observation`: builds an ``Observation`` from AndroidWorld UI elements
+  (dataclasses or dicts), their JSON, or a uiautomator XML dump.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import queue
+import threading
+from typing import Any, Callable, Iterable, Iterator, Optional, Union
+
+import grpc
+
+try:
+    from tandem_client._gen.tandem.agent.v1 import agent_pb2, agent_pb2_grpc
+except ImportError as e:  # pragma: no cover - only without generated stubs
+    raise ImportError(
+        "tandem_client's gRPC stubs are missing; generate them with clients/python/gen_stubs.sh "
+        f"(needs grpcio-tools): {e}"
+    ) from e
+
+#: Default gateway address (``agent-gateway serve`` listens on 127.0.0.1:50052).
+DEFAULT_TARGET = "localhost:50052"
+
+
+@dataclasses.dataclass(frozen=True)
+class Token:
+    """A piece of the action text, sent as the worker produces it.
+
+    ``step``: 0-based step of the episode; ``index``: 0-based position in the step's output.
+    """
+
+    step: int
+    text: str
+    index: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """The outcome of one step (``tandem.agent.v1.StepResult``).
+
+    ``action_json`` is the validated AndroidWorld JSON action (``""`` when ``error`` is set);
+    ``stats`` holds the ``StepStats`` fields (token counts, ``reused_tokens``, times in ms).
+    """
+
+    episode_id: str
+    step: int
+    action_json: str
+    action_type: str
+    raw_output: str
+    error: str
+    stats: dict
+
+    @property
+    def ok(self) -> bool:
+        """True when the step produced a valid action."""
+        return not self.error and bool(self.action_json)
+
+    @property
+    def action(self) -> Optional[dict]:
+        """The action as a dict (``{"action_type": "click", "index": 3}``), or None."""
+        return json.loads(self.action_json) if self.action_json else None
+
+    @classmethod
+    def from_proto(cls, r: "agent_pb2.StepResult") -> "StepResult":
+        stats = {f.name: getattr(r.stats, f.name) for f in r.stats.DESCRIPTOR.fields} if r.HasField("stats") else {}
+        return cls(r.episode_id, r.step, r.action_json, r.action_type, r.raw_output, r.error, stats)
+
+
+Event = Union[Token, StepResult]
+ObservationLike = Union["agent_pb2.Observation", str, bytes, list, tuple]
+
+
+def _element_dict(e: Any) -> Any:
+    if dataclasses.is_dataclass(e) and not isinstance(e, type):
+        return dataclasses.asdict(e)
+    if isinstance(e, dict):
+        return e
+    if hasattr(e, "__dict__"):
+        return {k: _element_dict(v) if hasattr(v, "__dict__") else v for k, v in vars(e).items()}
+    raise TypeError(f"UI element must be a dataclass, a dict or an object with attributes, got {type(e).__name__}")
+
+
+def elements_to_json(elements: Iterable[Any]) -> str:
+    """Serialises AndroidWorld ``UIElement``s (dataclasses, dicts or plain objects) as the JSON
+    array the gateway parses: AndroidWorld's field names, ``bbox_pixels`` as
+    ``{"x_min", "x_max", "y_min", "y_max"}``, ``None`` as null. Values JSON cannot hold are
+    written with ``str``.
+    """
+    return json.dumps([_element_dict(e) for e in elements], default=str)
+
+
+def make_observation(screen: ObservationLike, foreground_app: str = "") -> "agent_pb2.Observation":
+    """An ``Observation`` from ``screen``: an ``Observation`` (returned as is), a list of UI
+    elements (see :func:`elements_to_json`), UI-element JSON text (starting with ``[`` or ``{``)
+    or uiautomator XML text (starting with ``<``).
+
+    Raises ``ValueError`` for text that is neither, ``TypeError`` for other types.
+    """
+    if isinstance(screen, agent_pb2.Observation):
+        return screen
+    if isinstance(screen, bytes):
+        screen = screen.decode("utf-8")
+    if isinstance(screen, (list, tuple)):
+        return agent_pb2.Observation(ui_elements_json=elements_to_json(screen), foreground_app=foreground_app)
+    if isinstance(screen, str):
+        head = screen.lstrip()[:1]
+        if head in ("[", "{"):
+            return agent_pb2.Observation(ui_elements_json=screen, foreground_app=foreground_app)
+        if head == "<":
+            return agent_pb2.Observation(uiautomator_xml=screen, foreground_app=foreground_app)
+        raise ValueError(f"screen text is neither UI-element JSON nor uiautomator XML: {screen[:40]!r}")
+    raise TypeError(f"cannot make an observation from {type(screen).__name__}")
+
+
+def _event(ev: "agent_pb2.StepEvent") -> Optional[Event]:
+    kind = ev.WhichOneof("event")
+    if kind == "token":
+        return Token(ev.token.step, ev.token.text, ev.token.index)
+    if kind == "result":
+        return StepResult.from_proto(ev.result)
+    return None
+
+
+def collect(events: Iterable[Event], on_token: Optional[Callable[[Token], None]] = None) -> StepResult:
+    """Consumes a step's events, calling ``on_token`` per token; returns its result.
+
+    Raises ``RuntimeError`` when the events end without a result.
+    """
+    for ev in events:
+        if isinstance(ev, Token):
+            if on_token is not None:
+                on_token(ev)
+        elif isinstance(ev, StepResult):
+            return ev
+    raise RuntimeError("the step's event stream ended without a StepResult")
+
+
+class Episode:
+    """One ``RunEpisode`` stream. Send an observation per step with :meth:`stream` (events) or
+    :meth:`step` (the result); :meth:`close` ends the stream. Not thread-safe: one step at a
+    time, as the gateway runs them.
+    """
+
+    _END = object()
+
+    def __init__(self, stub: "agent_pb2_grpc.AgentServiceStub", task: str, episode_id: str, max_tokens: int,
+                 timeout_s: Optional[float]):
+        self.task = task
+        self._inputs: "queue.Queue[Any]" = queue.Queue()
+        self._inputs.put(agent_pb2.EpisodeInput(start=agent_pb2.EpisodeStart(episode_id=episode_id, task=task, max_tokens=max_tokens)))
+        self._responses = stub.RunEpisode(iter(self._inputs.get, self._END), timeout=timeout_s)
+        self._closed = False
+        self._lock = threading.Lock()
+        #: The episode id the gateway reports (set after the first step).
+        self.episode_id = episode_id
+
+    def stream(self, screen: ObservationLike, foreground_app: str = "") -> Iterator[Event]:
+        """Sends one observation and yields its ``Token`` events as they arrive, then its
+        ``StepResult``. Raises ``grpc.RpcError`` when the stream fails, ``RuntimeError`` after
+        :meth:`close`.
+        """
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("episode is closed")
+            self._inputs.put(agent_pb2.EpisodeInput(observation=make_observation(screen, foreground_app)))
+            for raw in self._responses:
+                ev = _event(raw)
+                if ev is None:
+                    continue
+                if isinstance(ev, StepResult):
+                    self.episode_id = ev.episode_id
+                yield ev
+                if isinstance(ev, StepResult):
+                    return
+            raise RuntimeError("the gateway closed the episode stream before the step's result")
+
+    def step(self, screen: ObservationLike, foreground_app: str = "",
+             on_token: Optional[Callable[[Token], None]] = None) -> StepResult:
+        """One step: sends ``screen``, calls ``on_token`` per streamed token, returns the result."""
+        return collect(self.stream(screen, foreground_app), on_token)
+
+    def close(self) -> None:
+        """Ends the episode stream (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self._inputs.put(self._END)
+            self._responses.cancel()
+
+    def __enter__(self) -> "Episode":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class AgentClient:
+    """Client of a gateway's ``AgentService`` at ``target`` (``host:port``; default
+    :data:`DEFAULT_TARGET`), or over an existing ``channel``. ``timeout_s``: deadline per call
+    (None: none).
+    """
+
+    def __init__(self, target: str = DEFAULT_TARGET, *, channel: Optional[grpc.Channel] = None,
+                 timeout_s: Optional[float] = None):
+        self.target = target
+        self._own_channel = channel is None
+        self.channel = channel if channel is not None else grpc.insecure_channel(target)
+        self.stub = agent_pb2_grpc.AgentServiceStub(self.channel)
+        self.timeout_s = timeout_s
+
+    def wait_ready(self, timeout_s: float = 10.0) -> None:
+        """Blocks until the channel is connected; raises ``grpc.FutureTimeoutError`` after
+        ``timeout_s`` seconds."""
+        grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
+
+    def step(self, screen: ObservationLike, *, task: str, episode_id: str = "", max_tokens: int = 0,
+             foreground_app: str = "") -> Iterator[Event]:
+        """``AgentService.Step``: yields the step's ``Token`` events as the gateway streams them,
+        then its ``StepResult``. The gateway keeps the history of ``episode_id`` across calls
+        (``""``: a new episode). Raises ``grpc.RpcError`` (``INVALID_ARGUMENT`` for a screen
+        that cannot be parsed).
+        """
+        req = agent_pb2.StepRequest(episode_id=episode_id, task=task, max_tokens=max_tokens,
+                                    observation=make_observation(screen, foreground_app))
+        for raw in self.stub.Step(req, timeout=self.timeout_s):
+            ev = _event(raw)
+            if ev is not None:
+                yield ev
+
+    def run_episode(self, task: str, *, episode_id: str = "", max_tokens: int = 0) -> Episode:
+        """Opens an ``AgentService.RunEpisode`` stream for ``task`` (``episode_id`` ``""``: the
+        gateway makes one; ``max_tokens`` 0: gateway default). Use the returned
+        :class:`Episode` as a context manager."""
+        return Episode(self.stub, task, episode_id, max_tokens, self.timeout_s)
+
+    def close(self) -> None:
+        """Closes the channel if this client opened it."""
+        if self._own_channel:
+            self.channel.close()
+
+    def __enter__(self) -> "AgentClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

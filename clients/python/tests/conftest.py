@@ -1,0 +1,131 @@
+"""Fixtures: a real device-worker and agent-gateway (debug binaries built by
+`cargo build -p device-worker -p agent-gateway`) on free loopback ports, and corpus episodes.
+
+Environment: TANDEM_MODEL (GGUF; default ~/.cache/tandem/models/SmolLM2-135M-Instruct.Q4_1.gguf),
+TANDEM_CORPUS (default <repo>/../shared/corpus/raw), TANDEM_BIN_DIR (default
+$CARGO_TARGET_DIR/debug or <repo>/target/debug).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import time
+import types
+import urllib.request
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+CONTACTS_EPISODE = "androidworld_episodes_t3a/ContactsAddContact_base_o4-mini_trial1.json"
+
+
+def _bin_dir() -> pathlib.Path:
+    if os.environ.get("TANDEM_BIN_DIR"):
+        return pathlib.Path(os.environ["TANDEM_BIN_DIR"])
+    target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target")
+    if not target.is_absolute():
+        target = REPO / target
+    return target / "debug"
+
+
+def _model() -> pathlib.Path:
+    default = pathlib.Path(os.environ.get("TANDEM_CACHE", pathlib.Path.home() / ".cache/tandem")) / "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    return pathlib.Path(os.environ.get("TANDEM_MODEL") or default)
+
+
+def corpus_root() -> pathlib.Path:
+    return pathlib.Path(os.environ.get("TANDEM_CORPUS") or REPO.parent / "shared/corpus/raw")
+
+
+def load_androidworld_episode(rel: str = CONTACTS_EPISODE) -> tuple[str, list[list[dict]]]:
+    """(goal, [ui_elements per step]) of an AndroidWorld T3A episode log of the corpus."""
+    path = corpus_root() / rel
+    log = json.loads(path.read_text())
+    return log["goal"], [r["state"]["ui_elements"] for r in log["step_records"]]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_health(gateway_bin: pathlib.Path, proc: subprocess.Popen, addr: str, service: str, log: pathlib.Path, seconds: int) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{addr}: server exited with {proc.returncode}; log:\n{log.read_text()[-3000:]}")
+        r = subprocess.run([str(gateway_bin), "health", "--addr", addr, "--service", service], capture_output=True, text=True)
+        if r.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{addr} not SERVING after {seconds} s: {r.stderr.strip()}; log:\n{log.read_text()[-3000:]}")
+        time.sleep(0.3)
+
+
+def _wait_http(url: str, proc: subprocess.Popen, seconds: int) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{url} not answering")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def servers(tmp_path_factory):
+    """A device-worker (2 slots) and an agent-gateway with its HTTP endpoint, both on loopback.
+
+    Yields a namespace: `grpc_target` (gateway host:port), `worker_target`, `http_base`
+    (`http://127.0.0.1:PORT`), `openai_base` (`.../v1`).
+    """
+    model = _model()
+    if not model.exists():
+        pytest.skip(f"model {model} not found; run tools/fetch_model.sh")
+    bins = _bin_dir()
+    worker_bin, gateway_bin = bins / "device-worker", bins / "agent-gateway"
+    for b in (worker_bin, gateway_bin):
+        if not b.exists():
+            pytest.fail(f"{b} not found; build with `cargo build -p device-worker -p agent-gateway`")
+    logs = tmp_path_factory.mktemp("logs")
+    wp, gp, hp = _free_port(), _free_port(), _free_port()
+    procs: list[subprocess.Popen] = []
+    try:
+        wlog = logs / "worker.log"
+        worker = subprocess.Popen(
+            [str(worker_bin), "serve", "--model", str(model), "--listen", f"127.0.0.1:{wp}", "--threads", "2", "--slots", "2"],
+            stdout=wlog.open("w"), stderr=subprocess.STDOUT)
+        procs.append(worker)
+        _wait_health(gateway_bin, worker, f"http://127.0.0.1:{wp}", "tandem.step.v1.StepService", wlog, 120)
+        glog = logs / "gateway.log"
+        gateway = subprocess.Popen(
+            [str(gateway_bin), "serve", "--listen", f"127.0.0.1:{gp}", "--worker", f"http://127.0.0.1:{wp}",
+             "--http-listen", f"127.0.0.1:{hp}"],
+            stdout=glog.open("w"), stderr=subprocess.STDOUT)
+        procs.append(gateway)
+        _wait_health(gateway_bin, gateway, f"http://127.0.0.1:{gp}", "", glog, 30)
+        _wait_http(f"http://127.0.0.1:{hp}/health", gateway, 30)
+        yield types.SimpleNamespace(
+            grpc_target=f"127.0.0.1:{gp}",
+            worker_target=f"127.0.0.1:{wp}",
+            http_base=f"http://127.0.0.1:{hp}",
+            openai_base=f"http://127.0.0.1:{hp}/v1",
+            logs=logs,
+        )
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()

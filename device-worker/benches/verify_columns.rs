@@ -1,0 +1,79 @@
+//! Column-shared verification products on a real model's weights: one pass over every Q4_K
+//! and Q6_K matrix of the 0.8B-shaped Qwen3.5 Q4_K_M GGUF (what a verification pass of the
+//! target reads, ≈ 0.4 GB, far beyond the caches) with 1, 2, 4 and 5 columns (the last
+//! accepted token plus up to 4 drafts), against the stock approach: n separate
+//! matrix-vector passes. Tandem §3.3/§4.3 target: 4 columns ≤ 1.3× one column.
+//!
+//! `TANDEM_BENCH_MODEL=path.gguf cargo bench -p device-worker --bench verify_columns`
+//! (default: ~/.cache/tandem/models/qwen35-0.8b-shape-random-Q4_K_M.gguf, made by
+//! tools/fixtures/make_qwen35_bench_model.sh; skipped with a message when missing).
+
+use std::path::PathBuf;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use device_worker::model::gguf::GgufFile;
+use dsp::matmul::{matmul, QMatRef};
+use dsp::quant::GgmlType;
+use dsp::ThreadPool;
+
+fn model_path() -> PathBuf {
+    std::env::var_os("TANDEM_BENCH_MODEL").map(PathBuf::from).unwrap_or_else(|| {
+        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+        home.join(".cache/tandem/models/qwen35-0.8b-shape-random-Q4_K_M.gguf")
+    })
+}
+
+fn bench_verify(c: &mut Criterion) {
+    let path = model_path();
+    let Ok(file) = GgufFile::open(&path) else {
+        eprintln!("verify_columns: {} not found; skipped", path.display());
+        return;
+    };
+    // Every 2-D K-quant weight except the embedding table (the output head, when stored apart,
+    // is one of them).
+    let mats: Vec<QMatRef<'_>> = file
+        .tensors()
+        .filter(|t| {
+            matches!(t.ty, GgmlType::Q4_K | GgmlType::Q6_K)
+                && t.dims.len() == 2
+                && t.name != "token_embd.weight"
+        })
+        .filter_map(|t| {
+            let v = file.tensor(&t.name).ok()?;
+            QMatRef::new(v.ty, v.dims[1] as usize, v.dims[0] as usize, v.data).ok()
+        })
+        .collect();
+    let bytes: usize = mats.iter().map(|m| m.data.len()).sum();
+    eprintln!("verify_columns: {} matrices, {:.0} MiB of weights", mats.len(), bytes as f64 / (1 << 20) as f64);
+    let pool = ThreadPool::new(2).expect("pool");
+    let max_cols = mats.iter().map(|m| m.cols).max().unwrap_or(0);
+    let max_rows = mats.iter().map(|m| m.rows).max().unwrap_or(0);
+    let x: Vec<f32> = (0..5 * max_cols).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+    let mut y = vec![0f32; 5 * max_rows];
+    let mut group = c.benchmark_group("verify_pass");
+    group.sample_size(10);
+    for n in [1usize, 2, 4, 5] {
+        group.bench_with_input(BenchmarkId::new("column_shared", n), &n, |b, &n| {
+            b.iter(|| {
+                for m in &mats {
+                    let (r, k) = (m.rows, m.cols);
+                    matmul(&pool, m, &x[..n * k], n, &mut y[..n * r]).expect("matmul");
+                }
+            })
+        });
+        group.bench_with_input(BenchmarkId::new("stock_n_matvecs", n), &n, |b, &n| {
+            b.iter(|| {
+                for t in 0..n {
+                    for m in &mats {
+                        let (r, k) = (m.rows, m.cols);
+                        matmul(&pool, m, &x[t * k..(t + 1) * k], 1, &mut y[..r]).expect("matvec");
+                    }
+                }
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_verify);
+criterion_main!(benches);

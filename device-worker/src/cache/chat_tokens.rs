@@ -1,0 +1,58 @@
+//! Chat messages to prompt tokens plus the message boundary the planner uses: the token
+//! position where the last user message starts (llama.cpp's stock server checkpoints there;
+//! the divergence policy's first save in a cold slot goes there too).
+
+use crate::chat_template::{ChatMessage, ChatTemplate};
+use crate::error::WorkerError;
+use crate::tokenizer::Tokenizer;
+
+/// A rendered, tokenized chat prompt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChatTokens {
+    pub tokens: Vec<u32>,
+    /// Tokens before the last user message, when that prefix tokenizes as a prefix of
+    /// `tokens` (it does for turn-delimited templates such as ChatML); `None` for a prompt
+    /// whose only message is the user's.
+    pub last_user_start: Option<usize>,
+    /// Positions that start a line (the previous token's text ends with `\n`), ascending.
+    pub line_starts: Vec<usize>,
+}
+
+/// Renders `messages` with `template` (generation prompt on) and tokenizes, escaping special
+/// tokens inside message contents as the worker's admission does.
+///
+/// Errors: [`WorkerError::Template`] / [`WorkerError::Tokenizer`] from rendering and encoding.
+pub fn chat_tokens(
+    tokenizer: &Tokenizer,
+    template: &ChatTemplate,
+    messages: &[ChatMessage],
+) -> Result<ChatTokens, WorkerError> {
+    let msgs: Vec<ChatMessage> = messages
+        .iter()
+        .map(|m| ChatMessage {
+            role: m.role.clone(),
+            content: tokenizer.escape_special(&m.content).into_owned(),
+        })
+        .collect();
+    let tokens = tokenizer.encode(&template.render(&msgs, true)?, true)?;
+    let last_user_start = match msgs.iter().rposition(|m| m.role == "user") {
+        Some(i) if i > 0 => {
+            let head = tokenizer.encode(&template.render(&msgs[..i], false)?, true)?;
+            (head.len() < tokens.len() && tokens[..head.len()] == head[..]).then_some(head.len())
+        }
+        _ => None,
+    };
+    let line_starts = line_starts(tokenizer, &tokens);
+    Ok(ChatTokens {
+        tokens,
+        last_user_start,
+        line_starts,
+    })
+}
+
+/// Positions `p` (1 ≤ p < len) where token `p − 1` decodes to text ending in a newline.
+pub fn line_starts(tokenizer: &Tokenizer, tokens: &[u32]) -> Vec<usize> {
+    (1..tokens.len())
+        .filter(|&p| tokenizer.token_bytes(tokens[p - 1]).ends_with(b"\n"))
+        .collect()
+}

@@ -1,0 +1,359 @@
+//! The dry-run planner: a pure function of (cached state, request, configuration) that says
+//! which tokens a request processes, in which batches, and which checkpoints it restores,
+//! saves and evicts — without running the model. The engine executes exactly this plan, so
+//! `replay --dry-run` predicts the engine's token counts exactly (Tandem §4.2: "the model
+//! reproduces 422/422 measured prompt-token counts").
+//!
+//! Rules (Tandem §2.4, §4.2; llama.cpp server `update_slots`):
+//! - `L` = longest common prefix of the prompt with the slot's tokens or a prompt-cache entry;
+//!   the reusable length is capped at `n − 1` so the last prompt token is always processed
+//!   (its logits start decoding). `kv_bound` = that capped `L`: what a KV cache would reuse.
+//! - A hybrid model resumes at `R` ≤ `L`: the live state when the whole cached sequence is a
+//!   prefix of the prompt (and no longer than the cap), else the newest checkpoint at or before
+//!   the cap, else 0. Never from a state that does not belong to position `R`.
+//! - Checkpoints past `L` belong to a branch the prompt left and are dropped.
+//! - Saves and batch boundaries per [`Policy`] and [`PlanConfig::consolidate`]; every save
+//!   ends a batch; no batch exceeds `n_batch`.
+
+use super::policy::{PlanConfig, Policy, STOCK_FAR, STOCK_NEAR};
+use super::store::{CacheState, CachedSequence, CheckpointMeta};
+use crate::state::slot::common_prefix;
+
+/// The request as the planner sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct PlanRequest<'a> {
+    pub prompt: &'a [u32],
+    /// Token position where the last user message starts (chat prompts; stock saves there).
+    pub last_user_start: Option<usize>,
+    /// Position of the first image token, if the prompt has an image (no checkpoint at or
+    /// after it: Tandem §4.2).
+    pub image_start: Option<usize>,
+    /// Positions that start a line (the token before ends with a newline), ascending. The
+    /// divergence policy saves at the line start at or before `L` (empty: at `L` itself).
+    pub line_starts: &'a [usize],
+}
+
+/// Where the reused prefix comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// The slot's own cached sequence.
+    Slot,
+    /// Entry `i` of the prompt cache (the slot's content is stashed there first).
+    PromptCache(usize),
+}
+
+/// How processing starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Start {
+    /// Continue from the live state (truncating the KV cache to `resume` for a model without
+    /// recurrent layers).
+    Continue,
+    /// Restore the checkpoint at this position and truncate the KV cache there.
+    Restore(usize),
+    /// Empty state: process the whole prompt.
+    Reset,
+}
+
+/// One forward pass over prompt positions `start..end`; `save`: save a checkpoint after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Batch {
+    pub start: usize,
+    pub end: usize,
+    pub save: bool,
+}
+
+/// What a request will do. Positions are token counts from the prompt's start.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Plan {
+    pub n_prompt: usize,
+    /// Tokens a KV cache would reuse (`min(L, n − 1)`).
+    pub kv_bound: usize,
+    pub source: Source,
+    /// The slot's content goes to the prompt cache before this request (the slot serves a
+    /// prompt it does not share the best prefix with).
+    pub stash_slot: bool,
+    pub start: Start,
+    /// `R`: prompt tokens reused (not processed).
+    pub resume: usize,
+    pub batches: Vec<Batch>,
+    /// Checkpoint positions saved (each the end of a batch).
+    pub saved: Vec<usize>,
+    /// Checkpoint position restored, if any.
+    pub restored: Option<usize>,
+    /// Checkpoints evicted for capacity.
+    pub evicted: Vec<usize>,
+    /// Checkpoints dropped because they lie past `L` (a branch the prompt left).
+    pub dropped: Vec<usize>,
+}
+
+impl Plan {
+    /// Prompt tokens processed (`n − R`).
+    pub fn new_tokens(&self) -> usize {
+        self.n_prompt - self.resume
+    }
+
+    /// Forward passes of the prefill.
+    pub fn passes(&self) -> usize {
+        self.batches.len()
+    }
+}
+
+/// Plans `req` on `state` under `cfg`. Pure: the same inputs always give the same plan.
+///
+/// Panics never; an empty prompt gives a plan with no batches.
+pub fn plan(state: &CacheState, req: &PlanRequest<'_>, cfg: &PlanConfig) -> Plan {
+    let n = req.prompt.len();
+    let cap = n.saturating_sub(1);
+
+    // Reuse from the slot, or from a prompt-cache entry when that resumes later.
+    let (slot_l, slot_r) = reuse(&state.slot, req.prompt, cap, cfg);
+    let mut source = Source::Slot;
+    let (mut l, mut r) = slot_l;
+    let mut r_start = slot_r;
+    let mut kv_bound = l.min(cap);
+    if cfg.prompt_cache_bytes > 0 {
+        for (i, e) in state.prompt_cache.iter().enumerate() {
+            let ((el, er), estart) = reuse(&e.seq, req.prompt, cap, cfg);
+            kv_bound = kv_bound.max(el.min(cap));
+            if er > r {
+                (source, l, r, r_start) = (Source::PromptCache(i), el, er, estart);
+            }
+        }
+    }
+    let seq: &CachedSequence = match source {
+        Source::Slot => &state.slot,
+        Source::PromptCache(i) => &state.prompt_cache[i].seq,
+    };
+    // Stash the slot when the request moves it to another prefix: it came from the cache, or
+    // the slot holds a sequence the prompt diverges from early (nothing reusable).
+    let stash_slot = cfg.prompt_cache_bytes > 0
+        && !state.slot.tokens.is_empty()
+        && (source != Source::Slot || (r == 0 && l < state.slot.tokens.len()));
+
+    let dropped: Vec<usize> = if stash_slot && source == Source::Slot {
+        Vec::new()
+    } else {
+        seq.checkpoints.iter().filter(|c| c.pos > l).map(|c| c.pos).collect()
+    };
+    let restored = match r_start {
+        Start::Restore(p) => Some(p),
+        _ => None,
+    };
+    // The checkpoints that remain once the request starts (after a stash, none).
+    let kept: Vec<CheckpointMeta> = if stash_slot && source == Source::Slot {
+        Vec::new()
+    } else {
+        seq.checkpoints.iter().filter(|c| c.pos <= l).copied().collect()
+    };
+
+    // Saves.
+    let mut saves: Vec<usize> = Vec::new();
+    if cfg.hybrid && n > 0 {
+        let before_image = |p: usize| req.image_start.is_none_or(|i| p < i);
+        match cfg.policy {
+            Policy::Stock => {
+                let mut cand = Vec::new();
+                if cfg.consolidate {
+                    cand.push(n.checked_sub(cfg.n_batch));
+                } else {
+                    cand.push(n.checked_sub(STOCK_FAR));
+                    cand.push(n.checked_sub(STOCK_NEAR));
+                }
+                cand.push(req.last_user_start);
+                saves.extend(cand.into_iter().flatten().filter(|&p| p > r && p < n));
+            }
+            Policy::Marconi => {
+                if l > r && l < n && before_image(l) {
+                    saves.push(l);
+                }
+                if before_image(n) {
+                    saves.push(n);
+                }
+            }
+            Policy::Divergence => {
+                // Consecutive prompts diverge inside a field (a history entry, a control
+                // line), a few tokens apart from one request to the next; the start of that
+                // line is what the next request most likely still shares.
+                let at = snap_to_line(l, req.line_starts);
+                if at > r && at < n && before_image(at) && at - r >= cfg.min_gap {
+                    saves.push(at);
+                } else if kept.is_empty() {
+                    // A cold slot has no divergence point yet: leave one resumable state, at
+                    // the start of the last user message (the rules that later steps share)
+                    // or else at the prompt's end (a repeat with a new suffix resumes there).
+                    // Still at most one new checkpoint per request.
+                    let p = req
+                        .last_user_start
+                        .filter(|&p| p > r && p < n && p - r >= cfg.min_gap)
+                        .unwrap_or(n);
+                    if before_image(p) && p > r && p - r >= cfg.min_gap {
+                        saves.push(p);
+                    }
+                }
+            }
+        }
+        saves.sort_unstable();
+        saves.dedup();
+        // Reuse an existing copy instead of saving it again (consolidation; without it the
+        // stock server re-saves a restored position).
+        if cfg.consolidate {
+            saves.retain(|p| !kept.iter().any(|c| c.pos == *p));
+        }
+    }
+
+    // Batch boundaries: saves, plus the micro-batch splitting.
+    let batches = if n > r {
+        batches(r, n, &saves, cfg)
+    } else {
+        Vec::new()
+    };
+
+    // Eviction once the saves are in.
+    let mut after: Vec<CheckpointMeta> = kept.clone();
+    let now = state.clock + 1;
+    for &p in &saves {
+        match after.iter_mut().find(|c| c.pos == p) {
+            Some(c) => c.last_used = now,
+            None => after.push(CheckpointMeta {
+                pos: p,
+                created: now,
+                last_used: now,
+            }),
+        }
+    }
+    if let Some(rp) = restored {
+        if let Some(c) = after.iter_mut().find(|c| c.pos == rp) {
+            c.last_used = now;
+        }
+    }
+    let evicted = evict(&mut after, cfg);
+
+    Plan {
+        n_prompt: n,
+        kv_bound,
+        source,
+        stash_slot,
+        start: if n == 0 { Start::Continue } else { r_start },
+        resume: r,
+        batches,
+        saved: saves,
+        restored,
+        evicted,
+        dropped,
+    }
+}
+
+/// The last line start at or before `l`, or `l` when the prompt has no line information.
+fn snap_to_line(l: usize, line_starts: &[usize]) -> usize {
+    if line_starts.is_empty() {
+        return l;
+    }
+    match line_starts.partition_point(|&p| p <= l) {
+        0 => l,
+        i => line_starts[i - 1],
+    }
+}
+
+/// `((L, R), start)` for resuming `prompt` from `seq`: `L` the common prefix, `R` where
+/// processing can resume (≤ `cap`).
+fn reuse(
+    seq: &CachedSequence,
+    prompt: &[u32],
+    cap: usize,
+    cfg: &PlanConfig,
+) -> ((usize, usize), Start) {
+    let l = common_prefix(&seq.tokens, prompt);
+    if !cfg.hybrid {
+        let r = l.min(cap);
+        return ((l, r), if r > 0 { Start::Continue } else { Start::Reset });
+    }
+    if seq.tokens.len() == l && l <= cap && l > 0 {
+        return ((l, l), Start::Continue);
+    }
+    match seq.checkpoint_at_or_before(l.min(cap)) {
+        Some(c) if c.pos > 0 => ((l, c.pos), Start::Restore(c.pos)),
+        _ => ((l, 0), Start::Reset),
+    }
+}
+
+/// Batches covering `r..n`, ending at every save and never longer than `n_batch`.
+/// Consolidated: the segment after the last save is cut from its end (full batches last), so
+/// 600 tokens run as 88 + 512. Stock: forward cuts at `n − 516` and `n − 4` too.
+fn batches(r: usize, n: usize, saves: &[usize], cfg: &PlanConfig) -> Vec<Batch> {
+    let nb = cfg.n_batch.max(1);
+    let mut cuts: Vec<usize> = saves.iter().copied().filter(|&p| p > r && p < n).collect();
+    if !cfg.consolidate && cfg.hybrid {
+        for d in [STOCK_FAR, STOCK_NEAR] {
+            if let Some(p) = n.checked_sub(d) {
+                if p > r && p < n {
+                    cuts.push(p);
+                }
+            }
+        }
+    }
+    cuts.push(n);
+    cuts.sort_unstable();
+    cuts.dedup();
+    let mut out = Vec::new();
+    let mut s = r;
+    for (ci, &e) in cuts.iter().enumerate() {
+        let save = saves.contains(&e);
+        let len = e - s;
+        let k = len.div_ceil(nb).max(1);
+        if cfg.consolidate && ci == cuts.len() - 1 {
+            // Last segment, cut from the end: remainder first, then full batches.
+            let first = len - (k - 1) * nb;
+            let mut b = s;
+            for j in 0..k {
+                let end = if j == 0 { b + first } else { b + nb };
+                out.push(Batch { start: b, end, save: false });
+                b = end;
+            }
+        } else {
+            let mut b = s;
+            while b < e {
+                let end = (b + nb).min(e);
+                out.push(Batch { start: b, end, save: false });
+                b = end;
+            }
+        }
+        if let Some(last) = out.last_mut() {
+            last.save = save;
+        }
+        s = e;
+    }
+    out
+}
+
+/// Removes checkpoints beyond `n_checkpoints` and returns their positions: oldest created
+/// first (stock, divergence: llama.cpp's server), or lowest utility (marconi: recency rank
+/// plus compute saved per byte, both normalised to 0..1).
+fn evict(cps: &mut Vec<CheckpointMeta>, cfg: &PlanConfig) -> Vec<usize> {
+    let mut out = Vec::new();
+    while cps.len() > cfg.n_checkpoints {
+        let i = match cfg.policy {
+            Policy::Marconi => {
+                let max_pos = cps.iter().map(|c| c.pos).max().unwrap_or(1).max(1) as f64;
+                let (lo, hi) = (
+                    cps.iter().map(|c| c.last_used).min().unwrap_or(0),
+                    cps.iter().map(|c| c.last_used).max().unwrap_or(0),
+                );
+                let span = (hi - lo).max(1) as f64;
+                let util = |c: &CheckpointMeta| {
+                    (c.last_used - lo) as f64 / span + c.pos as f64 / max_pos
+                };
+                (0..cps.len())
+                    .min_by(|&a, &b| util(&cps[a]).total_cmp(&util(&cps[b])).then(a.cmp(&b)))
+                    .unwrap_or(0)
+            }
+            Policy::Stock | Policy::Divergence => (0..cps.len())
+                .min_by_key(|&i| (cps[i].created, cps[i].pos))
+                .unwrap_or(0),
+        };
+        out.push(cps.remove(i).pos);
+    }
+    out.sort_unstable();
+    out
+}

@@ -1,0 +1,84 @@
+//! Checkpoint policies and the planner's configuration (Tandem §2.4, §4.2; DESIGN.md
+//! "Cross-request reuse").
+
+/// Where recurrent-state checkpoints are saved while a prompt is processed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    /// llama.cpp's server on a hybrid model: checkpoints [`STOCK_FAR`] and [`STOCK_NEAR`]
+    /// tokens before the prompt's end and at the start of the last user message; evicts the
+    /// oldest first.
+    Stock,
+    /// Marconi (Pan et al. 2025): a checkpoint at every branch point (the divergence point `L`)
+    /// and at the prompt's end; evicts the lowest utility (recency plus compute saved per
+    /// byte).
+    Marconi,
+    /// Tandem §4.2: split the batch that crosses `L` and save there iff `L` is before the
+    /// prompt's end and any image and `L − R ≥` [`PlanConfig::min_gap`], with `L` moved back
+    /// to the start of its line when line starts are known; at most one new
+    /// checkpoint per request; evicts the oldest first. A slot with no checkpoint (its first
+    /// request) saves once at the last user message's start, else at the prompt's end, so a
+    /// repeated or extended prompt can resume.
+    #[default]
+    Divergence,
+}
+
+impl Policy {
+    pub const ALL: [Policy; 3] = [Policy::Stock, Policy::Marconi, Policy::Divergence];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Stock => "stock",
+            Policy::Marconi => "marconi",
+            Policy::Divergence => "divergence",
+        }
+    }
+}
+
+/// llama.cpp's server ends a batch (and saves a checkpoint) this many tokens before the end of
+/// the prompt: `n_batch + 4` (observed at 516, ../shared/PEER.md).
+pub const STOCK_FAR: usize = 516;
+/// ... and this many tokens before the end (the last tokens are re-processed on an exact
+/// repeat, so their logits exist).
+pub const STOCK_NEAR: usize = 4;
+
+/// Everything the planner needs besides the slot and the request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanConfig {
+    pub policy: Policy,
+    /// One batch boundary [`PlanConfig::n_batch`] tokens before the prompt's end instead of the
+    /// stock ones at `end − 516` and `end − 4` (600 tokens run as 88 + 512, not 84 + 512 + 4);
+    /// a save at a restored checkpoint's position reuses that copy.
+    pub consolidate: bool,
+    /// Micro-batch limit (tokens per forward pass).
+    pub n_batch: usize,
+    /// Checkpoints kept per slot.
+    pub n_checkpoints: usize,
+    /// Divergence policy: minimum `L − R` for a new checkpoint (Tandem §4.2: 32).
+    pub min_gap: usize,
+    /// Whether the model has recurrent layers. Without them a slot resumes at `L` (a KV cache
+    /// truncates anywhere) and no checkpoints are planned.
+    pub hybrid: bool,
+    /// Bytes of one checkpoint (the recurrent state), for eviction by bytes and the figures.
+    pub checkpoint_bytes: usize,
+    /// Bytes of KV cache per cached token (prompt-cache entry sizes).
+    pub kv_bytes_per_token: usize,
+    /// Host prompt-cache byte limit (0 disables the prompt cache).
+    pub prompt_cache_bytes: usize,
+}
+
+impl Default for PlanConfig {
+    fn default() -> Self {
+        Self {
+            policy: Policy::Divergence,
+            consolidate: true,
+            n_batch: 512,
+            n_checkpoints: 8,
+            min_gap: 32,
+            hybrid: true,
+            checkpoint_bytes: 0,
+            kv_bytes_per_token: 0,
+            prompt_cache_bytes: 512 << 20,
+        }
+    }
+}

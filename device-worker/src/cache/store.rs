@@ -1,0 +1,110 @@
+//! What the planner knows about cached state: per slot, its tokens and checkpoint positions;
+//! on the host, a byte-limited prompt cache of earlier slot contents. Metadata only — the
+//! engine keeps the states themselves beside it and changes both through
+//! [`CacheState::apply`], so the two never disagree.
+
+use super::plan::{Plan, Source};
+use super::policy::PlanConfig;
+
+/// One saved recurrent state: the state after the first `pos` tokens of its sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct CheckpointMeta {
+    /// Tokens absorbed by the saved state.
+    pub pos: usize,
+    /// Logical clock value when saved.
+    pub created: u64,
+    /// Logical clock value when last saved or restored.
+    pub last_used: u64,
+}
+
+/// A token sequence with its checkpoints (sorted by position, unique).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CachedSequence {
+    /// Tokens the live state has absorbed (the slot's KV cache holds all of them).
+    pub tokens: Vec<u32>,
+    pub checkpoints: Vec<CheckpointMeta>,
+}
+
+impl CachedSequence {
+    /// Newest checkpoint at or before `limit`.
+    pub fn checkpoint_at_or_before(&self, limit: usize) -> Option<&CheckpointMeta> {
+        self.checkpoints.iter().rev().find(|c| c.pos <= limit)
+    }
+
+    /// Bytes held: KV cache of every token plus every checkpoint.
+    pub fn bytes(&self, cfg: &PlanConfig) -> usize {
+        self.tokens.len() * cfg.kv_bytes_per_token + self.checkpoints.len() * cfg.checkpoint_bytes
+    }
+}
+
+/// A prompt-cache entry: a slot's content stashed when the slot moved to another prompt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PromptCacheEntry {
+    pub seq: CachedSequence,
+    /// Logical clock value when stored (eviction: oldest first, as llama.cpp's server).
+    pub stored: u64,
+}
+
+/// A slot's cache metadata plus the host prompt cache.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CacheState {
+    pub slot: CachedSequence,
+    pub prompt_cache: Vec<PromptCacheEntry>,
+    /// Logical clock, advanced once per applied plan.
+    pub clock: u64,
+}
+
+impl CacheState {
+    /// Bytes held by the prompt cache.
+    pub fn prompt_cache_bytes(&self, cfg: &PlanConfig) -> usize {
+        self.prompt_cache.iter().map(|e| e.seq.bytes(cfg)).sum()
+    }
+
+    /// Bytes held by the slot's checkpoints.
+    pub fn checkpoint_bytes(&self, cfg: &PlanConfig) -> usize {
+        self.slot.checkpoints.len() * cfg.checkpoint_bytes
+    }
+
+    /// Applies an executed `plan` (made by [`super::plan::plan`] for this state and the same
+    /// `cfg`): stash/load through the prompt cache, drop checkpoints past the divergence point,
+    /// record restores and saves, evict, and set the slot's tokens to `processed` (the prompt
+    /// plus the output tokens fed back during decode).
+    pub fn apply(&mut self, cfg: &PlanConfig, plan: &Plan, processed: &[u32]) {
+        self.clock += 1;
+        let now = self.clock;
+        if plan.stash_slot && !self.slot.tokens.is_empty() {
+            let seq = std::mem::take(&mut self.slot);
+            self.prompt_cache.push(PromptCacheEntry { seq, stored: now });
+        }
+        if let Source::PromptCache(i) = plan.source {
+            self.slot = self.prompt_cache.remove(i).seq;
+        } else if plan.stash_slot {
+            self.slot = CachedSequence::default();
+        }
+        self.slot.checkpoints.retain(|c| !plan.dropped.contains(&c.pos));
+        if let Some(r) = plan.restored {
+            if let Some(c) = self.slot.checkpoints.iter_mut().find(|c| c.pos == r) {
+                c.last_used = now;
+            }
+        }
+        for &pos in &plan.saved {
+            match self.slot.checkpoints.iter_mut().find(|c| c.pos == pos) {
+                Some(c) => c.last_used = now,
+                None => self.slot.checkpoints.push(CheckpointMeta {
+                    pos,
+                    created: now,
+                    last_used: now,
+                }),
+            }
+        }
+        self.slot.checkpoints.retain(|c| !plan.evicted.contains(&c.pos));
+        self.slot.checkpoints.sort_by_key(|c| c.pos);
+        self.slot.tokens = processed.to_vec();
+        // Prompt cache: oldest entries out until within the byte limit (llama.cpp's server).
+        self.prompt_cache.sort_by_key(|e| e.stored);
+        while !self.prompt_cache.is_empty() && self.prompt_cache_bytes(cfg) > cfg.prompt_cache_bytes
+        {
+            self.prompt_cache.remove(0);
+        }
+    }
+}

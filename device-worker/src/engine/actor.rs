@@ -1,0 +1,595 @@
+//! The engine thread: loads the model, then serves queued requests one at a time (prefill in
+//! micro-batches, then decode) and streams events back. Between requests it waits on its
+//! queue until the idle controller's next deadline, releases the power votes (and parks the
+//! thread pool) or unloads the model when one passes, and reloads on the next request (a
+//! cold start). Every batch is bracketed for the idle controller and the watchdog.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use dsp::pool::ThreadPool;
+use tandem_proto::step::v1 as pb;
+use tokio::sync::{mpsc, watch};
+
+use super::admission::Admission;
+use super::request::{EngineEvent, EngineRequest};
+use super::sampling::{argmax, sample, Rng, SamplingMode};
+use super::EngineState;
+use crate::chat_template::ChatTemplate;
+use crate::config::EngineConfig;
+use crate::constraint::ConstraintFactory;
+use crate::error::WorkerError;
+use crate::model::gguf::GgufFile;
+use crate::model::{Model, Scratch};
+use crate::power::{IdleController, TickAction};
+use crate::state::slot::{choose_slot, common_prefix, Slot};
+use crate::tokenizer::{IncrementalDecoder, Tokenizer};
+use crate::watchdog::Watchdog;
+
+/// What every engine instance of one handle shares (survives watchdog restarts).
+pub(super) struct Ctx {
+    pub cfg: EngineConfig,
+    pub status: Arc<Mutex<pb::StatusResponse>>,
+    pub idle: Arc<IdleController>,
+    pub watchdog: Arc<Watchdog>,
+    pub fault: FaultHook,
+    pub state_tx: watch::Sender<EngineState>,
+}
+
+/// One engine thread's control block, shared with the handle (for the watchdog).
+pub(super) struct Instance {
+    pub id: u64,
+    /// Set by the watchdog: the thread's later results are discarded and it exits.
+    pub abandoned: AtomicBool,
+    /// The queue (locked only while waiting on it, never during a batch).
+    pub rx: Mutex<Receiver<EngineRequest>>,
+    /// The event channel of the request being served (the watchdog fails it).
+    pub current: Mutex<Option<mpsc::Sender<EngineEvent>>>,
+}
+
+impl Instance {
+    pub fn new(id: u64, rx: Receiver<EngineRequest>) -> Self {
+        Self {
+            id,
+            abandoned: AtomicBool::new(false),
+            rx: Mutex::new(rx),
+            current: Mutex::new(None),
+        }
+    }
+
+    pub fn is_abandoned(&self) -> bool {
+        self.abandoned.load(Ordering::Acquire)
+    }
+
+    pub fn take_current(&self) -> Option<mpsc::Sender<EngineEvent>> {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+}
+
+/// TEST ONLY fault injection (`--fault-hang-after-batches N`): the batch after `N` batches
+/// (counted over the whole handle) hangs until the watchdog abandons its engine. Fires once.
+pub(super) struct FaultHook {
+    hang_after: Option<u64>,
+    batches: AtomicU64,
+    fired: AtomicBool,
+}
+
+impl FaultHook {
+    pub fn new(hang_after: Option<u64>) -> Self {
+        Self {
+            hang_after,
+            batches: AtomicU64::new(0),
+            fired: AtomicBool::new(false),
+        }
+    }
+
+    fn should_hang(&self) -> bool {
+        let Some(n) = self.hang_after else {
+            return false;
+        };
+        self.batches.fetch_add(1, Ordering::Relaxed) >= n
+            && !self.fired.swap(true, Ordering::AcqRel)
+    }
+}
+
+/// Model, slots and pool: what an unload drops.
+struct Compute {
+    model: Model,
+    pool: ThreadPool,
+    slots: Vec<Slot>,
+    scratch: Scratch,
+    n_ctx: usize,
+    n_batch: usize,
+}
+
+impl Compute {
+    fn load(cfg: &EngineConfig, file: Arc<GgufFile>) -> Result<Self, WorkerError> {
+        let model = Model::load(file)?;
+        let n_ctx = cfg.ctx_size.min(model.n_ctx_train()).max(16);
+        let pool = ThreadPool::new(cfg.n_threads())
+            .map_err(|e| WorkerError::Internal(format!("thread pool: {e}")))?;
+        let slots: Vec<Slot> = (0..cfg.slots.max(1) as u32)
+            .map(|i| Slot::new(i, model.new_sequence_state(n_ctx)))
+            .collect();
+        let n_batch = cfg.micro_batch.clamp(1, n_ctx);
+        let scratch = model.new_scratch(n_batch);
+        Ok(Self {
+            model,
+            pool,
+            slots,
+            scratch,
+            n_ctx,
+            n_batch,
+        })
+    }
+}
+
+/// Why a request stopped.
+enum Stop {
+    Finished(pb::FinishReason),
+    Cancelled,
+}
+
+pub(super) struct Engine {
+    ctx: Arc<Ctx>,
+    inst: Arc<Instance>,
+    admission: Arc<Admission>,
+    compute: Option<Compute>,
+    logits: Vec<f32>,
+    served: u64,
+}
+
+/// Starts an engine thread for `inst`: loads the model (reusing `admission` after a
+/// watchdog restart), publishes `Ready`, serves until its queue closes or it is abandoned.
+pub(super) fn spawn(
+    ctx: Arc<Ctx>,
+    inst: Arc<Instance>,
+    admission: Option<Arc<Admission>>,
+) -> Result<(), WorkerError> {
+    std::thread::Builder::new()
+        .name(format!("engine-{}", inst.id))
+        .spawn(move || match Engine::load(ctx.clone(), inst, admission) {
+            Ok(engine) => {
+                if engine.inst.is_abandoned() {
+                    return;
+                }
+                ctx.idle.engine_loaded();
+                let _ = ctx
+                    .state_tx
+                    .send_replace(EngineState::Ready(engine.admission.clone()));
+                engine.run();
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "model failed to load");
+                let _ = ctx
+                    .state_tx
+                    .send_replace(EngineState::Failed(e.to_string()));
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| WorkerError::Internal(format!("cannot start the engine thread: {e}")))
+}
+
+impl Engine {
+    fn load(
+        ctx: Arc<Ctx>,
+        inst: Arc<Instance>,
+        admission: Option<Arc<Admission>>,
+    ) -> Result<Self, WorkerError> {
+        let cfg = &ctx.cfg;
+        let path = cfg.model_path();
+        let t0 = Instant::now();
+        let file = Arc::new(GgufFile::open(&path)?);
+        let compute = Compute::load(cfg, file.clone())?;
+        let admission = match admission {
+            Some(a) => a,
+            None => {
+                let tokenizer = Tokenizer::from_gguf(&file)?;
+                let template = ChatTemplate::from_gguf(&file)?;
+                let constraints = ConstraintFactory::new(&tokenizer)?;
+                Arc::new(Admission {
+                    n_vocab: compute.model.n_vocab(),
+                    tokenizer,
+                    template,
+                    constraints,
+                    n_ctx: compute.n_ctx,
+                    default_max_tokens: cfg.default_max_tokens,
+                })
+            }
+        };
+        let threads = compute.pool.n_threads();
+        tracing::info!(
+            model = %path.display(),
+            arch = compute.model.architecture(),
+            params = compute.model.n_params(),
+            n_ctx = compute.n_ctx,
+            slots = compute.slots.len(),
+            threads,
+            kernels = dsp::backend::select().name(),
+            load_ms = t0.elapsed().as_millis() as u64,
+            engine = inst.id,
+            "model loaded"
+        );
+        let served = {
+            let mut s = ctx
+                .status
+                .lock()
+                .map_err(|_| WorkerError::Internal("status lock poisoned".into()))?;
+            s.model = Some(pb::ModelInfo {
+                path: path.display().to_string(),
+                architecture: compute.model.architecture().into(),
+                name: file
+                    .get_str_opt("general.name")
+                    .unwrap_or_default()
+                    .to_string(),
+                parameters: compute.model.n_params(),
+                file_bytes: file.file_bytes(),
+                context_length: compute.n_ctx as u32,
+                vocab_size: compute.model.n_vocab() as u32,
+                threads: threads as u32,
+                kernel_backend: dsp::backend::select().name().into(),
+            });
+            s.requests_served
+        };
+        let engine = Self {
+            logits: vec![0.0; compute.model.n_vocab()],
+            ctx,
+            inst,
+            admission,
+            compute: Some(compute),
+            served,
+        };
+        engine.publish_status();
+        Ok(engine)
+    }
+
+    fn run(mut self) {
+        loop {
+            if self.inst.is_abandoned() {
+                return;
+            }
+            let next = {
+                let rx = self.inst.rx.lock().unwrap_or_else(PoisonError::into_inner);
+                match self.ctx.idle.until_next_deadline() {
+                    None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                    Some(d) => rx.recv_timeout(d),
+                }
+            };
+            match next {
+                Ok(req) if self.inst.is_abandoned() => {
+                    // Taken from the queue in the instant the watchdog abandoned us.
+                    let _ = req
+                        .events
+                        .blocking_send(EngineEvent::Failed(WorkerError::Abandoned));
+                    self.ctx.idle.complete();
+                    return;
+                }
+                Ok(req) => {
+                    *self
+                        .inst
+                        .current
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner) = Some(req.events.clone());
+                    let events = req.events.clone();
+                    let result = self.serve(req);
+                    let ours = self.inst.take_current().is_some();
+                    if self.inst.is_abandoned() {
+                        // The watchdog failed the request if it took it first; otherwise the
+                        // request ended here and its accounting is ours.
+                        if ours {
+                            self.ctx.idle.complete();
+                        }
+                        return;
+                    }
+                    if let Err(e) = result {
+                        tracing::warn!(error = %e, "request failed");
+                        let _ = events.blocking_send(EngineEvent::Failed(e));
+                    }
+                    self.ctx.idle.complete();
+                    self.served += 1;
+                    self.publish_status();
+                }
+                Err(RecvTimeoutError::Timeout) => match self.ctx.idle.tick() {
+                    TickAction::Released => {
+                        if let Some(c) = &self.compute {
+                            c.pool.park();
+                        }
+                        tracing::debug!("idle: power votes released, pool parked");
+                    }
+                    TickAction::Unload => {
+                        self.compute = None;
+                        tracing::info!("idle: model unloaded (weights, slots, pool dropped)");
+                        self.publish_status();
+                    }
+                    TickAction::None => {}
+                },
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        tracing::info!("engine queue closed; engine thread exits");
+    }
+
+    fn publish_status(&self) {
+        let Ok(mut s) = self.ctx.status.lock() else {
+            return;
+        };
+        let slots: &[Slot] = self.compute.as_ref().map_or(&[], |c| &c.slots);
+        s.slots = slots
+            .iter()
+            .map(|sl| pb::SlotInfo {
+                id: sl.id,
+                session_id: sl.session_id.clone(),
+                cached_tokens: sl.tokens.len() as u32,
+                kv_bytes: sl.seq.bytes_used() as u64,
+                busy: false,
+            })
+            .collect();
+        s.cache = Some(pb::CacheInfo {
+            kv_bytes_total: slots.iter().map(|sl| sl.seq.bytes_allocated() as u64).sum(),
+            n_slots: slots.len() as u32,
+        });
+        s.requests_served = self.served;
+    }
+
+    /// Reloads the model after an unload (a cold start). Returns whether it did.
+    fn ensure_loaded(&mut self) -> Result<bool, WorkerError> {
+        if self.compute.is_some() {
+            return Ok(false);
+        }
+        let t0 = Instant::now();
+        let file = Arc::new(GgufFile::open(&self.ctx.cfg.model_path())?);
+        self.compute = Some(Compute::load(&self.ctx.cfg, file)?);
+        self.ctx.idle.reloaded();
+        tracing::info!(
+            load_ms = t0.elapsed().as_millis() as u64,
+            "cold start: model reloaded"
+        );
+        Ok(true)
+    }
+
+    /// Runs one request to completion (or cancellation).
+    fn serve(&mut self, mut req: EngineRequest) -> Result<(), WorkerError> {
+        let t_start = Instant::now();
+        let queue_ms = ms(t_start - req.enqueued_at);
+        let cold_start = self.ensure_loaded()?;
+        let Self {
+            ctx,
+            inst,
+            admission,
+            compute,
+            logits,
+            ..
+        } = self;
+        let c = compute
+            .as_mut()
+            .ok_or_else(|| WorkerError::Internal("the model is not loaded".into()))?;
+        let mut wake: Option<Duration> = None;
+        let si = choose_slot(&c.slots, &req.session_id, &req.prompt);
+        touch_slot(&mut c.slots, si, &req.session_id);
+        let n_prompt = req.prompt.len();
+
+        // Prefix reuse: keep the longest common prefix, but always recompute the last prompt
+        // token so its logits exist. A hybrid model's recurrent state is only valid at the
+        // slot's full cached length, so it keeps the prefix only when the prompt extends the
+        // cached sequence; otherwise the slot is reset (`Slot::truncate` returns what it kept).
+        let kv_bound = common_prefix(&c.slots[si].tokens, &req.prompt);
+        let reused = c.slots[si].truncate(kv_bound.min(n_prompt - 1));
+
+        // Prefill in micro-batches.
+        let mut passes = 0u32;
+        let mut pos = reused;
+        while pos < n_prompt {
+            if req.events.is_closed() {
+                tracing::info!(
+                    slot = si,
+                    pos,
+                    "client gone during prefill; request cancelled"
+                );
+                return Ok(());
+            }
+            let end = (pos + c.n_batch).min(n_prompt);
+            let last = end == n_prompt;
+            batch_begin(ctx, inst, &c.pool, &mut wake);
+            let slot = &mut c.slots[si];
+            let out = c.model.forward(
+                &c.pool,
+                &mut slot.seq,
+                &req.prompt[pos..end],
+                &mut c.scratch,
+                last,
+            );
+            batch_end(ctx, inst)?;
+            if let Some(l) = out? {
+                logits.copy_from_slice(l);
+            }
+            slot.tokens.extend_from_slice(&req.prompt[pos..end]);
+            passes += 1;
+            pos = end;
+        }
+        let prefill_ms = ms(t_start.elapsed());
+        let prefill = pb::PrefillStats {
+            slot_id: c.slots[si].id,
+            prompt_tokens: n_prompt as u32,
+            reused_tokens: reused as u32,
+            new_tokens: (n_prompt - reused) as u32,
+            passes,
+            queue_ms,
+            prefill_ms,
+        };
+        if req
+            .events
+            .blocking_send(EngineEvent::Prefill(prefill))
+            .is_err()
+        {
+            return Ok(());
+        }
+
+        // Decode.
+        let t_decode = Instant::now();
+        let adm = admission.clone();
+        let eog = adm.tokenizer.eog_ids().to_vec();
+        let mut decoder = IncrementalDecoder::new();
+        let mut text = String::new();
+        let mut n_out = 0u32;
+        let mut rng = match req.sampling {
+            SamplingMode::Seeded { seed, .. } => Rng::new(seed),
+            SamplingMode::Greedy => Rng::new(0),
+        };
+        let n_ctx = c.slots[si].seq.n_ctx();
+        let stop = loop {
+            if let Some(con) = req.constraint.as_mut() {
+                con.allowed_tokens()?.apply(logits);
+            }
+            let next = match req.sampling {
+                SamplingMode::Greedy => argmax(logits),
+                SamplingMode::Seeded {
+                    temperature,
+                    top_k,
+                    top_p,
+                    ..
+                } => sample(logits, temperature, top_k, top_p, &mut rng),
+            };
+            let Some(id) = next else {
+                return Err(WorkerError::Internal(
+                    "no token is allowed by the constraint".into(),
+                ));
+            };
+            if eog.contains(&id) {
+                break Stop::Finished(pb::FinishReason::Eos);
+            }
+            if let Some(con) = req.constraint.as_mut() {
+                con.commit(id)?;
+            }
+            let piece = decoder.push(&adm.tokenizer, id);
+            text.push_str(&piece);
+            let ev = pb::TokenEvent {
+                id,
+                text: piece,
+                index: n_out,
+            };
+            n_out += 1;
+            if req.events.blocking_send(EngineEvent::Token(ev)).is_err() {
+                break Stop::Cancelled;
+            }
+            if req
+                .stop
+                .iter()
+                .any(|s| text.ends_with(s.as_str()) || text.contains(s.as_str()))
+            {
+                break Stop::Finished(pb::FinishReason::Stop);
+            }
+            if req.constraint.as_ref().is_some_and(|con| con.is_finished()) {
+                break Stop::Finished(pb::FinishReason::Grammar);
+            }
+            if n_out >= req.max_tokens {
+                break Stop::Finished(pb::FinishReason::Length);
+            }
+            let slot = &mut c.slots[si];
+            if slot.seq.len() + 1 > n_ctx {
+                break Stop::Finished(pb::FinishReason::Context);
+            }
+            batch_begin(ctx, inst, &c.pool, &mut wake);
+            let out = c
+                .model
+                .forward(&c.pool, &mut slot.seq, &[id], &mut c.scratch, true);
+            batch_end(ctx, inst)?;
+            let l =
+                out?.ok_or_else(|| WorkerError::Internal("decode step returned no logits".into()))?;
+            logits.copy_from_slice(l);
+            slot.tokens.push(id);
+            passes += 1;
+        };
+        let Stop::Finished(reason) = stop else {
+            tracing::info!(
+                slot = si,
+                n_out,
+                "client gone during decode; request cancelled"
+            );
+            return Ok(());
+        };
+        let decode_ms = ms(t_decode.elapsed());
+        let done = pb::FinalStats {
+            finish_reason: reason as i32,
+            prompt_tokens: n_prompt as u32,
+            reused_tokens: reused as u32,
+            new_tokens: (n_prompt - reused) as u32,
+            decode_tokens: n_out,
+            passes,
+            queue_ms,
+            prefill_ms,
+            decode_ms,
+            server_ms: ms(t_start.elapsed()),
+            ms_per_token: if n_out > 0 {
+                decode_ms / n_out as f64
+            } else {
+                0.0
+            },
+            text,
+            kv_bound_tokens: kv_bound as u32,
+            cold_start,
+            wake_ms: wake.map_or(0.0, ms),
+        };
+        tracing::info!(
+            slot = si,
+            session = %req.session_id,
+            prompt = n_prompt,
+            reused,
+            out = n_out,
+            prefill_ms = format!("{prefill_ms:.1}"),
+            decode_ms = format!("{decode_ms:.1}"),
+            reason = ?reason,
+            cold_start,
+            "request done"
+        );
+        let _ = req.events.blocking_send(EngineEvent::Done(done));
+        Ok(())
+    }
+}
+
+/// Before a batch: votes re-applied if released (the pool unparked, the wake-up latency
+/// noted in `wake` for the request's first batch), the watchdog told; the fault hook may hang.
+fn batch_begin(ctx: &Ctx, inst: &Instance, pool: &ThreadPool, wake: &mut Option<Duration>) {
+    if let Some(latency) = ctx.idle.begin_batch() {
+        pool.unpark();
+        wake.get_or_insert(latency);
+    }
+    ctx.watchdog.batch_started(inst.id);
+    if ctx.fault.should_hang() {
+        tracing::warn!(
+            engine = inst.id,
+            "fault injection: this batch hangs until the watchdog abandons the engine"
+        );
+        while !inst.is_abandoned() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// After a batch. Errors: [`WorkerError::Abandoned`] when the watchdog gave up on this
+/// engine meanwhile (the result is discarded; the controller was already reset).
+fn batch_end(ctx: &Ctx, inst: &Instance) -> Result<(), WorkerError> {
+    ctx.watchdog.batch_finished(inst.id);
+    if inst.is_abandoned() {
+        return Err(WorkerError::Abandoned);
+    }
+    ctx.idle.end_batch();
+    Ok(())
+}
+
+fn touch_slot(slots: &mut [Slot], si: usize, session_id: &str) {
+    let next = slots.iter().map(|s| s.last_used).max().unwrap_or(0) + 1;
+    let slot = &mut slots[si];
+    slot.last_used = next;
+    if slot.session_id != session_id {
+        slot.session_id = session_id.to_string();
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}

@@ -1,0 +1,211 @@
+//! The dry-run planner and the checkpoint store on their own: scenario tests (token counts,
+//! not log lines) and a property test of the store's invariants over random request
+//! sequences (sorted positions, limits, and every resume from a state of this prompt's prefix).
+
+use device_worker::cache::{plan, CacheState, PlanConfig, PlanRequest, Policy, Source, Start};
+use proptest::prelude::*;
+
+fn cfg(policy: Policy) -> PlanConfig {
+    PlanConfig {
+        policy,
+        checkpoint_bytes: 1000,
+        kv_bytes_per_token: 10,
+        ..PlanConfig::default()
+    }
+}
+
+fn seq(start: u32, n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| start + i).collect()
+}
+
+/// Plans and applies one request whose output is `out` tokens (fed back except the last).
+fn run(state: &mut CacheState, c: &PlanConfig, prompt: &[u32], last_user: Option<usize>, out: usize) -> device_worker::cache::Plan {
+    let req = PlanRequest { prompt, last_user_start: last_user, image_start: None, line_starts: &[] };
+    let p = plan(state, &req, c);
+    let mut processed = prompt.to_vec();
+    processed.extend((0..out.saturating_sub(1) as u32).map(|i| 900_000 + i));
+    state.apply(c, &p, &processed);
+    p
+}
+
+#[test]
+fn long_prompt_then_one_sharing_70_tokens_restores_at_or_before_70_or_misses_honestly() {
+    for policy in Policy::ALL {
+        let c = cfg(policy);
+        let mut st = CacheState::default();
+        let a = seq(0, 700);
+        run(&mut st, &c, &a, None, 14);
+        let mut b = a[..70].to_vec();
+        b.extend(seq(50_000, 500));
+        let p = run(&mut st, &c, &b, None, 14);
+        assert_eq!(p.kv_bound, 70);
+        assert!(p.resume <= 70, "{policy:?}: resumed at {}", p.resume);
+        assert_eq!(p.new_tokens(), b.len() - p.resume);
+        match p.start {
+            Start::Restore(r) => assert_eq!(r, p.resume),
+            Start::Reset => assert_eq!(p.resume, 0),
+            Start::Continue => panic!("{policy:?}: cannot continue a slot the prompt left at 70"),
+        }
+        // The divergence policy saves at 70 now; a third prompt sharing 70 tokens resumes there.
+        if policy == Policy::Divergence {
+            assert_eq!(p.saved, vec![70]);
+            let mut d = a[..70].to_vec();
+            d.extend(seq(70_000, 300));
+            let p3 = run(&mut st, &c, &d, None, 14);
+            assert_eq!((p3.resume, p3.start), (70, Start::Restore(70)));
+        }
+    }
+}
+
+#[test]
+fn forty_token_prompt_repeated_with_new_suffix_reuses_its_prefix() {
+    for policy in [Policy::Stock, Policy::Divergence] {
+        let mut c = cfg(policy);
+        // The stock baseline: llama.cpp's batch boundaries (no consolidation).
+        c.consolidate = policy != Policy::Stock;
+        let mut st = CacheState::default();
+        let a = seq(0, 40);
+        run(&mut st, &c, &a, None, 5);
+        let mut b = a.clone();
+        b.extend(seq(10_000, 12));
+        let p = run(&mut st, &c, &b, None, 5);
+        // stock resumes at its end − 4 checkpoint (36), divergence at the prompt's end (40).
+        let want = if policy == Policy::Stock { 36 } else { 40 };
+        assert_eq!(p.resume, want, "{policy:?}");
+        assert_eq!(p.new_tokens(), b.len() - want);
+    }
+}
+
+#[test]
+fn two_480_token_chat_prompts_sharing_450_reuse_at_least_418() {
+    // System message (the rules) then a user message starting at 430; the prompts share the
+    // first 20 tokens of the user message.
+    for policy in [Policy::Stock, Policy::Divergence] {
+        let c = cfg(policy);
+        let mut st = CacheState::default();
+        let a = seq(0, 480);
+        run(&mut st, &c, &a, Some(430), 14);
+        let mut b = a[..450].to_vec();
+        b.extend(seq(60_000, 32));
+        let p = run(&mut st, &c, &b, Some(430), 14);
+        assert_eq!(p.kv_bound, 450);
+        assert!(p.resume >= 418, "{policy:?}: resumed at {}", p.resume);
+        assert_eq!(p.new_tokens(), b.len() - p.resume);
+    }
+}
+
+#[test]
+fn consolidation_runs_600_tokens_as_88_plus_512_and_stock_as_84_512_4() {
+    let lens = |p: &device_worker::cache::Plan| -> Vec<usize> { p.batches.iter().map(|b| b.end - b.start).collect() };
+    let a = seq(0, 600);
+    let mut c = cfg(Policy::Stock);
+    c.consolidate = false;
+    let p = plan(&CacheState::default(), &PlanRequest { prompt: &a, last_user_start: None, image_start: None, line_starts: &[] }, &c);
+    assert_eq!(lens(&p), vec![84, 512, 4]);
+    assert_eq!(p.saved, vec![84, 596]);
+    let c = cfg(Policy::Divergence);
+    let p = plan(&CacheState::default(), &PlanRequest { prompt: &a, last_user_start: None, image_start: None, line_starts: &[] }, &c);
+    assert_eq!(lens(&p), vec![88, 512]);
+}
+
+#[test]
+fn no_checkpoint_at_or_after_an_image() {
+    let c = cfg(Policy::Divergence);
+    let mut st = CacheState::default();
+    let a = seq(0, 300);
+    run(&mut st, &c, &a, None, 3);
+    let mut b = a[..200].to_vec();
+    b.extend(seq(80_000, 100));
+    let p = plan(&st, &PlanRequest { prompt: &b, last_user_start: None, image_start: Some(150), line_starts: &[] }, &c);
+    assert!(p.saved.is_empty(), "saved {:?} past the image", p.saved);
+}
+
+#[test]
+fn prompt_cache_serves_an_earlier_episode_after_the_slot_moved_on() {
+    let c = cfg(Policy::Divergence);
+    let mut st = CacheState::default();
+    let ep1 = seq(0, 400);
+    run(&mut st, &c, &ep1, Some(300), 10);
+    // Another episode takes the slot: the first one's state is stashed.
+    let ep2 = seq(100_000, 400);
+    let p2 = run(&mut st, &c, &ep2, Some(300), 10);
+    assert!(p2.stash_slot);
+    assert_eq!(st.prompt_cache.len(), 1);
+    // Back to the first episode: its checkpoint at 300 comes from the prompt cache.
+    let mut ep1b = ep1[..350].to_vec();
+    ep1b.extend(seq(200_000, 40));
+    let p3 = run(&mut st, &c, &ep1b, Some(300), 10);
+    assert_eq!(p3.source, Source::PromptCache(0));
+    assert_eq!(p3.resume, 300);
+}
+
+// === property test: store invariants, and every resume checked against the cached tokens ===
+
+fn prompt_strategy() -> impl Strategy<Value = Vec<(u8, usize, usize, u8)>> {
+    // (family, shared prefix length, suffix length, suffix seed)
+    prop::collection::vec((0u8..3, 0usize..700, 1usize..200, any::<u8>()), 1..25)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+    #[test]
+    fn store_invariants_hold_over_random_requests(
+        reqs in prompt_strategy(),
+        policy_i in 0usize..3,
+        consolidate in any::<bool>(),
+        n_checkpoints in 1usize..9,
+        cache_kib in 0usize..40,
+    ) {
+        let mut c = cfg(Policy::ALL[policy_i]);
+        c.consolidate = consolidate;
+        c.n_checkpoints = n_checkpoints;
+        c.n_batch = 128;
+        c.prompt_cache_bytes = cache_kib * 1024;
+        let mut st = CacheState::default();
+        let families: Vec<Vec<u32>> = (0..3).map(|f| seq(f * 1_000_000, 700)).collect();
+        for (f, shared, suffix, s) in reqs {
+            let mut prompt = families[f as usize][..shared].to_vec();
+            prompt.extend((0..suffix as u32).map(|i| 5_000_000 + s as u32 * 1000 + i));
+            let req = PlanRequest { prompt: &prompt, last_user_start: None, image_start: None, line_starts: &[] };
+            let p = plan(&st, &req, &c);
+            let seq_src = match p.source { Source::Slot => &st.slot, Source::PromptCache(i) => &st.prompt_cache[i].seq };
+            // Resume only from a state that belongs to position R of this prompt.
+            match p.start {
+                Start::Continue => prop_assert!(seq_src.tokens.len() == p.resume && prompt[..p.resume] == seq_src.tokens[..]),
+                Start::Restore(r) => {
+                    prop_assert_eq!(r, p.resume);
+                    prop_assert!(seq_src.checkpoints.iter().any(|cp| cp.pos == r));
+                    prop_assert!(seq_src.tokens.len() >= r && seq_src.tokens[..r] == prompt[..r]);
+                }
+                Start::Reset => prop_assert_eq!(p.resume, 0),
+            }
+            prop_assert!(p.resume <= p.kv_bound && p.kv_bound < prompt.len().max(1));
+            // Batches cover R..n contiguously, none longer than n_batch, saves at batch ends.
+            let mut pos = p.resume;
+            for b in &p.batches {
+                prop_assert_eq!(b.start, pos);
+                prop_assert!(b.end > b.start && b.end - b.start <= c.n_batch);
+                pos = b.end;
+            }
+            prop_assert_eq!(pos, prompt.len());
+            for s in &p.saved {
+                prop_assert!(p.batches.iter().any(|b| b.end == *s && b.save));
+            }
+            if c.policy == Policy::Divergence {
+                prop_assert!(p.saved.len() <= 1);
+            }
+            let processed: Vec<u32> = prompt.clone();
+            st.apply(&c, &p, &processed);
+            // Invariants: sorted unique positions, count and bytes within limits, every
+            // checkpoint inside its sequence.
+            prop_assert!(st.slot.checkpoints.windows(2).all(|w| w[0].pos < w[1].pos));
+            prop_assert!(st.slot.checkpoints.len() <= c.n_checkpoints);
+            prop_assert!(st.slot.checkpoints.iter().all(|cp| cp.pos <= st.slot.tokens.len()));
+            prop_assert!(st.prompt_cache_bytes(&c) <= c.prompt_cache_bytes);
+            for e in &st.prompt_cache {
+                prop_assert!(e.seq.checkpoints.windows(2).all(|w| w[0].pos < w[1].pos));
+                prop_assert!(e.seq.checkpoints.iter().all(|cp| cp.pos <= e.seq.tokens.len()));
+            }
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! Shared harness of the e2e tests: the real model and corpus, and a real device-worker plus
+//! agent-gateway served over loopback gRPC in the test process.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// The model (`TANDEM_MODEL`, else the worker's default path); `None` (test skipped, with a
+/// note on stderr) when the file is absent.
+pub fn model_path() -> Option<PathBuf> {
+    let p = std::env::var_os("TANDEM_MODEL").map(PathBuf::from).unwrap_or_else(device_worker::config::default_model_path);
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!("SKIPPED: model {} not found; run tools/fetch_model.sh", p.display());
+        None
+    }
+}
+
+/// The corpus root (`TANDEM_CORPUS`, else `<repo>/../shared/corpus/raw`).
+pub fn corpus() -> PathBuf {
+    std::env::var_os("TANDEM_CORPUS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/raw"))
+}
+
+/// Running servers; dropping this stops them.
+pub struct Servers {
+    /// Gateway AgentService address, `http://127.0.0.1:PORT`.
+    pub gateway: String,
+    /// Worker StepService address.
+    pub worker: String,
+    _stop: Vec<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// Loads `model` in a worker (2 threads, 2 slots, 4096-token context), serves it, and serves a
+/// gateway routed to it; both on free loopback ports.
+pub async fn start(model: PathBuf) -> Servers {
+    let cfg = device_worker::config::EngineConfig {
+        model: Some(model),
+        threads: Some(2),
+        ctx_size: 4096,
+        slots: 2,
+        ..Default::default()
+    };
+    let engine = device_worker::engine::EngineHandle::spawn(cfg).unwrap();
+    // Serve only once the model is loaded, as deploy/demo.sh waits for the worker's health.
+    let mut state = engine.state();
+    state
+        .wait_for(|s| !matches!(s, device_worker::engine::EngineState::Loading))
+        .await
+        .expect("engine state");
+    assert!(engine.admission().is_ok(), "the model failed to load");
+    let wl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let worker = format!("http://{}", wl.local_addr().unwrap());
+    let (s1, r1) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(device_worker::service::serve(engine, wl, async {
+        let _ = r1.await;
+    }));
+    let router = agent_gateway::worker::Router::new(std::slice::from_ref(&worker)).unwrap();
+    let runner = Arc::new(agent_gateway::step::StepRunner::new(router));
+    let gl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let gateway = format!("http://{}", gl.local_addr().unwrap());
+    let (s2, r2) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(agent_gateway::service::serve(runner, gl, async {
+        let _ = r2.await;
+    }));
+    Servers { gateway, worker, _stop: vec![s1, s2] }
+}
+
+/// Serves the gateway's HTTP endpoint (OpenAI API and `GET /metrics` with the process-wide
+/// Prometheus recorder, installed here) routed to `servers.worker`, on a free loopback port;
+/// stops with `servers`. Returns `127.0.0.1:PORT`.
+pub async fn start_http(servers: &mut Servers) -> String {
+    let metrics = agent_gateway::metrics::install().expect("install the Prometheus recorder");
+    let router = agent_gateway::worker::Router::new(std::slice::from_ref(&servers.worker)).unwrap();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let state = agent_gateway::http::HttpState { router, metrics: Some(metrics) };
+    tokio::spawn(agent_gateway::http::serve(state, l, async {
+        let _ = rx.await;
+    }));
+    servers._stop.push(tx);
+    addr
+}
+
+/// `GET path` over HTTP/1.1 to `addr` (`127.0.0.1:PORT`) with `Connection: close`; returns the
+/// status code and the body.
+pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect to the HTTP endpoint");
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response has a head");
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).expect("a status code");
+    // axum answers /metrics with a Content-Length body; chunked bodies are not expected here.
+    (status, body.to_string())
+}
+
+/// The value of the sample `series` (`name{labels}` exactly as rendered, or a bare name) in a
+/// Prometheus text exposition; `None` when absent.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+}

@@ -1,0 +1,57 @@
+//! `GET /metrics` after a real replay: the gateway's counters agree with the replay's
+//! per-step JSONL (steps, prompt tokens new/reused, KV bound, decode tokens).
+
+mod common;
+
+use agent_gateway::replay::{self, ReplayConfig};
+use common::{corpus, http_get, model_path, sample, start, start_http};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_agree_with_the_replay_jsonl() {
+    let Some(model) = model_path() else { return };
+    let mut servers = start(model).await;
+    let http = start_http(&mut servers).await;
+    let (status, before) = http_get(&http, "/metrics").await;
+    assert_eq!(status, 200);
+    let out = tempfile::tempdir().unwrap();
+    let cfg = ReplayConfig {
+        gateway: servers.gateway.clone(),
+        corpus: corpus(),
+        episodes: vec![],
+        count: 1,
+        max_steps: 3,
+        max_tokens: 0,
+        out: out.path().join("replay.jsonl"),
+        list: false,
+    };
+    replay::run(&cfg).await.expect("replay");
+    // Read the figures back from the JSONL file, as a dashboard user would compare them.
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(&cfg.out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 3);
+    let sum = |field: &str| rows.iter().map(|r| r[field].as_u64().unwrap()).sum::<u64>() as f64;
+    let ok_steps = rows.iter().filter(|r| r["error"].as_str() == Some("")).count() as f64;
+
+    let (status, text) = http_get(&http, "/metrics").await;
+    assert_eq!(status, 200);
+    // The counters are process-wide: compare increases over the replay.
+    let delta = |series: &str| sample(&text, series).unwrap_or(0.0) - sample(&before, series).unwrap_or(0.0);
+    assert_eq!(delta("agent_steps_total{kind=\"episode\",outcome=\"ok\"}"), ok_steps, "{text}");
+    assert_eq!(delta("agent_step_duration_seconds_count{kind=\"episode\",has_image=\"false\"}"), 3.0, "{text}");
+    assert_eq!(delta("agent_prompt_tokens_total{kind=\"new\"}"), sum("new_tokens"));
+    assert_eq!(delta("agent_prompt_tokens_total{kind=\"reused\"}"), sum("reused_tokens"));
+    assert!(sum("reused_tokens") > 0.0, "later steps reuse the prefix");
+    assert_eq!(delta("agent_kv_bound_tokens_total"), sum("kv_bound_tokens"));
+    assert_eq!(delta("agent_decode_tokens_total"), sum("decode_tokens"));
+    assert_eq!(sample(&text, "agent_steps_in_flight"), Some(0.0), "the in-flight gauge returns to 0");
+    // Every step streamed at least one token, so each has a time to first token.
+    assert_eq!(delta("agent_time_to_first_token_seconds_count{kind=\"episode\"}"), 3.0);
+    // Step time in the histogram's sum agrees with the JSONL's step_ms (same figure, s vs ms).
+    let step_s: f64 = rows.iter().map(|r| r["step_ms"].as_f64().unwrap()).sum::<f64>() / 1e3;
+    let hist_s = delta("agent_step_duration_seconds_sum{kind=\"episode\",has_image=\"false\"}");
+    assert!((hist_s - step_s).abs() < 1e-6, "histogram sum {hist_s} s vs JSONL {step_s} s");
+    assert!(text.contains("# TYPE agent_step_duration_seconds histogram"));
+}

@@ -31,13 +31,14 @@ pub const CONFIGS: [(&str, Policy, bool); 5] = [
 ];
 
 /// Prompt layouts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum PromptFormat {
     /// Rules as a system message, then one user message (what the gateway sends).
     SystemUser,
     /// Rules and everything else in one user message.
     SingleUser,
     /// Both, one after the other.
+    #[default]
     Both,
 }
 
@@ -60,6 +61,18 @@ pub struct DryRunArgs {
     /// Also print a line per step.
     #[arg(long)]
     pub per_step: bool,
+}
+
+impl Default for DryRunArgs {
+    fn default() -> Self {
+        Self {
+            model: None,
+            format: PromptFormat::Both,
+            micro_batch: 512,
+            checkpoints: 8,
+            per_step: false,
+        }
+    }
 }
 
 /// One step's planned figures per configuration.

@@ -23,6 +23,8 @@ async fn metrics_agree_with_the_replay_jsonl() {
         max_tokens: 0,
         out: out.path().join("replay.jsonl"),
         list: false,
+        dry_run: false,
+        dry: Default::default(),
     };
     replay::run(&cfg).await.expect("replay");
     // Read the figures back from the JSONL file, as a dashboard user would compare them.

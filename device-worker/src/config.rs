@@ -66,6 +66,22 @@ pub struct EngineConfig {
     /// watchdog abandons the engine. Fires once per worker process.
     #[arg(long, hide = true)]
     pub fault_hang_after_batches: Option<u64>,
+    /// Where recurrent-state checkpoints are saved (hybrid models): `divergence` (where
+    /// consecutive prompts diverge), `stock` (llama.cpp's server) or `marconi` (every branch
+    /// point). See device-worker/src/cache.
+    #[arg(long, value_enum, default_value_t = crate::cache::Policy::Divergence)]
+    pub cache_policy: crate::cache::Policy,
+    /// Batch consolidation: one batch boundary `--micro-batch` tokens before the prompt's end
+    /// instead of llama.cpp's at end − 516 and end − 4 (`--consolidate false` for the stock
+    /// boundaries).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub consolidate: bool,
+    /// Recurrent-state checkpoints kept per slot.
+    #[arg(long, default_value_t = 8, value_parser = at_least_one)]
+    pub checkpoints: usize,
+    /// Host prompt cache for earlier slot contents, in MiB (0 disables it).
+    #[arg(long, default_value_t = 512)]
+    pub prompt_cache_mib: usize,
 }
 
 /// Which [`crate::power::PowerBackend`] the worker uses.
@@ -118,6 +134,10 @@ impl Default for EngineConfig {
             ctx_size: 4096,
             slots: 2,
             micro_batch: 512,
+            cache_policy: crate::cache::Policy::Divergence,
+            consolidate: true,
+            checkpoints: 8,
+            prompt_cache_mib: 512,
             max_queue: 32,
             default_max_tokens: 256,
             idle_release_ms: 3000,

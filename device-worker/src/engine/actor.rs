@@ -24,7 +24,8 @@ use crate::error::WorkerError;
 use crate::model::gguf::GgufFile;
 use crate::model::{Model, Scratch};
 use crate::power::{IdleController, TickAction};
-use crate::state::slot::{choose_slot, common_prefix, Slot};
+use crate::cache::{self, PlanConfig, PlanRequest};
+use crate::state::slot::{choose_slot, Slot};
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 use crate::watchdog::Watchdog;
 
@@ -104,7 +105,9 @@ struct Compute {
     slots: Vec<Slot>,
     scratch: Scratch,
     n_ctx: usize,
-    n_batch: usize,
+    /// The checkpoint planner's configuration for this model (policy and limits from the
+    /// engine config, state sizes from the model).
+    plan_cfg: PlanConfig,
 }
 
 impl Compute {
@@ -118,13 +121,25 @@ impl Compute {
             .collect();
         let n_batch = cfg.micro_batch.clamp(1, n_ctx);
         let scratch = model.new_scratch(n_batch);
+        let seq = &slots[0].seq;
+        let plan_cfg = PlanConfig {
+            policy: cfg.cache_policy,
+            consolidate: cfg.consolidate,
+            n_batch,
+            n_checkpoints: cfg.checkpoints.max(1),
+            hybrid: seq.recurrent.is_some(),
+            checkpoint_bytes: seq.recurrent.as_ref().map_or(0, |r| r.bytes()),
+            kv_bytes_per_token: seq.kv.bytes_allocated() / seq.n_ctx().max(1),
+            prompt_cache_bytes: cfg.prompt_cache_mib << 20,
+            ..PlanConfig::default()
+        };
         Ok(Self {
             model,
             pool,
             slots,
             scratch,
             n_ctx,
-            n_batch,
+            plan_cfg,
         })
     }
 }
@@ -276,7 +291,9 @@ impl Engine {
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner) = Some(req.events.clone());
                     let events = req.events.clone();
+                    let energy = crate::telemetry::energy::begin_request();
                     let result = self.serve(req);
+                    crate::telemetry::energy::end_request(energy);
                     let ours = self.inst.take_current().is_some();
                     if self.inst.is_abandoned() {
                         // The watchdog failed the request if it took it first; otherwise the
@@ -329,9 +346,17 @@ impl Engine {
                 busy: false,
             })
             .collect();
+        let plan_cfg = self.compute.as_ref().map(|c| &c.plan_cfg);
         s.cache = Some(pb::CacheInfo {
             kv_bytes_total: slots.iter().map(|sl| sl.seq.bytes_allocated() as u64).sum(),
             n_slots: slots.len() as u32,
+            cache_policy: self.ctx.cfg.cache_policy.name().into(),
+            consolidate: self.ctx.cfg.consolidate,
+            checkpoints_per_slot: self.ctx.cfg.checkpoints as u32,
+            prompt_cache_bytes_limit: (self.ctx.cfg.prompt_cache_mib as u64) << 20,
+            checkpoint_bytes: plan_cfg.map_or(0, |p| p.checkpoint_bytes as u64),
+            kv_bytes_per_token: plan_cfg.map_or(0, |p| p.kv_bytes_per_token as u64),
+            checkpoint_bytes_held: slots.iter().map(|sl| sl.cache.bytes_held() as u64).sum(),
         });
         s.requests_served = self.served;
     }
@@ -373,43 +398,72 @@ impl Engine {
         touch_slot(&mut c.slots, si, &req.session_id);
         let n_prompt = req.prompt.len();
 
-        // Prefix reuse: keep the longest common prefix, but always recompute the last prompt
-        // token so its logits exist. A hybrid model's recurrent state is only valid at the
-        // slot's full cached length, so it keeps the prefix only when the prompt extends the
-        // cached sequence; otherwise the slot is reset (`Slot::truncate` returns what it kept).
-        let kv_bound = common_prefix(&c.slots[si].tokens, &req.prompt);
-        let reused = c.slots[si].truncate(kv_bound.min(n_prompt - 1));
+        // Cross-request reuse: the planner decides where processing resumes (the live state,
+        // a checkpoint, a prompt-cache entry, or nothing), the batches, and the checkpoints
+        // saved and evicted; the slot's cache executes exactly that (device-worker/src/cache).
+        let plan = cache::plan(
+            &c.slots[si].cache.meta,
+            &PlanRequest {
+                prompt: &req.prompt,
+                last_user_start: req.last_user_start,
+                image_start: None,
+                line_starts: &req.line_starts,
+            },
+            &c.plan_cfg,
+        );
+        let (kv_bound, reused) = (plan.kv_bound, plan.resume);
+        {
+            let slot = &mut c.slots[si];
+            if let Err(e) = slot.cache.begin(&plan, &mut slot.seq) {
+                reset_slot(slot);
+                return Err(e);
+            }
+            slot.tokens.clear();
+            slot.tokens.extend_from_slice(&req.prompt[..reused]);
+        }
+        if let Some(r) = plan.restored {
+            tracing::debug!(slot = si, pos = r, "checkpoint restored");
+        }
 
-        // Prefill in micro-batches.
+        // Prefill, batch by batch as planned.
         let mut passes = 0u32;
-        let mut pos = reused;
-        while pos < n_prompt {
+        for b in &plan.batches {
             if req.events.is_closed() {
                 tracing::info!(
                     slot = si,
-                    pos,
+                    pos = b.start,
                     "client gone during prefill; request cancelled"
                 );
+                let slot = &mut c.slots[si];
+                slot.cache.finish(&c.plan_cfg, &plan, &slot.tokens);
                 return Ok(());
             }
-            let end = (pos + c.n_batch).min(n_prompt);
-            let last = end == n_prompt;
+            let last = b.end == n_prompt;
             batch_begin(ctx, inst, &c.pool, &mut wake);
             let slot = &mut c.slots[si];
             let out = c.model.forward(
                 &c.pool,
                 &mut slot.seq,
-                &req.prompt[pos..end],
+                &req.prompt[b.start..b.end],
                 &mut c.scratch,
                 last,
             );
             batch_end(ctx, inst)?;
-            if let Some(l) = out? {
+            let out = match out {
+                Ok(o) => o,
+                Err(e) => {
+                    reset_slot(slot);
+                    return Err(e.into());
+                }
+            };
+            if let Some(l) = out {
                 logits.copy_from_slice(l);
             }
-            slot.tokens.extend_from_slice(&req.prompt[pos..end]);
+            slot.tokens.extend_from_slice(&req.prompt[b.start..b.end]);
+            if b.save {
+                slot.cache.save(&slot.seq);
+            }
             passes += 1;
-            pos = end;
         }
         let prefill_ms = ms(t_start.elapsed());
         let prefill = pb::PrefillStats {
@@ -498,12 +552,23 @@ impl Engine {
                 .model
                 .forward(&c.pool, &mut slot.seq, &[id], &mut c.scratch, true);
             batch_end(ctx, inst)?;
-            let l =
-                out?.ok_or_else(|| WorkerError::Internal("decode step returned no logits".into()))?;
+            let l = match out {
+                Ok(Some(l)) => l,
+                Ok(None) => {
+                    reset_slot(slot);
+                    return Err(WorkerError::Internal("decode step returned no logits".into()));
+                }
+                Err(e) => {
+                    reset_slot(slot);
+                    return Err(e.into());
+                }
+            };
             logits.copy_from_slice(l);
             slot.tokens.push(id);
             passes += 1;
         };
+        let slot = &mut c.slots[si];
+        let events = slot.cache.finish(&c.plan_cfg, &plan, &slot.tokens);
         let Stop::Finished(reason) = stop else {
             tracing::info!(
                 slot = si,
@@ -533,6 +598,11 @@ impl Engine {
             kv_bound_tokens: kv_bound as u32,
             cold_start,
             wake_ms: wake.map_or(0.0, ms),
+            checkpoints_saved: events.saved,
+            checkpoints_restored: events.restored,
+            checkpoints_evicted: events.evicted,
+            checkpoint_bytes_held: events.bytes_held,
+            cache_policy: c.plan_cfg.policy.name().into(),
         };
         tracing::info!(
             slot = si,
@@ -588,6 +658,13 @@ fn touch_slot(slots: &mut [Slot], si: usize, session_id: &str) {
     if slot.session_id != session_id {
         slot.session_id = session_id.to_string();
     }
+}
+
+/// Empties a slot whose state is no longer trustworthy (a failed batch).
+fn reset_slot(slot: &mut Slot) {
+    slot.seq.reset();
+    slot.tokens.clear();
+    slot.cache.clear();
 }
 
 fn ms(d: Duration) -> f64 {

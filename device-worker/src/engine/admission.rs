@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 
 use super::request::{EngineEvent, EngineRequest};
 use super::sampling::SamplingMode;
+use crate::cache::chat_tokens::{chat_tokens, line_starts};
 use crate::chat_template::{ChatMessage, ChatTemplate};
 use crate::constraint::ConstraintFactory;
 use crate::error::WorkerError;
@@ -37,27 +38,27 @@ impl Admission {
         events: mpsc::Sender<EngineEvent>,
     ) -> Result<EngineRequest, WorkerError> {
         let enqueued_at = Instant::now();
+        let mut last_user_start = None;
         let prompt = match req.prompt {
             None => return Err(WorkerError::EmptyPrompt),
             Some(pb::generate_request::Prompt::Chat(chat)) => {
                 if chat.messages.is_empty() {
                     return Err(WorkerError::EmptyPrompt);
                 }
-                // Message contents are data: special-token texts inside them are escaped so
-                // they stay text (the template's own markers are the only turn boundaries).
+                // Message contents are data: `chat_tokens` escapes special-token texts inside
+                // them so they stay text (the template's own markers are the only turn
+                // boundaries), and finds where the last user message starts.
                 let msgs: Vec<ChatMessage> = chat
                     .messages
                     .into_iter()
-                    .map(|m| {
-                        let content = self.tokenizer.escape_special(&m.content).into_owned();
-                        ChatMessage {
-                            role: m.role,
-                            content,
-                        }
+                    .map(|m| ChatMessage {
+                        role: m.role,
+                        content: m.content,
                     })
                     .collect();
-                let text = self.template.render(&msgs, true)?;
-                self.tokenizer.encode(&text, true)?
+                let ct = chat_tokens(&self.tokenizer, &self.template, &msgs)?;
+                last_user_start = ct.last_user_start;
+                ct.tokens
             }
             Some(pb::generate_request::Prompt::Text(text)) => self.tokenizer.encode(&text, true)?,
             Some(pb::generate_request::Prompt::Tokens(t)) => {
@@ -107,8 +108,11 @@ impl Admission {
         } else {
             req.max_tokens
         };
+        let line_starts = line_starts(&self.tokenizer, &prompt);
         Ok(EngineRequest {
             session_id: req.session_id,
+            last_user_start,
+            line_starts,
             prompt,
             max_tokens,
             stop: req.stop.into_iter().filter(|s| !s.is_empty()).collect(),

@@ -13,6 +13,11 @@ use crate::error::WorkerError;
 pub struct EngineRequest {
     pub session_id: String,
     pub prompt: Vec<u32>,
+    /// Where the last user message starts in `prompt` (chat prompts), for the checkpoint
+    /// planner.
+    pub last_user_start: Option<usize>,
+    /// Line starts of `prompt` (see [`crate::cache::PlanRequest::line_starts`]).
+    pub line_starts: Vec<usize>,
     pub max_tokens: u32,
     pub stop: Vec<String>,
     pub sampling: SamplingMode,

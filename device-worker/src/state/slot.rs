@@ -5,6 +5,7 @@
 //! session, or to the least recently used one.
 
 use super::sequence::SequenceState;
+use crate::cache::SlotCache;
 
 pub struct Slot {
     pub id: u32,
@@ -15,6 +16,8 @@ pub struct Slot {
     pub seq: SequenceState,
     /// Request counter value when last used (for LRU choice).
     pub last_used: u64,
+    /// Checkpoints, prompt-cache entries and the planner's view of them.
+    pub cache: SlotCache,
 }
 
 impl Slot {
@@ -25,6 +28,7 @@ impl Slot {
             tokens: Vec::new(),
             seq,
             last_used: 0,
+            cache: SlotCache::default(),
         }
     }
 
@@ -40,14 +44,19 @@ impl Slot {
 
 impl Slot {
     /// Cached tokens a request for `prompt` could keep: the common prefix, except that a
-    /// hybrid model's slot is only reusable when its whole cached sequence is a prefix of
-    /// `prompt` (its recurrent state cannot be rewound), else 0.
+    /// hybrid model's slot resumes only where its whole cached sequence is a prefix of
+    /// `prompt` (its recurrent state cannot be rewound) or at its newest checkpoint within
+    /// the common prefix, else 0.
     pub fn reusable_prefix(&self, prompt: &[u32]) -> usize {
         let n = common_prefix(&self.tokens, prompt);
         if self.seq.can_truncate_to(n) {
             n
         } else {
-            0
+            self.cache
+                .meta
+                .slot
+                .checkpoint_at_or_before(n)
+                .map_or(0, |c| c.pos)
         }
     }
 }

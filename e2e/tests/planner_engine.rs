@@ -1,0 +1,148 @@
+//! The engine executes exactly what the dry-run planner plans: every corpus episode, prompts
+//! built by the gateway's prompt builder, run on a real worker holding the tiny hybrid Qwen3.5
+//! fixture under each checkpoint policy (with and without batch consolidation); each step's
+//! processed prompt tokens and prefill passes equal the planner's, run beside it on the same
+//! tokens, and the generated tokens are identical across policies (a checkpoint restore is
+//! bit-exact).
+
+use std::path::PathBuf;
+
+use agent_gateway::corpus::load_episodes;
+use agent_gateway::prompt::{build_prompt, PromptInput};
+use device_worker::cache::{chat_tokens, plan, CacheState, PlanConfig, PlanRequest, Policy};
+use device_worker::chat_template::{ChatMessage, ChatTemplate};
+use device_worker::config::EngineConfig;
+use device_worker::engine::{EngineHandle, EngineState};
+use device_worker::model::gguf::GgufFile;
+use device_worker::tokenizer::Tokenizer;
+use tandem_proto::step::v1 as pb;
+use tandem_proto::step::v1::step_service_client::StepServiceClient;
+
+mod common;
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../device-worker/tests/fixtures/qwen35/tiny-qwen35-q8_0.gguf")
+}
+
+/// Serves an engine with `policy` / `consolidate` on a free port; returns its address and a
+/// stop handle.
+async fn worker(policy: Policy, consolidate: bool) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let cfg = EngineConfig {
+        model: Some(fixture()),
+        threads: Some(2),
+        ctx_size: 4096,
+        slots: 1,
+        micro_batch: 512,
+        cache_policy: policy,
+        consolidate,
+        ..Default::default()
+    };
+    let engine = EngineHandle::spawn(cfg).expect("engine");
+    let mut st = engine.state();
+    st.wait_for(|s| !matches!(s, EngineState::Loading)).await.expect("state");
+    assert!(engine.admission().is_ok(), "fixture failed to load");
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = format!("http://{}", l.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(device_worker::service::serve(engine, l, async {
+        let _ = rx.await;
+    }));
+    (addr, tx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_token_counts_equal_the_planner_for_every_policy_and_episode() {
+    let file = GgufFile::open(&fixture()).expect("fixture");
+    let tokenizer = Tokenizer::from_gguf(&file).expect("tokenizer");
+    let template = ChatTemplate::from_gguf(&file).expect("template");
+    let episodes = load_episodes(&common::corpus()).expect("corpus");
+    assert!(episodes.len() >= 4);
+    let mut outputs_by_config: Vec<Vec<Vec<u32>>> = Vec::new();
+    for (policy, consolidate) in [
+        (Policy::Stock, false),
+        (Policy::Marconi, false),
+        (Policy::Divergence, false),
+        (Policy::Divergence, true),
+    ] {
+        let (addr, _stop) = worker(policy, consolidate).await;
+        let mut client = StepServiceClient::connect(addr).await.expect("connect");
+        let status = client.status(pb::StatusRequest {}).await.expect("status").into_inner();
+        let cfg = PlanConfig {
+            policy,
+            consolidate,
+            n_batch: 512,
+            checkpoint_bytes: status.cache.as_ref().map_or(0, |c| c.checkpoint_bytes as usize),
+            kv_bytes_per_token: status.cache.as_ref().map_or(0, |c| c.kv_bytes_per_token as usize),
+            ..PlanConfig::default()
+        };
+        let mut state = CacheState::default();
+        let mut outputs = Vec::new();
+        let (mut restores, mut reused) = (0usize, 0usize);
+        for ep in &episodes {
+            for (i, step) in ep.steps.iter().enumerate() {
+                let screen = step.observation.parse().expect("screen");
+                let history: Vec<String> =
+                    ep.steps[..i].iter().filter_map(|s| s.recorded_action.clone()).collect();
+                let p = build_prompt(&PromptInput {
+                    task: &ep.task,
+                    foreground_app: step.foreground_app.as_deref(),
+                    history: &history,
+                    screen: &screen,
+                });
+                let messages = vec![ChatMessage::new("system", p.system.clone()), ChatMessage::new("user", p.user.clone())];
+                let ct = chat_tokens(&tokenizer, &template, &messages).expect("tokens");
+                let planned = plan(
+                    &state,
+                    &PlanRequest { prompt: &ct.tokens, last_user_start: ct.last_user_start, image_start: None, line_starts: &ct.line_starts },
+                    &cfg,
+                );
+                let req = pb::GenerateRequest {
+                    session_id: "planner-check".into(),
+                    prompt: Some(pb::generate_request::Prompt::Chat(pb::ChatPrompt {
+                        messages: messages
+                            .iter()
+                            .map(|m| pb::ChatMessage { role: m.role.clone(), content: m.content.clone() })
+                            .collect(),
+                    })),
+                    max_tokens: 4,
+                    ..Default::default()
+                };
+                let mut stream = client.generate(req).await.expect("generate").into_inner();
+                let (mut prefill, mut done, mut ids) = (None, None, Vec::new());
+                while let Some(ev) = stream.message().await.expect("stream") {
+                    match ev.event {
+                        Some(pb::generate_event::Event::Prefill(p)) => prefill = Some(p),
+                        Some(pb::generate_event::Event::Token(t)) => ids.push(t.id),
+                        Some(pb::generate_event::Event::Done(d)) => done = Some(d),
+                        None => {}
+                    }
+                }
+                let (prefill, done) = (prefill.expect("prefill stats"), done.expect("final stats"));
+                let tag = format!("{policy:?} cons={consolidate} {} step {i}", ep.id);
+                assert_eq!(done.prompt_tokens as usize, ct.tokens.len(), "{tag}: prompt tokens");
+                assert_eq!(done.new_tokens as usize, planned.new_tokens(), "{tag}: new tokens");
+                assert_eq!(prefill.passes as usize, planned.passes(), "{tag}: passes");
+                assert_eq!(done.kv_bound_tokens as usize, planned.kv_bound, "{tag}: KV bound");
+                assert_eq!(done.checkpoints_saved as usize, planned.saved.len(), "{tag}: saved");
+                assert_eq!(done.checkpoints_restored as usize, planned.restored.is_some() as usize, "{tag}: restored");
+                restores += planned.restored.is_some() as usize;
+                reused += done.reused_tokens as usize;
+                // The slot holds the prompt and the output tokens fed back (all but the last
+                // one unless decoding ended at an end-of-generation token).
+                let fed = if done.finish_reason == pb::FinishReason::Eos as i32 { ids.len() } else { ids.len().saturating_sub(1) };
+                let mut processed = ct.tokens.clone();
+                processed.extend_from_slice(&ids[..fed]);
+                state.apply(&cfg, &planned, &processed);
+                outputs.push(ids);
+            }
+        }
+        // The comparison is only worth something if checkpoints were actually restored.
+        assert!(restores >= 10 && reused > 0, "{policy:?}: {restores} restores, {reused} tokens reused");
+        eprintln!("{policy:?} consolidate={consolidate}: {restores} restores, {reused} prompt tokens reused");
+        outputs_by_config.push(outputs);
+    }
+    for (ci, o) in outputs_by_config.iter().enumerate().skip(1) {
+        assert_eq!(o, &outputs_by_config[0], "outputs of config {ci} differ from stock's");
+    }
+}

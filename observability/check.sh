@@ -10,7 +10,7 @@
 #
 # Environment: TANDEM_MODEL (default: tools/fetch_model.sh), TANDEM_CORPUS
 # (../shared/corpus/raw), STEPS (replayed steps, default 4), CARGO_TARGET_DIR, BASE_PORT
-# (first of 4 loopback ports, default 19050). Output: observability/out/ (logs, replay JSONL,
+# (first of 5 loopback ports, default 19050). Output: observability/out/ (logs, replay JSONL,
 # query results).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +22,7 @@ mkdir -p "$OUT"
 STEPS="${STEPS:-4}"
 BASE_PORT="${BASE_PORT:-19050}"
 WORKER_PORT=$BASE_PORT GATEWAY_PORT=$((BASE_PORT + 1)) HTTP_PORT=$((BASE_PORT + 2)) PROM_PORT=$((BASE_PORT + 3))
+WORKER_METRICS_PORT=$((BASE_PORT + 4))
 MODEL="${TANDEM_MODEL:-$(tools/fetch_model.sh)}"
 CORPUS="${TANDEM_CORPUS:-../shared/corpus/raw}"
 
@@ -47,11 +48,14 @@ rule_files: [rules.yml]
 scrape_configs:
   - job_name: agent-gateway
     static_configs: [{targets: ["127.0.0.1:$HTTP_PORT"]}]
+  - job_name: device-worker
+    static_configs: [{targets: ["127.0.0.1:$WORKER_METRICS_PORT"]}]
 YML
 prometheus --config.file="$prom_dir/prometheus.yml" --storage.tsdb.path="$prom_dir/data" \
   --web.listen-address="127.0.0.1:$PROM_PORT" >"$OUT/prometheus.log" 2>&1 &
 pids+=($!)
-"$BIN/device-worker" serve --listen "127.0.0.1:$WORKER_PORT" --model "$MODEL" >"$OUT/worker.log" 2>&1 &
+"$BIN/device-worker" serve --listen "127.0.0.1:$WORKER_PORT" --model "$MODEL" \
+  --metrics-listen "127.0.0.1:$WORKER_METRICS_PORT" >"$OUT/worker.log" 2>&1 &
 pids+=($!)
 "$BIN/agent-gateway" serve --listen "127.0.0.1:$GATEWAY_PORT" --worker "http://127.0.0.1:$WORKER_PORT" \
   --http-listen "127.0.0.1:$HTTP_PORT" >"$OUT/gateway.log" 2>&1 &
@@ -67,6 +71,8 @@ sleep 4
 curl_metrics() { python3 -c 'import sys,urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' "$1"; }
 curl_metrics "http://127.0.0.1:$HTTP_PORT/metrics" >"$OUT/gateway_metrics.txt"
 promtool check metrics <"$OUT/gateway_metrics.txt" || true   # lint notes only; see README
+curl_metrics "http://127.0.0.1:$WORKER_METRICS_PORT/metrics" >"$OUT/worker_metrics.txt"
+promtool check metrics <"$OUT/worker_metrics.txt" || true
 
 echo "== PromQL expressions" >&2
 python3 observability/check_queries.py "http://127.0.0.1:$PROM_PORT" observability/dashboards/*.json \

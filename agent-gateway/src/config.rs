@@ -16,6 +16,9 @@ pub struct ServeConfig {
     /// `/v1/models`, `/health`), or `off`.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub http_listen: HttpListen,
+    /// OTLP span export (`--otlp-endpoint`, env `OTEL_EXPORTER_OTLP_ENDPOINT`).
+    #[command(flatten)]
+    pub otel: device_worker::telemetry::otel::OtelArgs,
 }
 
 /// `--http-listen`: an address, or `off` (no HTTP endpoint).

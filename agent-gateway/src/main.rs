@@ -46,14 +46,17 @@ fn interrupt_signal() -> anyhow::Result<impl std::future::Future<Output = ()> + 
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .init();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    // Log lines to stderr; spans over OTLP when `serve --otlp-endpoint` (or the env) is set. The
+    // exporter's gRPC channel lives on `rt`; the guard flushes spans on exit.
+    let otlp = match &cli.command {
+        Command::Serve(cfg) => cfg.otel.otlp_endpoint.clone(),
+        _ => None,
+    };
+    let _tracing = {
+        let _rt = rt.enter();
+        device_worker::telemetry::otel::init("agent-gateway", otlp.as_deref())?
+    };
     rt.block_on(async move {
         match cli.command {
             Command::Serve(cfg) => {

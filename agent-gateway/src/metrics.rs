@@ -3,53 +3,40 @@
 //!
 //! Names and buckets live in [`tandem_proto::metric_names`] (shared with the worker and the
 //! dashboards under `observability/`). The recorder is `metrics-exporter-prometheus`'s, without
-//! its own HTTP listener: [`crate::http`] serves [`render`] on the gateway's axum router.
+//! its own HTTP listener, installed by [`device_worker::telemetry::prometheus::install`] (one
+//! per process, shared with an in-process worker): [`crate::http`] serves [`render`] on the
+//! gateway's axum router.
 
-use std::sync::OnceLock;
+use std::sync::Once;
 
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusHandle;
 use tandem_proto::agent::v1 as apb;
 use tandem_proto::metric_names as m;
 
 use crate::error::GatewayError;
 
 /// The `Content-Type` of the Prometheus text exposition format, version 0.0.4.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub const CONTENT_TYPE: &str = device_worker::telemetry::prometheus::CONTENT_TYPE;
 
-static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+static GATEWAY_SERIES: Once = Once::new();
 
-/// Installs the process-wide Prometheus recorder with the buckets of
-/// [`m::HISTOGRAMS`], once; later calls return the same handle.
+/// Installs the process-wide Prometheus recorder (shared with the worker when both run in one
+/// process: [`device_worker::telemetry::prometheus::install`], buckets of [`m::HISTOGRAMS`])
+/// once, and the gateway's HELP lines and zero-valued series once; later calls return the same
+/// handle.
 ///
-/// Errors: [`GatewayError::Config`] when another recorder (not this module's) is already
+/// Errors: [`GatewayError::Config`] when another recorder (not the shared one) is already
 /// installed in the process, or a bucket list is empty.
 pub fn install() -> Result<PrometheusHandle, GatewayError> {
-    if let Some(h) = HANDLE.get() {
-        return Ok(h.clone());
-    }
-    let mut builder = PrometheusBuilder::new();
-    for (name, buckets) in m::HISTOGRAMS {
-        builder = builder
-            .set_buckets_for_metric(Matcher::Full((*name).to_string()), buckets)
-            .map_err(|e| GatewayError::Config(format!("buckets of {name}: {e}")))?;
-    }
-    let recorder = builder.build_recorder();
-    let handle = recorder.handle();
-    // Two racing callers: the loser's set_global_recorder fails, and it returns the winner's.
-    match ::metrics::set_global_recorder(recorder) {
-        Ok(()) => {
-            // Series that may stay at zero for a long time exist from the start, so dashboards
-            // and rate() see 0 rather than nothing.
-            describe();
-            ::metrics::counter!(m::AGENT_WORKER_RETRIES_TOTAL).increment(0);
-            ::metrics::gauge!(m::AGENT_STEPS_IN_FLIGHT).increment(0.0);
-            Ok(HANDLE.get_or_init(|| handle).clone())
-        }
-        Err(e) => HANDLE
-            .get()
-            .cloned()
-            .ok_or_else(|| GatewayError::Config(format!("a metrics recorder is already installed in this process: {e}"))),
-    }
+    let handle = device_worker::telemetry::prometheus::install().map_err(|e| GatewayError::Config(e.to_string()))?;
+    // Series that may stay at zero for a long time exist from the start, so dashboards and
+    // rate() see 0 rather than nothing.
+    GATEWAY_SERIES.call_once(|| {
+        describe();
+        ::metrics::counter!(m::AGENT_WORKER_RETRIES_TOTAL).increment(0);
+        ::metrics::gauge!(m::AGENT_STEPS_IN_FLIGHT).increment(0.0);
+    });
+    Ok(handle)
 }
 
 /// HELP lines of the gateway's metrics (what each one measures; see [`m`] for labels).
@@ -70,8 +57,7 @@ fn describe() {
 /// The text exposition of every metric recorded so far (runs the exporter's upkeep first so
 /// histograms are drained).
 pub fn render(handle: &PrometheusHandle) -> String {
-    handle.run_upkeep();
-    handle.render()
+    device_worker::telemetry::prometheus::render(handle)
 }
 
 /// Which API a step came through: the `kind` label of `agent_*` step metrics.

@@ -1,13 +1,15 @@
 //! Tracing around a step: the gateway runs each step in a `step` span (fields `episode`,
-//! `step`, `kind`) with children `route` and `generate` (see [`crate::step`]); they reach the
-//! log through `tracing-subscriber`.
-//!
-//! Not built yet: the OpenTelemetry OTLP export of these spans and the W3C `traceparent`
-//! propagation to the worker. [`with_trace_context`] is the one place a worker request is
-//! wrapped, so the propagation goes in here.
+//! `step`, `kind`) with children `route` and `generate` (see [`crate::step`]). With
+//! `--otlp-endpoint` they are exported over OTLP/gRPC
+//! ([`device_worker::telemetry::otel::init`]), and each worker request carries the W3C
+//! `traceparent` of the current span, so the worker's `request` → `prefill` → `decode` spans
+//! join the step's trace as children of `generate`.
 
-/// Wraps a worker request in a [`tonic::Request`]. Today it carries no trace metadata (see
-/// the module docs).
+/// Wraps a worker request in a [`tonic::Request`] whose metadata carries the trace context
+/// (`traceparent`, `tracestate`) of the current span; no metadata when tracing has no
+/// OpenTelemetry layer.
 pub fn with_trace_context<T>(message: T) -> tonic::Request<T> {
-    tonic::Request::new(message)
+    let mut request = tonic::Request::new(message);
+    device_worker::telemetry::otel::inject(&tracing::Span::current(), request.metadata_mut());
+    request
 }

@@ -6,6 +6,7 @@
 //! - [`state`]: slots and KV caches.
 //! - [`power`]: power votes, the idle controller; [`watchdog`]: the batch watchdog.
 //! - [`service`]: the tonic handlers.
+//! - [`telemetry`]: Prometheus metrics, energy sampling, OpenTelemetry tracing.
 pub mod bench;
 pub mod cache;
 pub mod chat_template;
@@ -18,5 +19,6 @@ pub mod model;
 pub mod power;
 pub mod service;
 pub mod state;
+pub mod telemetry;
 pub mod tokenizer;
 pub mod watchdog;

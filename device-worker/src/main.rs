@@ -17,8 +17,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Load the model and serve StepService, gRPC health and reflection.
-    Serve(ServeConfig),
+    /// Load the model and serve StepService, gRPC health and reflection (and Prometheus
+    /// `/metrics` with `--metrics-listen`).
+    Serve(ServeArgs),
     /// Measure prefill and decode speed on the model (no server).
     Bench(device_worker::bench::BenchConfig),
     /// Send one Generate request to a running worker and print one JSON line with the
@@ -49,74 +50,109 @@ enum Command {
     },
 }
 
-fn init_tracing() {
-    use std::io::IsTerminal;
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .init();
+/// `serve`'s options: the worker's configuration and its telemetry.
+#[derive(clap::Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    cfg: ServeConfig,
+    #[command(flatten)]
+    telemetry: device_worker::telemetry::TelemetryArgs,
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_tracing();
-    match cli.command {
-        Command::Serve(cfg) => {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()?;
-            rt.block_on(async move {
-                let model = cfg.engine.model_path();
-                if !model.exists() {
-                    anyhow::bail!(
-                        "model file {} does not exist; run tools/fetch_model.sh or pass --model PATH",
-                        model.display()
-                    );
-                }
-                let engine = device_worker::engine::EngineHandle::spawn(cfg.engine.clone())?;
-                let listener = tokio::net::TcpListener::bind(cfg.listen)
-                    .await
-                    .with_context(|| format!("cannot listen on {}", cfg.listen))?;
-                tracing::info!(addr = %listener.local_addr()?, "StepService listening");
-                // Stop on Ctrl-C, or when the model fails to load: a worker that can never
-                // serve should exit with the reason rather than sit NOT_SERVING.
-                let mut state = engine.state();
-                let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
-                tokio::spawn(async move {
-                    // A failed (re)load, at start or after a watchdog restart.
-                    let failed = state
-                        .wait_for(|s| matches!(s, device_worker::engine::EngineState::Failed(_)))
-                        .await
-                        .ok()
-                        .and_then(|s| match &*s {
-                            device_worker::engine::EngineState::Failed(m) => Some(m.clone()),
-                            _ => None,
-                        });
-                    if let Some(m) = failed {
-                        let _ = failed_tx.send(m);
-                    }
-                });
-                let load_error = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
-                let le = load_error.clone();
-                let shutdown = async move {
-                    tokio::select! {
-                        _ = tokio::signal::ctrl_c() => tracing::info!("shutting down"),
-                        Ok(m) = failed_rx => {
-                            *le.lock().unwrap_or_else(|p| p.into_inner()) = Some(m);
-                        }
-                    }
-                };
-                device_worker::service::serve(engine, listener, shutdown).await?;
-                if let Some(m) = load_error.lock().unwrap_or_else(|p| p.into_inner()).take() {
-                    anyhow::bail!("model {} failed to load: {m}", model.display());
-                }
-                Ok(())
-            })
+    let Command::Serve(ServeArgs { cfg, telemetry }) = cli.command else {
+        let _tracing = device_worker::telemetry::otel::init("device-worker", None)?;
+        return run_tool(cli.command);
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    // The OTLP exporter's gRPC channel lives on this runtime; the guard flushes spans on exit.
+    let _tracing = {
+        let _rt = rt.enter();
+        device_worker::telemetry::otel::init(
+            "device-worker",
+            telemetry.otel.otlp_endpoint.as_deref(),
+        )?
+    };
+    rt.block_on(async move {
+        let model = cfg.engine.model_path();
+        if !model.exists() {
+            anyhow::bail!(
+                "model file {} does not exist; run tools/fetch_model.sh or pass --model PATH",
+                model.display()
+            );
         }
+        let engine = device_worker::engine::EngineHandle::spawn(cfg.engine.clone())?;
+        // Detect the energy source once, at engine start.
+        device_worker::telemetry::energy::publish_availability();
+        let (metrics_stop, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
+        let metrics_server = match telemetry.metrics_listen {
+            Some(addr) => {
+                let l = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen on {addr} (--metrics-listen)"))?;
+                tracing::info!(addr = %l.local_addr()?, "Prometheus /metrics listening");
+                Some(tokio::spawn(device_worker::telemetry::prometheus::serve(
+                    engine.clone(),
+                    l,
+                    async {
+                        let _ = metrics_stopped.await;
+                    },
+                )))
+            }
+            None => None,
+        };
+        let listener = tokio::net::TcpListener::bind(cfg.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", cfg.listen))?;
+        tracing::info!(addr = %listener.local_addr()?, "StepService listening");
+        // Stop on Ctrl-C, or when the model fails to load: a worker that can never
+        // serve should exit with the reason rather than sit NOT_SERVING.
+        let mut state = engine.state();
+        let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
+        tokio::spawn(async move {
+            // A failed (re)load, at start or after a watchdog restart.
+            let failed = state
+                .wait_for(|s| matches!(s, device_worker::engine::EngineState::Failed(_)))
+                .await
+                .ok()
+                .and_then(|s| match &*s {
+                    device_worker::engine::EngineState::Failed(m) => Some(m.clone()),
+                    _ => None,
+                });
+            if let Some(m) = failed {
+                let _ = failed_tx.send(m);
+            }
+        });
+        let load_error = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
+        let le = load_error.clone();
+        let shutdown = async move {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => tracing::info!("shutting down"),
+                Ok(m) = failed_rx => {
+                    *le.lock().unwrap_or_else(|p| p.into_inner()) = Some(m);
+                }
+            }
+        };
+        device_worker::service::serve(engine, listener, shutdown).await?;
+        let _ = metrics_stop.send(());
+        if let Some(h) = metrics_server {
+            h.await.context("metrics server task")??;
+        }
+        if let Some(m) = load_error.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            anyhow::bail!("model {} failed to load: {m}", model.display());
+        }
+        Ok(())
+    })
+}
+
+/// The commands other than `serve`.
+fn run_tool(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Serve(_) => anyhow::bail!("serve is run by main, not as a tool"),
         Command::Bench(cfg) => device_worker::bench::run(&cfg),
         Command::Request {
             addr,

@@ -11,6 +11,7 @@ use tonic::{Request, Response, Status};
 
 use crate::engine::{EngineEvent, EngineHandle, EngineState};
 use crate::error::WorkerError;
+use crate::telemetry::request::RequestObserver;
 
 /// Events buffered per stream before the engine waits for the client.
 const STREAM_BUFFER: usize = 64;
@@ -41,23 +42,41 @@ impl StepService for StepServiceImpl {
     ) -> Result<Response<Self::GenerateStream>, Status> {
         let admission = self.engine.admission()?;
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        // The request's span: a child of the caller's (W3C traceparent in the metadata).
+        let span = tracing::info_span!("request", session = tracing::field::Empty);
+        crate::telemetry::otel::set_remote_parent(&span, request.metadata());
         let req = request.into_inner();
+        span.record("session", req.session_id.as_str());
         // Tokenizing and compiling a schema take milliseconds: keep them off the async workers.
         let engine_req = tokio::task::spawn_blocking(move || admission.admit(req, tx))
             .await
             .map_err(|e| Status::internal(format!("admission task failed: {e}")))??;
+        // Metrics and spans of the request from here to its last event (or its cancellation).
         self.engine.submit(engine_req)?;
-        let stream = ReceiverStream::new(rx).map(|ev| match ev {
-            EngineEvent::Prefill(p) => Ok(pb::GenerateEvent {
-                event: Some(pb::generate_event::Event::Prefill(p)),
-            }),
-            EngineEvent::Token(t) => Ok(pb::GenerateEvent {
-                event: Some(pb::generate_event::Event::Token(t)),
-            }),
-            EngineEvent::Done(d) => Ok(pb::GenerateEvent {
-                event: Some(pb::generate_event::Event::Done(d)),
-            }),
-            EngineEvent::Failed(e) => Err(Status::from(e)),
+        let mut observer = RequestObserver::new(span);
+        let stream = ReceiverStream::new(rx).map(move |ev| match ev {
+            EngineEvent::Prefill(p) => {
+                observer.on_prefill(&p);
+                Ok(pb::GenerateEvent {
+                    event: Some(pb::generate_event::Event::Prefill(p)),
+                })
+            }
+            EngineEvent::Token(t) => {
+                observer.on_token();
+                Ok(pb::GenerateEvent {
+                    event: Some(pb::generate_event::Event::Token(t)),
+                })
+            }
+            EngineEvent::Done(d) => {
+                observer.on_done(&d);
+                Ok(pb::GenerateEvent {
+                    event: Some(pb::generate_event::Event::Done(d)),
+                })
+            }
+            EngineEvent::Failed(e) => {
+                observer.on_failed(&e);
+                Err(Status::from(e))
+            }
         });
         Ok(Response::new(Box::pin(stream)))
     }

@@ -1,17 +1,21 @@
-//! `GET /metrics` after a real replay: the gateway's counters agree with the replay's
-//! per-step JSONL (steps, prompt tokens new/reused, KV bound, decode tokens).
+//! `GET /metrics` after a real replay: the gateway's counters, and the worker's on its own
+//! `/metrics`, agree with the replay's per-step JSONL (steps, prompt tokens new/reused, KV
+//! bound, decode tokens).
 
 mod common;
 
 use agent_gateway::replay::{self, ReplayConfig};
-use common::{corpus, http_get, model_path, sample, start, start_http};
+use common::{corpus, http_get, model_path, sample, start, start_http, start_worker_metrics};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_agree_with_the_replay_jsonl() {
     let Some(model) = model_path() else { return };
     let mut servers = start(model).await;
     let http = start_http(&mut servers).await;
+    let worker_http = start_worker_metrics(&mut servers).await;
     let (status, before) = http_get(&http, "/metrics").await;
+    assert_eq!(status, 200);
+    let (status, worker_before) = http_get(&worker_http, "/metrics").await;
     assert_eq!(status, 200);
     let out = tempfile::tempdir().unwrap();
     let cfg = ReplayConfig {
@@ -56,4 +60,30 @@ async fn metrics_agree_with_the_replay_jsonl() {
     let hist_s = delta("agent_step_duration_seconds_sum{kind=\"episode\",has_image=\"false\"}");
     assert!((hist_s - step_s).abs() < 1e-6, "histogram sum {hist_s} s vs JSONL {step_s} s");
     assert!(text.contains("# TYPE agent_step_duration_seconds histogram"));
+
+    // The worker's own /metrics (same process registry, served like --metrics-listen).
+    let (status, wtext) = http_get(&worker_http, "/metrics").await;
+    assert_eq!(status, 200);
+    let wdelta = |series: &str| sample(&wtext, series).unwrap_or(0.0) - sample(&worker_before, series).unwrap_or(0.0);
+    // Requests the worker finished carry its server time (a worker error leaves it 0).
+    let worker_ok = rows.iter().filter(|r| r["server_ms"].as_f64().is_some_and(|t| t > 0.0)).count() as f64;
+    assert_eq!(wdelta("worker_requests_total{outcome=\"ok\"}"), worker_ok, "{wtext}");
+    assert_eq!(wdelta("worker_prefill_tokens_total{kind=\"new\"}"), sum("new_tokens"), "{wtext}");
+    assert_eq!(wdelta("worker_prefill_tokens_total{kind=\"reused\"}"), sum("reused_tokens"));
+    assert_eq!(wdelta("worker_kv_bound_tokens_total"), sum("kv_bound_tokens"));
+    assert_eq!(wdelta("worker_decode_tokens_total"), sum("decode_tokens"));
+    assert_eq!(wdelta("worker_request_duration_seconds_count"), worker_ok);
+    assert_eq!(wdelta("worker_time_to_first_token_seconds_count"), 3.0, "every step streamed a token");
+    assert_eq!(sample(&wtext, "worker_requests_in_flight"), Some(0.0), "the in-flight gauge returns to 0");
+    let prefill_s: f64 = rows.iter().map(|r| r["prefill_ms"].as_f64().unwrap()).sum::<f64>() / 1e3;
+    assert!((wdelta("worker_prefill_duration_seconds_sum") - prefill_s).abs() < 1e-6, "prefill seconds agree with the JSONL");
+    // One power state is current, and this host has no energy source: 0, never a number.
+    let states = ["active", "released", "unloaded", "loading"].map(|s| sample(&wtext, &format!("worker_power_state{{state=\"{s}\"}}")).unwrap());
+    assert_eq!(states.iter().sum::<f64>(), 1.0, "{wtext}");
+    assert!(sample(&wtext, "worker_cold_starts_total").is_some());
+    if sample(&wtext, "worker_energy_available{source=\"unavailable\"}").is_some() {
+        assert_eq!(sample(&wtext, "worker_energy_available{source=\"unavailable\"}"), Some(0.0));
+        assert!(!wtext.contains("worker_step_energy_joules_count"), "no energy figure without a source");
+    }
+    assert!(wtext.contains("# TYPE worker_request_duration_seconds histogram"));
 }

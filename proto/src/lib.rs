@@ -86,6 +86,9 @@ pub mod metric_names {
     /// Counter: recurrent-state checkpoint events. Label [`LABEL_EVENT`] (`"save"`,
     /// `"restore"`, `"evict"`).
     pub const WORKER_CHECKPOINT_EVENTS_TOTAL: &str = "worker_checkpoint_events_total";
+    /// Gauge, bytes: saved recurrent-state checkpoints (slot and prompt cache) held after the
+    /// latest request (`FinalStats.checkpoint_bytes_held`).
+    pub const WORKER_CHECKPOINT_BYTES_HELD: &str = "worker_checkpoint_bytes_held";
     /// Gauge, 0/1 per state: 1 for the current power state. Label [`LABEL_STATE`]
     /// (`"active"`, `"released"`, `"unloaded"`, `"loading"`).
     pub const WORKER_POWER_STATE: &str = "worker_power_state";
@@ -93,6 +96,11 @@ pub mod metric_names {
     pub const WORKER_WAKEUP_DURATION_SECONDS: &str = "worker_wakeup_duration_seconds";
     /// Counter: model reloads after an idle unload.
     pub const WORKER_COLD_STARTS_TOTAL: &str = "worker_cold_starts_total";
+    /// Counter: power-vote releases (each active → released transition,
+    /// `PowerFigures.release_cycles`).
+    pub const WORKER_RELEASE_CYCLES_TOTAL: &str = "worker_release_cycles_total";
+    /// Counter: engines the watchdog restarted after a hung batch.
+    pub const WORKER_WATCHDOG_RESTARTS_TOTAL: &str = "worker_watchdog_restarts_total";
     /// Counter, joules: energy the power source measured since the worker started (present only
     /// when [`WORKER_ENERGY_AVAILABLE`] is 1). Label [`LABEL_SOURCE`].
     pub const WORKER_ENERGY_JOULES_TOTAL: &str = "worker_energy_joules_total";

@@ -30,6 +30,8 @@ pub struct Servers {
     pub gateway: String,
     /// Worker StepService address.
     pub worker: String,
+    /// The worker's engine (for its metrics server, see [`start_worker_metrics`]).
+    pub engine: device_worker::engine::EngineHandle,
     _stop: Vec<tokio::sync::oneshot::Sender<()>>,
 }
 
@@ -54,7 +56,7 @@ pub async fn start(model: PathBuf) -> Servers {
     let wl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let worker = format!("http://{}", wl.local_addr().unwrap());
     let (s1, r1) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(device_worker::service::serve(engine, wl, async {
+    tokio::spawn(device_worker::service::serve(engine.clone(), wl, async {
         let _ = r1.await;
     }));
     let router = agent_gateway::worker::Router::new(std::slice::from_ref(&worker)).unwrap();
@@ -65,7 +67,7 @@ pub async fn start(model: PathBuf) -> Servers {
     tokio::spawn(agent_gateway::service::serve(runner, gl, async {
         let _ = r2.await;
     }));
-    Servers { gateway, worker, _stop: vec![s1, s2] }
+    Servers { gateway, worker, engine, _stop: vec![s1, s2] }
 }
 
 /// Serves the gateway's HTTP endpoint (OpenAI API and `GET /metrics` with the process-wide
@@ -79,6 +81,22 @@ pub async fn start_http(servers: &mut Servers) -> String {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let state = agent_gateway::http::HttpState { router, metrics: Some(metrics) };
     tokio::spawn(agent_gateway::http::serve(state, l, async {
+        let _ = rx.await;
+    }));
+    servers._stop.push(tx);
+    addr
+}
+
+/// Serves the worker's Prometheus `GET /metrics` (as `device-worker serve --metrics-listen`;
+/// the process-wide recorder, installed here) on a free loopback port; stops with `servers`.
+/// Returns `127.0.0.1:PORT`.
+pub async fn start_worker_metrics(servers: &mut Servers) -> String {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    // Installed before the server task starts, so the first scrape finds the worker's series.
+    device_worker::telemetry::prometheus::install_worker().expect("install the Prometheus recorder");
+    tokio::spawn(device_worker::telemetry::prometheus::serve(servers.engine.clone(), l, async {
         let _ = rx.await;
     }));
     servers._stop.push(tx);

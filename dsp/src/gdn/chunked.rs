@@ -142,6 +142,7 @@ struct Scratch {
 /// identically (only the vector width differs); the products go through [`gemm_acc`], whose
 /// AVX2 path fuses its multiply-adds (within the tolerance tested in `dsp/tests/gdn.rs`).
 fn chunked_head(inp: &Inputs<'_>, h: usize, io: &mut HeadIo<'_>, chunk: usize) {
+    let _ftz = super::denormals::FlushDenormals::new();
     #[cfg(target_arch = "x86_64")]
     if super::tile::avx2_enabled() {
         // SAFETY: `avx2_enabled` checked that the CPU supports AVX2 and FMA.

@@ -23,6 +23,7 @@
 
 pub mod chunked;
 pub mod conv;
+mod denormals;
 mod heads;
 pub mod recurrent;
 pub mod shape;

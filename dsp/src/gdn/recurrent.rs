@@ -110,6 +110,7 @@ fn check_snapshots(shape: GdnShape, n: usize, snaps: Option<&[f32]>) -> Result<(
 
 /// All tokens of value head `h`.
 fn recurrent_head(inp: &Inputs<'_>, h: usize, io: &mut HeadIo<'_>) {
+    let _ftz = super::denormals::FlushDenormals::new();
     let shape = inp.shape;
     let kh = shape.k_head_of(h);
     let scale = shape.scale();

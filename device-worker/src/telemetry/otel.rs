@@ -46,6 +46,24 @@ pub fn batch_provider(service: &'static str, exporter: impl opentelemetry_sdk::t
         .build()
 }
 
+/// The OTLP/gRPC (tonic) span exporter for `endpoint` (e.g. `http://127.0.0.1:4317`), batched
+/// in a provider named `service` — the export path [`init`] sets up for `--otlp-endpoint`,
+/// without installing any subscriber (pair it with [`layer`]). Call it inside a tokio runtime
+/// (the gRPC channel is created lazily on it); spans reach the endpoint in batches, or on
+/// `force_flush`/`shutdown` of the returned provider.
+///
+/// Errors: [`TelemetryError::Otlp`] when the exporter cannot be built (e.g. a malformed
+/// endpoint URI).
+pub fn otlp_provider(service: &'static str, endpoint: &str) -> Result<SdkTracerProvider, TelemetryError> {
+    use opentelemetry_otlp::WithExportConfig;
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(endpoint)
+        .build()
+        .map_err(|e| TelemetryError::Otlp { endpoint: endpoint.to_string(), reason: e.to_string() })?;
+    Ok(batch_provider(service, exporter))
+}
+
 /// The `tracing` layer that turns spans into OpenTelemetry spans of `provider`.
 pub fn layer<S>(provider: &SdkTracerProvider, service: &'static str) -> impl tracing_subscriber::Layer<S>
 where
@@ -61,19 +79,11 @@ where
 /// Errors: [`TelemetryError::Otlp`] when the exporter cannot be built;
 /// [`TelemetryError::SubscriberTaken`] when a global subscriber is already set.
 pub fn init(service: &'static str, otlp_endpoint: Option<&str>) -> Result<TracingGuard, TelemetryError> {
-    use opentelemetry_otlp::WithExportConfig;
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     let fmt = tracing_subscriber::fmt::layer().with_ansi(std::io::stderr().is_terminal()).with_writer(std::io::stderr);
     let provider = match otlp_endpoint.filter(|e| !e.is_empty()) {
-        Some(endpoint) => {
-            let exporter = opentelemetry_otlp::SpanExporter::builder()
-                .with_tonic()
-                .with_endpoint(endpoint)
-                .build()
-                .map_err(|e| TelemetryError::Otlp { endpoint: endpoint.to_string(), reason: e.to_string() })?;
-            Some(batch_provider(service, exporter))
-        }
+        Some(endpoint) => Some(otlp_provider(service, endpoint)?),
         None => None,
     };
     let otel = provider.as_ref().map(|p| layer(p, service));

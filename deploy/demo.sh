@@ -6,7 +6,8 @@
 #   deploy/demo.sh [replay options...]     e.g. deploy/demo.sh --count 3 --max-steps 4
 #
 # Environment: TANDEM_CACHE (model cache, default ~/.cache/tandem), TANDEM_MODEL (another
-# GGUF), WORKER_PORT (50051), GATEWAY_PORT (50052), THREADS (all cores), CARGO_TARGET_DIR.
+# GGUF), WORKER_PORT (50051), GATEWAY_PORT (50052), HTTP_LISTEN (the gateway's OpenAI endpoint,
+# e.g. 127.0.0.1:8080; default off), THREADS (all cores), CARGO_TARGET_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,7 +36,7 @@ echo "== starting device-worker on 127.0.0.1:$WORKER_PORT (log: $OUT/worker.log)
 pids+=($!)
 echo "== starting agent-gateway on 127.0.0.1:$GATEWAY_PORT (log: $OUT/gateway.log)" >&2
 "$BIN/agent-gateway" serve --listen "127.0.0.1:$GATEWAY_PORT" --worker "http://127.0.0.1:$WORKER_PORT" \
-  >"$OUT/gateway.log" 2>&1 &
+  --http-listen "${HTTP_LISTEN:-off}" >"$OUT/gateway.log" 2>&1 &
 pids+=($!)
 
 # Wait until a server we started reports SERVING; fail at once if it exited (bad model, port

@@ -25,25 +25,6 @@ enum Command {
     Prompt(agent_gateway::prompt_dump::PromptArgs),
 }
 
-/// A future that resolves on Ctrl-C (SIGINT). On Unix the handler is registered before this
-/// returns, so a signal that arrives while the servers start is not lost.
-fn interrupt_signal() -> anyhow::Result<impl std::future::Future<Output = ()> + Send> {
-    #[cfg(unix)]
-    {
-        let mut sig = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-            .context("cannot install the SIGINT handler")?;
-        Ok(async move {
-            let _ = sig.recv().await;
-        })
-    }
-    #[cfg(not(unix))]
-    {
-        Ok(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-    }
-}
-
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
@@ -60,12 +41,12 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(async move {
         match cli.command {
             Command::Serve(cfg) => {
-                // One Ctrl-C stops both servers; listen for it before anything else starts.
+                // One SIGINT/SIGTERM stops both servers; listen for it before anything else
+                // starts (a second one, or 30 s of draining, exits at once).
                 let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-                let interrupted = interrupt_signal()?;
+                let interrupted = device_worker::shutdown::signal().context("cannot install the signal handlers")?;
                 tokio::spawn(async move {
                     interrupted.await;
-                    tracing::info!("shutting down");
                     let _ = stop_tx.send(true);
                 });
                 let metrics = agent_gateway::metrics::install()?;

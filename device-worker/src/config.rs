@@ -24,7 +24,7 @@ fn at_least_one(s: &str) -> Result<usize, String> {
 /// Engine settings.
 #[derive(Clone, Debug, clap::Args)]
 pub struct EngineConfig {
-    /// GGUF model file (architecture `llama`). Default: the SmolLM2-135M-Instruct Q4_1 file
+    /// GGUF model file (architectures `llama` and `qwen35`). Default: the SmolLM2-135M-Instruct Q4_1 file
     /// fetched by `tools/fetch_model.sh` into $TANDEM_CACHE (or ~/.cache/tandem).
     #[arg(long, env = "TANDEM_MODEL")]
     pub model: Option<PathBuf>,
@@ -68,7 +68,7 @@ pub struct EngineConfig {
     pub fault_hang_after_batches: Option<u64>,
     /// Where recurrent-state checkpoints are saved (hybrid models): `divergence` (where
     /// consecutive prompts diverge), `stock` (llama.cpp's server) or `marconi` (every branch
-    /// point). See device-worker/src/cache.
+    /// point); compare them on the corpus with `agent-gateway replay --dry-run`.
     #[arg(long, value_enum, default_value_t = crate::cache::Policy::Divergence)]
     pub cache_policy: crate::cache::Policy,
     /// Batch consolidation: one batch boundary `--micro-batch` tokens before the prompt's end

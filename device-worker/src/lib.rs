@@ -18,6 +18,7 @@ pub mod error;
 pub mod model;
 pub mod power;
 pub mod service;
+pub mod shutdown;
 pub mod state;
 pub mod telemetry;
 pub mod tokenizer;

@@ -129,9 +129,10 @@ fn main() -> anyhow::Result<()> {
         });
         let load_error = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
         let le = load_error.clone();
+        let interrupted = device_worker::shutdown::signal().context("cannot install the signal handlers")?;
         let shutdown = async move {
             tokio::select! {
-                _ = tokio::signal::ctrl_c() => tracing::info!("shutting down"),
+                _ = interrupted => {}
                 Ok(m) = failed_rx => {
                     *le.lock().unwrap_or_else(|p| p.into_inner()) = Some(m);
                 }

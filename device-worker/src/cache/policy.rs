@@ -5,16 +5,16 @@
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Policy {
-    /// llama.cpp's server on a hybrid model: checkpoints [`STOCK_FAR`] and [`STOCK_NEAR`]
-    /// tokens before the prompt's end and at the start of the last user message; evicts the
+    /// llama.cpp's server on a hybrid model: checkpoints 516 and 4 tokens before the prompt's
+    /// end (`STOCK_FAR`, `STOCK_NEAR`) and at the start of the last user message; evicts the
     /// oldest first.
     Stock,
-    /// Marconi (Pan et al. 2025): a checkpoint at every branch point (the divergence point `L`)
+    /// Marconi (Pan et al. 2025): a checkpoint at every branch point (the divergence point L)
     /// and at the prompt's end; evicts the lowest utility (recency plus compute saved per
     /// byte).
     Marconi,
-    /// Tandem §4.2: split the batch that crosses `L` and save there iff `L` is before the
-    /// prompt's end and any image and `L − R ≥` [`PlanConfig::min_gap`], with `L` moved back
+    /// Tandem §4.2: split the batch that crosses the divergence point L and save there iff L is
+    /// before the prompt's end and any image and L − R ≥ 32 (`PlanConfig::min_gap`), with L moved back
     /// to the start of its line when line starts are known; at most one new
     /// checkpoint per request; evicts the oldest first. A slot with no checkpoint (its first
     /// request) saves once at the last user message's start, else at the prompt's end, so a

@@ -40,7 +40,9 @@ pub async fn run(args: &HealthArgs) -> Result<(), GatewayError> {
 }
 
 async fn check(addr: &str, service: &str) -> Result<ServingStatus, String> {
-    let channel = tonic::transport::Endpoint::from_shared(addr.to_string())
+    // `--listen` takes host:port, so accept the same here (http:// implied).
+    let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+    let channel = tonic::transport::Endpoint::from_shared(uri)
         .map_err(|e| format!("invalid address: {e}"))?
         .connect()
         .await

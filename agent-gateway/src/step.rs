@@ -180,6 +180,19 @@ impl StepRunner {
             Err(Attempt::Unavailable(msg)) => {
                 tracing::warn!(step, error = %msg, "worker unavailable; retrying the step once");
                 record_retry();
+                // Route around the worker for a while: with several workers the retry (and the
+                // episode's next steps) go to the next healthy one; with one, it is retried.
+                let failed = result.stats.as_ref().map(|s| s.worker.clone()).unwrap_or_default();
+                self.router.mark_down(&failed);
+                let next = self.router.route(&request.session_id).clone();
+                let client = if next.addr != failed {
+                    if let Some(s) = result.stats.as_mut() {
+                        s.worker = next.addr.clone();
+                    }
+                    next.client
+                } else {
+                    client
+                };
                 self.generate_once(client, request, step, events, result, progress).await.map_err(Attempt::into_message)
             }
             other => other.map_err(Attempt::into_message),

@@ -2,7 +2,13 @@
 //!
 //! An episode always goes to the same worker (episode affinity), so the worker's slot for
 //! that episode keeps its KV cache between steps. The choice is a stable hash of the episode
-//! id over the configured workers.
+//! id over the configured workers; a worker that failed with UNAVAILABLE (unreachable,
+//! restarting) is skipped for [`DOWN_FOR`], its episodes going to the next worker in ring
+//! order (they lose their cached prefix there, not their answers).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tandem_proto::step::v1::step_service_client::StepServiceClient;
 use tonic::transport::{Channel, Endpoint};
@@ -17,10 +23,19 @@ pub struct Worker {
     pub client: StepServiceClient<Channel>,
 }
 
+/// How long a worker that answered UNAVAILABLE is skipped by [`Router::route`].
+pub const DOWN_FOR: Duration = Duration::from_secs(10);
+
 /// Routes episodes to workers.
 #[derive(Clone)]
 pub struct Router {
     workers: Vec<Worker>,
+    /// Per worker: skipped until this time (ms since the Unix epoch; 0 = healthy).
+    down_until_ms: Arc<Vec<AtomicU64>>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Router {
@@ -43,17 +58,34 @@ impl Router {
                 Ok(Worker { addr: uri, client: StepServiceClient::new(ep.connect_lazy()) })
             })
             .collect::<Result<Vec<_>, GatewayError>>()?;
-        Ok(Self { workers })
+        let down_until_ms = Arc::new(workers.iter().map(|_| AtomicU64::new(0)).collect());
+        Ok(Self { workers, down_until_ms })
     }
 
-    /// The worker for `episode_id` (FNV-1a hash modulo the number of workers).
+    /// The worker for `episode_id`: FNV-1a hash modulo the number of workers, or the next one
+    /// in ring order that is not marked down (the hashed one when all are).
     pub fn route(&self, episode_id: &str) -> &Worker {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         for b in episode_id.bytes() {
             h ^= b as u64;
             h = h.wrapping_mul(0x0100_0000_01b3);
         }
-        &self.workers[(h % self.workers.len() as u64) as usize]
+        let n = self.workers.len();
+        let first = (h % n as u64) as usize;
+        let now = now_ms();
+        (0..n)
+            .map(|k| (first + k) % n)
+            .find(|&i| self.down_until_ms[i].load(Ordering::Relaxed) <= now)
+            .map_or(&self.workers[first], |i| &self.workers[i])
+    }
+
+    /// Marks the worker at `addr` down for [`DOWN_FOR`] (after an UNAVAILABLE answer).
+    pub fn mark_down(&self, addr: &str) {
+        if let Some(i) = self.workers.iter().position(|w| w.addr == addr) {
+            let until = now_ms() + DOWN_FOR.as_millis() as u64;
+            self.down_until_ms[i].store(until, Ordering::Relaxed);
+            tracing::warn!(worker = addr, down_s = DOWN_FOR.as_secs(), "worker unavailable; routing around it");
+        }
     }
 
     pub fn workers(&self) -> &[Worker] {
@@ -75,5 +107,17 @@ mod tests {
         let used: std::collections::HashSet<_> = (0..50).map(|i| r.route(&format!("e{i}")).addr.clone()).collect();
         assert_eq!(used.len(), 3);
         assert!(Router::new(&[]).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_worker_marked_down_is_skipped_and_its_episodes_move_to_the_next() {
+        let r = Router::new(&["127.0.0.1:1".into(), "127.0.0.1:2".into()]).unwrap();
+        let (a, b) = (r.workers()[0].addr.clone(), r.workers()[1].addr.clone());
+        let on_a = (0..50).map(|i| format!("e{i}")).find(|e| r.route(e).addr == a).unwrap();
+        r.mark_down(&a);
+        assert_eq!(r.route(&on_a).addr, b);
+        // Every worker down: the hashed one (nothing better to do).
+        r.mark_down(&b);
+        assert_eq!(r.route(&on_a).addr, a);
     }
 }

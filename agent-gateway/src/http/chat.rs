@@ -65,8 +65,17 @@ async fn run(state: HttpState, headers: HeaderMap, body: Bytes) -> Result<Respon
     let fallback_seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
     let generate = req.to_generate_request(&session_id, fallback_seed)?;
     let stops = generate.stop.clone();
-    let worker = state.router.route(&route_key).clone();
-    let mut stream = worker.client.clone().generate(generate).await.map_err(|s| worker_error(&worker.addr, s))?.into_inner();
+    let mut worker = state.router.route(&route_key).clone();
+    let mut stream = match worker.client.clone().generate(generate.clone()).await {
+        Ok(s) => s.into_inner(),
+        // An unreachable or restarting worker: route around it and try once more.
+        Err(s) if s.code() == tonic::Code::Unavailable => {
+            state.router.mark_down(&worker.addr);
+            worker = state.router.route(&route_key).clone();
+            worker.client.clone().generate(generate).await.map_err(|s| worker_error(&worker.addr, s))?.into_inner()
+        }
+        Err(s) => return Err(worker_error(&worker.addr, s)),
+    };
     let mut reply = Reply {
         id: unique_id("chatcmpl"),
         created: unix_now(),

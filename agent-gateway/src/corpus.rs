@@ -25,7 +25,8 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::action::{action_from_value, extract_action_json, parse_action, Action};
-use crate::error::{CorpusError, ObservationError};
+use crate::error::{CorpusError, GatewayError, ObservationError};
+use crate::prompt::{build_prompt, AgentPrompt, PromptInput};
 use crate::observation::{parse_android_world, parse_uiautomator, parse_uiautomator_bytes, Screen};
 
 /// The corpus root used when none is given: `<repo>/../shared/corpus/raw`, located from this
@@ -63,6 +64,21 @@ pub struct EpisodeStepData {
     pub recorded_action: Option<String>,
 }
 
+impl EpisodeStepData {
+    /// The step's screen as a gateway `Observation` (what a controller would send).
+    pub fn to_observation(&self) -> tandem_proto::agent::v1::Observation {
+        use tandem_proto::agent::v1 as apb;
+        apb::Observation {
+            screen: Some(match &self.observation {
+                ObservationSource::Xml(x) => apb::observation::Screen::UiautomatorXml(x.clone()),
+                ObservationSource::UiElementsJson(j) => apb::observation::Screen::UiElementsJson(j.clone()),
+            }),
+            screenshot_png: vec![],
+            foreground_app: self.foreground_app.clone().unwrap_or_default(),
+        }
+    }
+}
+
 /// One episode: a task and its steps in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Episode {
@@ -72,6 +88,23 @@ pub struct Episode {
     pub source: String,
     pub task: String,
     pub steps: Vec<EpisodeStepData>,
+}
+
+impl Episode {
+    /// The agent prompt of step `i` as the gateway builds it, with the episode's recorded
+    /// actions of steps `0..i` as the history (what `agent-gateway prompt` prints and the dry
+    /// run plans).
+    ///
+    /// Errors: [`GatewayError::Config`] for a step past the end; the observation's parse error.
+    pub fn step_prompt(&self, i: usize) -> Result<AgentPrompt, GatewayError> {
+        let step = self.steps.get(i).ok_or_else(|| {
+            GatewayError::Config(format!("episode {} has {} steps; step {i} does not exist", self.id, self.steps.len()))
+        })?;
+        let screen = step.observation.parse()?;
+        let history: Vec<String> = self.steps[..i].iter().filter_map(|s| s.recorded_action.clone()).collect();
+        let app = step.foreground_app.clone().or_else(|| screen.foreground_package.clone());
+        Ok(build_prompt(&PromptInput { task: &self.task, foreground_app: app.as_deref(), history: &history, screen: &screen }))
+    }
 }
 
 /// A corpus entry that is not loaded, and why.

@@ -19,7 +19,6 @@ use device_worker::tokenizer::Tokenizer;
 
 use crate::corpus::{load_episode, load_episodes, Episode};
 use crate::error::GatewayError;
-use crate::prompt::{build_prompt, PromptInput};
 
 /// The planner configurations compared, in table order.
 pub const CONFIGS: [(&str, Policy, bool); 5] = [
@@ -176,21 +175,7 @@ fn plan_format(
     let mut steps = Vec::new();
     for ep in episodes {
         for (i, step) in ep.steps.iter().enumerate() {
-            let screen = step.observation.parse()?;
-            let history: Vec<String> = ep.steps[..i]
-                .iter()
-                .filter_map(|s| s.recorded_action.clone())
-                .collect();
-            let app = step
-                .foreground_app
-                .clone()
-                .or_else(|| screen.foreground_package.clone());
-            let p = build_prompt(&PromptInput {
-                task: &ep.task,
-                foreground_app: app.as_deref(),
-                history: &history,
-                screen: &screen,
-            });
+            let p = ep.step_prompt(i)?;
             let messages = match format {
                 PromptFormat::SingleUser => {
                     vec![ChatMessage::new("user", format!("{}\n\n{}", p.system, p.user))]

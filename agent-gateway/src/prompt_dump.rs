@@ -4,7 +4,6 @@ use std::path::PathBuf;
 
 use crate::corpus::load_episode;
 use crate::error::GatewayError;
-use crate::prompt::{build_prompt, PromptInput};
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct PromptArgs {
@@ -23,14 +22,7 @@ pub struct PromptArgs {
 ///
 /// Errors: unknown episode or step, an observation that does not parse.
 pub fn messages_json(args: &PromptArgs) -> Result<String, GatewayError> {
-    let ep = load_episode(&args.corpus, &args.episode)?;
-    let step = ep.steps.get(args.step).ok_or_else(|| {
-        GatewayError::Config(format!("episode {} has {} steps; step {} does not exist", ep.id, ep.steps.len(), args.step))
-    })?;
-    let screen = step.observation.parse()?;
-    let history: Vec<String> = ep.steps[..args.step].iter().filter_map(|s| s.recorded_action.clone()).collect();
-    let app = step.foreground_app.clone().or_else(|| screen.foreground_package.clone());
-    let p = build_prompt(&PromptInput { task: &ep.task, foreground_app: app.as_deref(), history: &history, screen: &screen });
+    let p = load_episode(&args.corpus, &args.episode)?.step_prompt(args.step)?;
     Ok(serde_json::json!({"messages": [
         {"role": "system", "content": p.system},
         {"role": "user", "content": p.user},

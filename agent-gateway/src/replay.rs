@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 
-use crate::corpus::{load_episode, load_episodes, Episode, ObservationSource};
+use crate::corpus::{load_episode, load_episodes, Episode};
 use crate::error::GatewayError;
 
 #[derive(Clone, Debug, clap::Args)]
@@ -137,14 +137,7 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
             .map_err(|s| GatewayError::Gateway(format!("RunEpisode: {}", s.message())))?
             .into_inner();
         for (i, st) in ep.steps.iter().take(n).enumerate() {
-            let obs = apb::Observation {
-                screen: Some(match &st.observation {
-                    ObservationSource::Xml(x) => apb::observation::Screen::UiautomatorXml(x.clone()),
-                    ObservationSource::UiElementsJson(j) => apb::observation::Screen::UiElementsJson(j.clone()),
-                }),
-                screenshot_png: vec![],
-                foreground_app: st.foreground_app.clone().unwrap_or_default(),
-            };
+            let obs = st.to_observation();
             let sent = Instant::now();
             tx.send(apb::EpisodeInput { input: Some(apb::episode_input::Input::Observation(obs)) })
                 .await

@@ -13,14 +13,6 @@ use tandem_proto::agent::v1::agent_service_client::AgentServiceClient;
 
 const EPISODE: &str = "androidworld/ContactsAddContact_base_o4-mini_trial1";
 
-fn observation(step: &agent_gateway::corpus::EpisodeStepData) -> apb::Observation {
-    let screen = match &step.observation {
-        agent_gateway::corpus::ObservationSource::Xml(x) => apb::observation::Screen::UiautomatorXml(x.clone()),
-        agent_gateway::corpus::ObservationSource::UiElementsJson(j) => apb::observation::Screen::UiElementsJson(j.clone()),
-    };
-    apb::Observation { screen: Some(screen), ..Default::default() }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn steps_for_a_dead_worker_are_served_by_the_live_one() {
     let Some(model) = common::model_path() else { return };
@@ -54,7 +46,7 @@ async fn steps_for_a_dead_worker_are_served_by_the_live_one() {
     let mut client = AgentServiceClient::connect(gateway).await.expect("connect");
     for id in &on_dead {
         let mut stream = client
-            .step(apb::StepRequest { episode_id: id.clone(), task: episode.task.clone(), observation: Some(observation(&episode.steps[0])), max_tokens: 0 })
+            .step(apb::StepRequest { episode_id: id.clone(), task: episode.task.clone(), observation: Some(episode.steps[0].to_observation()), max_tokens: 0 })
             .await
             .expect("step")
             .into_inner();

@@ -8,7 +8,6 @@
 use std::path::PathBuf;
 
 use agent_gateway::corpus::load_episodes;
-use agent_gateway::prompt::{build_prompt, PromptInput};
 use device_worker::cache::{chat_tokens, plan, CacheState, PlanConfig, PlanRequest, Policy};
 use device_worker::chat_template::{ChatMessage, ChatTemplate};
 use device_worker::config::EngineConfig;
@@ -80,16 +79,8 @@ async fn engine_token_counts_equal_the_planner_for_every_policy_and_episode() {
         let mut outputs = Vec::new();
         let (mut restores, mut reused) = (0usize, 0usize);
         for ep in &episodes {
-            for (i, step) in ep.steps.iter().enumerate() {
-                let screen = step.observation.parse().expect("screen");
-                let history: Vec<String> =
-                    ep.steps[..i].iter().filter_map(|s| s.recorded_action.clone()).collect();
-                let p = build_prompt(&PromptInput {
-                    task: &ep.task,
-                    foreground_app: step.foreground_app.as_deref(),
-                    history: &history,
-                    screen: &screen,
-                });
+            for i in 0..ep.steps.len() {
+                let p = ep.step_prompt(i).expect("step prompt");
                 let messages = vec![ChatMessage::new("system", p.system.clone()), ChatMessage::new("user", p.user.clone())];
                 let ct = chat_tokens(&tokenizer, &template, &messages).expect("tokens");
                 let planned = plan(

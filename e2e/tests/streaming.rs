@@ -51,14 +51,6 @@ fn assert_streamed(t: &Timed) {
     assert!(last - first >= 0.3 * stats.decode_ms, "tokens arrived in a burst: first {first:.1} ms, last {last:.1} ms, decode {:.1} ms", stats.decode_ms);
 }
 
-fn observation(step: &agent_gateway::corpus::EpisodeStepData) -> apb::Observation {
-    let screen = match &step.observation {
-        agent_gateway::corpus::ObservationSource::Xml(x) => apb::observation::Screen::UiautomatorXml(x.clone()),
-        agent_gateway::corpus::ObservationSource::UiElementsJson(j) => apb::observation::Screen::UiElementsJson(j.clone()),
-    };
-    apb::Observation { screen: Some(screen), ..Default::default() }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_action_token_arrives_before_the_step_result() {
     let Some(model) = common::model_path() else { return };
@@ -72,7 +64,7 @@ async fn first_action_token_arrives_before_the_step_result() {
         .step(apb::StepRequest {
             episode_id: "stream-step".into(),
             task: episode.task.clone(),
-            observation: Some(observation(&episode.steps[0])),
+            observation: Some(episode.steps[0].to_observation()),
             max_tokens: 0,
         })
         .await
@@ -94,7 +86,7 @@ async fn first_action_token_arrives_before_the_step_result() {
     let mut events = client.run_episode(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
     for step in &episode.steps[..2] {
         let t0 = Instant::now();
-        tx.send(apb::EpisodeInput { input: Some(apb::episode_input::Input::Observation(observation(step))) }).await.unwrap();
+        tx.send(apb::EpisodeInput { input: Some(apb::episode_input::Input::Observation(step.to_observation())) }).await.unwrap();
         assert_streamed(&timed_step(&mut events, t0).await);
     }
 }

@@ -82,14 +82,6 @@ impl Receiver {
     }
 }
 
-fn observation(step: &agent_gateway::corpus::EpisodeStepData) -> apb::Observation {
-    let screen = match &step.observation {
-        agent_gateway::corpus::ObservationSource::Xml(x) => apb::observation::Screen::UiautomatorXml(x.clone()),
-        agent_gateway::corpus::ObservationSource::UiElementsJson(j) => apb::observation::Screen::UiElementsJson(j.clone()),
-    };
-    apb::Observation { screen: Some(screen), ..Default::default() }
-}
-
 /// Whether the OTLP span says its parent came from another process (OTLP `SpanFlags`).
 fn parent_is_remote(s: &Span) -> bool {
     let has = SpanFlags::ContextHasIsRemoteMask as u32;
@@ -119,7 +111,7 @@ async fn worker_spans_are_children_of_the_gateway_step_span_over_otlp() {
         .step(apb::StepRequest {
             episode_id: "trace-step".into(),
             task: episode.task.clone(),
-            observation: Some(observation(&episode.steps[0])),
+            observation: Some(episode.steps[0].to_observation()),
             max_tokens: 0,
         })
         .await

@@ -132,20 +132,17 @@ pub fn plan(state: &CacheState, req: &PlanRequest<'_>, cfg: &PlanConfig) -> Plan
         && !state.slot.tokens.is_empty()
         && (source != Source::Slot || (r == 0 && l < state.slot.tokens.len()));
 
-    let dropped: Vec<usize> = if stash_slot && source == Source::Slot {
-        Vec::new()
+    // The checkpoints that remain once the request starts and those past L, dropped (after a
+    // stash the slot starts empty: nothing is kept or dropped).
+    let (kept, past_l): (Vec<CheckpointMeta>, Vec<CheckpointMeta>) = if stash_slot && source == Source::Slot {
+        (Vec::new(), Vec::new())
     } else {
-        seq.checkpoints.iter().filter(|c| c.pos > l).map(|c| c.pos).collect()
+        seq.checkpoints.iter().partition(|c| c.pos <= l)
     };
+    let dropped: Vec<usize> = past_l.iter().map(|c| c.pos).collect();
     let restored = match r_start {
         Start::Restore(p) => Some(p),
         _ => None,
-    };
-    // The checkpoints that remain once the request starts (after a stash, none).
-    let kept: Vec<CheckpointMeta> = if stash_slot && source == Source::Slot {
-        Vec::new()
-    } else {
-        seq.checkpoints.iter().filter(|c| c.pos <= l).copied().collect()
     };
 
     // Saves.

@@ -65,6 +65,10 @@ pub struct StepRecord {
     pub prefill_ms: f64,
     pub decode_ms: f64,
     pub ms_per_token: f64,
+    /// Target-model passes of the decode phase (plain steps + verification passes).
+    pub decode_passes: u32,
+    /// Draft tokens proposed and accepted, per drafter (speculative decoding).
+    pub drafts: Vec<DraftRecord>,
     pub step_ms: f64,
     /// Milliseconds from sending the observation to the first action token.
     pub first_token_ms: Option<f64>,
@@ -72,6 +76,14 @@ pub struct StepRecord {
     pub error: String,
     pub raw_output: String,
     pub recorded_action: Option<String>,
+}
+
+/// One drafter's draft tokens in a step.
+#[derive(Debug, serde::Serialize)]
+pub struct DraftRecord {
+    pub drafter: String,
+    pub proposed: u32,
+    pub accepted: u32,
 }
 
 /// Summary of a replay run.
@@ -88,12 +100,20 @@ pub struct ReplaySummary {
 pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary), GatewayError> {
     if cfg.list {
         for e in load_episodes(&cfg.corpus)? {
-            println!("{:<48} {:>3} steps  {}  task: {}", e.id, e.steps.len(), e.source, e.task);
+            println!(
+                "{:<48} {:>3} steps  {}  task: {}",
+                e.id,
+                e.steps.len(),
+                e.source,
+                e.task
+            );
         }
         return Ok((vec![], ReplaySummary::default()));
     }
     if cfg.episodes.is_empty() && cfg.count == 0 {
-        return Err(GatewayError::Config("--count must be at least 1 (or name episodes with --episode)".into()));
+        return Err(GatewayError::Config(
+            "--count must be at least 1 (or name episodes with --episode)".into(),
+        ));
     }
     if !cfg.corpus.is_dir() {
         return Err(GatewayError::Config(format!(
@@ -102,19 +122,42 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
         )));
     }
     let episodes: Vec<Episode> = if cfg.episodes.is_empty() {
-        load_episodes(&cfg.corpus)?.into_iter().take(cfg.count).collect()
+        load_episodes(&cfg.corpus)?
+            .into_iter()
+            .take(cfg.count)
+            .collect()
     } else {
-        cfg.episodes.iter().map(|id| load_episode(&cfg.corpus, id)).collect::<Result<_, _>>()?
+        cfg.episodes
+            .iter()
+            .map(|id| load_episode(&cfg.corpus, id))
+            .collect::<Result<_, _>>()?
     };
     let mut client = AgentServiceClient::connect(cfg.gateway.clone())
         .await
-        .map_err(|e| GatewayError::Gateway(format!("cannot connect to {}: {}", cfg.gateway, crate::health::error_chain(&e))))?;
+        .map_err(|e| {
+            GatewayError::Gateway(format!(
+                "cannot connect to {}: {}",
+                cfg.gateway,
+                crate::health::error_chain(&e)
+            ))
+        })?;
     if let Some(dir) = cfg.out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|source| GatewayError::Io { path: dir.to_path_buf(), source })?;
+        std::fs::create_dir_all(dir).map_err(|source| GatewayError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
     }
-    let mut out = std::fs::File::create(&cfg.out).map_err(|source| GatewayError::Io { path: cfg.out.clone(), source })?;
+    let mut out = std::fs::File::create(&cfg.out).map_err(|source| GatewayError::Io {
+        path: cfg.out.clone(),
+        source,
+    })?;
     let total_steps: usize = episodes.iter().map(|e| steps_of(e, cfg.max_steps)).sum();
-    eprintln!("replaying {} episode(s), {} step(s) via {}", episodes.len(), total_steps, cfg.gateway);
+    eprintln!(
+        "replaying {} episode(s), {} step(s) via {}",
+        episodes.len(),
+        total_steps,
+        cfg.gateway
+    );
     print_header();
     let mut records = Vec::new();
     let mut summary = ReplaySummary::default();
@@ -130,7 +173,9 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
                 max_tokens: cfg.max_tokens,
             })),
         };
-        tx.send(start).await.map_err(|_| GatewayError::Gateway("episode stream closed".into()))?;
+        tx.send(start)
+            .await
+            .map_err(|_| GatewayError::Gateway("episode stream closed".into()))?;
         let mut events = client
             .run_episode(ReceiverStream::new(rx))
             .await
@@ -139,19 +184,34 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
         for (i, st) in ep.steps.iter().take(n).enumerate() {
             let obs = st.to_observation();
             let sent = Instant::now();
-            tx.send(apb::EpisodeInput { input: Some(apb::episode_input::Input::Observation(obs)) })
-                .await
-                .map_err(|_| GatewayError::Gateway("episode stream closed".into()))?;
+            tx.send(apb::EpisodeInput {
+                input: Some(apb::episode_input::Input::Observation(obs)),
+            })
+            .await
+            .map_err(|_| GatewayError::Gateway("episode stream closed".into()))?;
             let mut first_token_ms = None;
             let result = loop {
                 match events.next().await {
-                    Some(Ok(apb::StepEvent { event: Some(apb::step_event::Event::Token(_)) })) => {
+                    Some(Ok(apb::StepEvent {
+                        event: Some(apb::step_event::Event::Token(_)),
+                    })) => {
                         first_token_ms.get_or_insert_with(|| sent.elapsed().as_secs_f64() * 1e3);
                     }
-                    Some(Ok(apb::StepEvent { event: Some(apb::step_event::Event::Result(r)) })) => break r,
+                    Some(Ok(apb::StepEvent {
+                        event: Some(apb::step_event::Event::Result(r)),
+                    })) => break r,
                     Some(Ok(_)) => {}
-                    Some(Err(s)) => return Err(GatewayError::Gateway(format!("RunEpisode stream: {}", s.message()))),
-                    None => return Err(GatewayError::Gateway("RunEpisode stream ended early".into())),
+                    Some(Err(s)) => {
+                        return Err(GatewayError::Gateway(format!(
+                            "RunEpisode stream: {}",
+                            s.message()
+                        )))
+                    }
+                    None => {
+                        return Err(GatewayError::Gateway(
+                            "RunEpisode stream ended early".into(),
+                        ))
+                    }
                 }
             };
             let s = result.stats.clone().unwrap_or_default();
@@ -168,6 +228,16 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
                 prefill_ms: s.prefill_ms,
                 decode_ms: s.decode_ms,
                 ms_per_token: s.ms_per_token,
+                decode_passes: s.decode_passes,
+                drafts: s
+                    .drafts
+                    .iter()
+                    .map(|d| DraftRecord {
+                        drafter: d.drafter.clone(),
+                        proposed: d.proposed,
+                        accepted: d.accepted,
+                    })
+                    .collect(),
                 step_ms: s.step_ms,
                 first_token_ms,
                 action: result.action_json.clone(),
@@ -183,8 +253,12 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
             } else {
                 summary.errors += 1;
             }
-            let line = serde_json::to_string(&rec).map_err(|e| GatewayError::Gateway(format!("encoding a record: {e}")))?;
-            writeln!(out, "{line}").map_err(|source| GatewayError::Io { path: cfg.out.clone(), source })?;
+            let line = serde_json::to_string(&rec)
+                .map_err(|e| GatewayError::Gateway(format!("encoding a record: {e}")))?;
+            writeln!(out, "{line}").map_err(|source| GatewayError::Io {
+                path: cfg.out.clone(),
+                source,
+            })?;
             records.push(rec);
         }
         drop(tx);
@@ -196,6 +270,20 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
         summary.errors,
         cfg.out.display()
     );
+    let tokens: u32 = records.iter().map(|r| r.decode_tokens).sum();
+    let passes: u32 = records.iter().map(|r| r.decode_passes).sum();
+    let decode_ms: f64 = records.iter().map(|r| r.decode_ms).sum();
+    let (proposed, accepted) = records
+        .iter()
+        .flat_map(|r| &r.drafts)
+        .fold((0u32, 0u32), |(p, a), d| (p + d.proposed, a + d.accepted));
+    if tokens > 0 {
+        println!(
+            "decode: {tokens} token(s), {:.1} ms/token, {:.2} target passes/token; drafts {accepted}/{proposed} accepted",
+            decode_ms / tokens as f64,
+            passes as f64 / tokens as f64
+        );
+    }
     Ok((records, summary))
 }
 
@@ -215,7 +303,11 @@ fn print_header() {
 }
 
 fn print_row(r: &StepRecord, done: usize, total: usize) {
-    let action = if r.error.is_empty() { r.action.clone() } else { format!("ERROR: {}", r.error) };
+    let action = if r.error.is_empty() {
+        r.action.clone()
+    } else {
+        format!("ERROR: {}", r.error)
+    };
     println!(
         "{:>9} {:>4} {:>7} {:>7} {:>5} {:>9.1} {:>8.1}  {}",
         format!("{done}/{total}"),

@@ -13,7 +13,9 @@ use tracing::Instrument;
 use crate::action::{action_json_schema_for, check_index_listed, parse_action};
 use crate::episode::EpisodeStore;
 use crate::error::ObservationError;
-use crate::metrics::{record_first_token, record_retry, record_step, InFlight, StepKind, StepOutcome};
+use crate::metrics::{
+    record_first_token, record_retry, record_step, InFlight, StepKind, StepOutcome,
+};
 use crate::observation::{parse_android_world, parse_uiautomator, Screen};
 use crate::prompt::{build_prompt, PromptInput};
 use crate::worker::Router;
@@ -55,7 +57,10 @@ pub struct StepInput<'a> {
 
 impl StepRunner {
     pub fn new(router: Router) -> Self {
-        Self { router, episodes: EpisodeStore::new(4096) }
+        Self {
+            router,
+            episodes: EpisodeStore::new(4096),
+        }
     }
 
     /// Runs one step on an already parsed `screen`, sending [`apb::ActionToken`] events to
@@ -71,7 +76,9 @@ impl StepRunner {
         events: &mpsc::Sender<Result<apb::StepEvent, Status>>,
     ) -> apb::StepResult {
         let span = tracing::info_span!("step", episode = %input.episode_id, step = tracing::field::Empty, kind = input.kind.as_str());
-        self.run_in_span(input, screen, events).instrument(span).await
+        self.run_in_span(input, screen, events)
+            .instrument(span)
+            .await
     }
 
     async fn run_in_span(
@@ -80,13 +87,23 @@ impl StepRunner {
         screen: Screen,
         events: &mpsc::Sender<Result<apb::StepEvent, Status>>,
     ) -> apb::StepResult {
-        let StepInput { episode_id, task, foreground_app, max_tokens, kind, has_image } = input;
+        let StepInput {
+            episode_id,
+            task,
+            foreground_app,
+            max_tokens,
+            kind,
+            has_image,
+        } = input;
         let _in_flight = InFlight::enter();
         let t0 = Instant::now();
         let state = self.episodes.begin_step(episode_id, task);
         let step = state.steps;
         tracing::Span::current().record("step", step);
-        let app = foreground_app.filter(|a| !a.is_empty()).map(str::to_string).or_else(|| screen.foreground_package.clone());
+        let app = foreground_app
+            .filter(|a| !a.is_empty())
+            .map(str::to_string)
+            .or_else(|| screen.foreground_package.clone());
         let prompt = build_prompt(&PromptInput {
             task: &state.task,
             foreground_app: app.as_deref(),
@@ -95,7 +112,13 @@ impl StepRunner {
         });
         // Indices the model may name: those of the controls listed in the prompt (AndroidWorld
         // screens keep their source indices, so this is the largest listed index + 1).
-        let n_controls = screen.controls.iter().take(crate::prompt::MAX_CONTROLS).map(|c| c.index + 1).max().unwrap_or(0);
+        let n_controls = screen
+            .controls
+            .iter()
+            .take(crate::prompt::MAX_CONTROLS)
+            .map(|c| c.index + 1)
+            .max()
+            .unwrap_or(0);
         let worker = tracing::info_span!("route").in_scope(|| {
             let w = self.router.route(episode_id);
             tracing::debug!(worker = %w.addr, "routed");
@@ -105,13 +128,25 @@ impl StepRunner {
             session_id: episode_id.to_string(),
             prompt: Some(spb::generate_request::Prompt::Chat(spb::ChatPrompt {
                 messages: vec![
-                    spb::ChatMessage { role: "system".into(), content: prompt.system },
-                    spb::ChatMessage { role: "user".into(), content: prompt.user },
+                    spb::ChatMessage {
+                        role: "system".into(),
+                        content: prompt.system,
+                    },
+                    spb::ChatMessage {
+                        role: "user".into(),
+                        content: prompt.user,
+                    },
                 ],
             })),
-            max_tokens: if max_tokens == 0 { DEFAULT_MAX_TOKENS } else { max_tokens },
+            max_tokens: if max_tokens == 0 {
+                DEFAULT_MAX_TOKENS
+            } else {
+                max_tokens
+            },
             stop: vec![],
-            sampling: Some(spb::Sampling { mode: Some(spb::sampling::Mode::Greedy(spb::Greedy {})) }),
+            sampling: Some(spb::Sampling {
+                mode: Some(spb::sampling::Mode::Greedy(spb::Greedy {})),
+            }),
             // Indices are limited to this screen's controls, so the decoder cannot name one
             // that does not exist.
             json_schema: action_json_schema_for(n_controls).to_string(),
@@ -119,12 +154,27 @@ impl StepRunner {
         let mut result = apb::StepResult {
             episode_id: episode_id.to_string(),
             step,
-            stats: Some(apb::StepStats { controls: screen.controls.len() as u32, worker: worker.addr.clone(), ..Default::default() }),
+            stats: Some(apb::StepStats {
+                controls: screen.controls.len() as u32,
+                worker: worker.addr.clone(),
+                ..Default::default()
+            }),
             ..Default::default()
         };
-        let mut progress = Progress { sent: 0, first_token: None, t0 };
+        let mut progress = Progress {
+            sent: 0,
+            first_token: None,
+            t0,
+        };
         let outcome = self
-            .generate(worker.client.clone(), request, step, events, &mut result, &mut progress)
+            .generate(
+                worker.client.clone(),
+                request,
+                step,
+                events,
+                &mut result,
+                &mut progress,
+            )
             .instrument(tracing::info_span!("generate", worker = %worker.addr))
             .await;
         if let Some(d) = progress.first_token {
@@ -140,7 +190,9 @@ impl StepRunner {
             }
             Ok(text) => {
                 result.raw_output = text.clone();
-                match parse_action(&text, n_controls).and_then(|a| check_index_listed(&a, &screen).map(|_| a)) {
+                match parse_action(&text, n_controls)
+                    .and_then(|a| check_index_listed(&a, &screen).map(|_| a))
+                {
                     Ok(action) => {
                         let json = action.to_json().to_string();
                         result.action_type = action.action_type().to_string();
@@ -169,20 +221,36 @@ impl StepRunner {
     /// received are not sent again (greedy output on a fresh state repeats them).
     async fn generate(
         &self,
-        client: tandem_proto::step::v1::step_service_client::StepServiceClient<tonic::transport::Channel>,
+        client: tandem_proto::step::v1::step_service_client::StepServiceClient<
+            tonic::transport::Channel,
+        >,
         request: spb::GenerateRequest,
         step: u32,
         events: &mpsc::Sender<Result<apb::StepEvent, Status>>,
         result: &mut apb::StepResult,
         progress: &mut Progress,
     ) -> Result<String, String> {
-        match self.generate_once(client.clone(), request.clone(), step, events, result, progress).await {
+        match self
+            .generate_once(
+                client.clone(),
+                request.clone(),
+                step,
+                events,
+                result,
+                progress,
+            )
+            .await
+        {
             Err(Attempt::Unavailable(msg)) => {
                 tracing::warn!(step, error = %msg, "worker unavailable; retrying the step once");
                 record_retry();
                 // Route around the worker for a while: with several workers the retry (and the
                 // episode's next steps) go to the next healthy one; with one, it is retried.
-                let failed = result.stats.as_ref().map(|s| s.worker.clone()).unwrap_or_default();
+                let failed = result
+                    .stats
+                    .as_ref()
+                    .map(|s| s.worker.clone())
+                    .unwrap_or_default();
                 self.router.mark_down(&failed);
                 let next = self.router.route(&request.session_id).clone();
                 let client = if next.addr != failed {
@@ -193,7 +261,9 @@ impl StepRunner {
                 } else {
                     client
                 };
-                self.generate_once(client, request, step, events, result, progress).await.map_err(Attempt::into_message)
+                self.generate_once(client, request, step, events, result, progress)
+                    .await
+                    .map_err(Attempt::into_message)
             }
             other => other.map_err(Attempt::into_message),
         }
@@ -202,22 +272,38 @@ impl StepRunner {
     /// One Generate call; `progress.sent` counts the tokens already forwarded to `events`.
     async fn generate_once(
         &self,
-        mut client: tandem_proto::step::v1::step_service_client::StepServiceClient<tonic::transport::Channel>,
+        mut client: tandem_proto::step::v1::step_service_client::StepServiceClient<
+            tonic::transport::Channel,
+        >,
         request: spb::GenerateRequest,
         step: u32,
         events: &mpsc::Sender<Result<apb::StepEvent, Status>>,
         result: &mut apb::StepResult,
         progress: &mut Progress,
     ) -> Result<String, Attempt> {
-        let worker = result.stats.as_ref().map(|s| s.worker.clone()).unwrap_or_default();
+        let worker = result
+            .stats
+            .as_ref()
+            .map(|s| s.worker.clone())
+            .unwrap_or_default();
         let mut stream = client
             .generate(crate::telemetry::with_trace_context(request))
             .await
-            .map_err(|s| Attempt::from_status(format!("worker {worker}: {} ({:?})", s.message(), s.code()), &s))?
+            .map_err(|s| {
+                Attempt::from_status(
+                    format!("worker {worker}: {} ({:?})", s.message(), s.code()),
+                    &s,
+                )
+            })?
             .into_inner();
         let stats = result.stats.get_or_insert_with(Default::default);
         while let Some(ev) = stream.next().await {
-            let ev = ev.map_err(|s| Attempt::from_status(format!("worker stream: {} ({:?})", s.message(), s.code()), &s))?;
+            let ev = ev.map_err(|s| {
+                Attempt::from_status(
+                    format!("worker stream: {} ({:?})", s.message(), s.code()),
+                    &s,
+                )
+            })?;
             match ev.event {
                 Some(spb::generate_event::Event::Prefill(p)) => {
                     stats.prompt_tokens = p.prompt_tokens;
@@ -230,10 +316,24 @@ impl StepRunner {
                         continue; // a retry repeating what the controller already has
                     }
                     progress.sent = t.index + 1;
-                    progress.first_token.get_or_insert_with(|| progress.t0.elapsed());
-                    let tok = apb::ActionToken { step, text: t.text, index: t.index };
-                    if events.send(Ok(apb::StepEvent { event: Some(apb::step_event::Event::Token(tok)) })).await.is_err() {
-                        return Err(Attempt::Failed("controller went away; step cancelled".into()));
+                    progress
+                        .first_token
+                        .get_or_insert_with(|| progress.t0.elapsed());
+                    let tok = apb::ActionToken {
+                        step,
+                        text: t.text,
+                        index: t.index,
+                    };
+                    if events
+                        .send(Ok(apb::StepEvent {
+                            event: Some(apb::step_event::Event::Token(tok)),
+                        }))
+                        .await
+                        .is_err()
+                    {
+                        return Err(Attempt::Failed(
+                            "controller went away; step cancelled".into(),
+                        ));
                     }
                 }
                 Some(spb::generate_event::Event::Done(d)) => {
@@ -247,12 +347,24 @@ impl StepRunner {
                     stats.prefill_ms = d.prefill_ms;
                     stats.decode_ms = d.decode_ms;
                     stats.ms_per_token = d.ms_per_token;
+                    stats.decode_passes = d.decode_passes;
+                    stats.drafts = d
+                        .drafts
+                        .iter()
+                        .map(|ds| apb::DraftTally {
+                            drafter: ds.drafter.clone(),
+                            proposed: ds.proposed,
+                            accepted: ds.accepted,
+                        })
+                        .collect();
                     return Ok(d.text);
                 }
                 None => {}
             }
         }
-        Err(Attempt::Failed("worker stream ended without a final event".into()))
+        Err(Attempt::Failed(
+            "worker stream ended without a final event".into(),
+        ))
     }
 }
 
@@ -312,7 +424,11 @@ mod tests {
 
     fn token(i: u32) -> Result<spb::GenerateEvent, Status> {
         Ok(spb::GenerateEvent {
-            event: Some(spb::generate_event::Event::Token(spb::TokenEvent { id: i, text: format!("t{i}"), index: i })),
+            event: Some(spb::generate_event::Event::Token(spb::TokenEvent {
+                id: i,
+                text: format!("t{i}"),
+                index: i,
+            })),
         })
     }
 
@@ -320,20 +436,33 @@ mod tests {
     impl StepService for FlakyWorker {
         type GenerateStream = Events;
 
-        async fn generate(&self, _r: Request<spb::GenerateRequest>) -> Result<Response<Events>, Status> {
+        async fn generate(
+            &self,
+            _r: Request<spb::GenerateRequest>,
+        ) -> Result<Response<Events>, Status> {
             let first = self.calls.fetch_add(1, Ordering::SeqCst) == 0;
             let evs: Vec<Result<spb::GenerateEvent, Status>> = if first {
-                vec![token(0), token(1), Err(Status::new(self.code, "watchdog: engine restarting"))]
+                vec![
+                    token(0),
+                    token(1),
+                    Err(Status::new(self.code, "watchdog: engine restarting")),
+                ]
             } else {
                 let done = spb::GenerateEvent {
-                    event: Some(spb::generate_event::Event::Done(spb::FinalStats { text: "t0t1t2".into(), ..Default::default() })),
+                    event: Some(spb::generate_event::Event::Done(spb::FinalStats {
+                        text: "t0t1t2".into(),
+                        ..Default::default()
+                    })),
                 };
                 vec![token(0), token(1), token(2), Ok(done)]
             };
             Ok(Response::new(Box::pin(tokio_stream::iter(evs))))
         }
 
-        async fn status(&self, _r: Request<spb::StatusRequest>) -> Result<Response<spb::StatusResponse>, Status> {
+        async fn status(
+            &self,
+            _r: Request<spb::StatusRequest>,
+        ) -> Result<Response<spb::StatusResponse>, Status> {
             Ok(Response::new(Default::default()))
         }
     }
@@ -342,7 +471,10 @@ mod tests {
         let calls = Arc::new(AtomicUsize::new(0));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = format!("http://{}", listener.local_addr().unwrap());
-        let svc = StepServiceServer::new(FlakyWorker { calls: calls.clone(), code });
+        let svc = StepServiceServer::new(FlakyWorker {
+            calls: calls.clone(),
+            code,
+        });
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(svc)
@@ -352,8 +484,21 @@ mod tests {
         let (tx, mut rx) = mpsc::channel(16);
         let client = runner.router.route("e").client.clone();
         let mut result = apb::StepResult::default();
-        let mut progress = Progress { sent: 0, first_token: None, t0: Instant::now() };
-        let out = runner.generate(client, spb::GenerateRequest::default(), 0, &tx, &mut result, &mut progress).await;
+        let mut progress = Progress {
+            sent: 0,
+            first_token: None,
+            t0: Instant::now(),
+        };
+        let out = runner
+            .generate(
+                client,
+                spb::GenerateRequest::default(),
+                0,
+                &tx,
+                &mut result,
+                &mut progress,
+            )
+            .await;
         drop(tx);
         let mut seen = Vec::new();
         while let Some(Ok(ev)) = rx.recv().await {

@@ -39,6 +39,15 @@ pub struct BenchConfig {
     /// of prefill time); with --json, as the `prefill_profile` array. Qwen3.5 only.
     #[arg(long)]
     pub profile: bool,
+    /// Instead of pp/tg: prefill the prompt plain (chunked GDN, no rollback states), with a
+    /// rollback-aware prefill keeping --rollback-k states, and with the per-token prefill
+    /// keeping them (llama.cpp's way), the three interleaved per repetition; prints tokens/s
+    /// and the ratios to plain (speculative decoding's prefill overhead, Tandem §3.3).
+    #[arg(long)]
+    pub rollback_ablation: bool,
+    /// Rollback states kept per pass in --rollback-ablation (n_draft + 1).
+    #[arg(long, default_value_t = 4)]
+    pub rollback_k: usize,
 }
 
 /// Runs the benchmark and prints the result.
@@ -76,6 +85,9 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
         true,
     )?;
 
+    if cfg.rollback_ablation {
+        return rollback_ablation(cfg, &model, &pool, &mut seq, &mut scratch, &prompt, n_batch);
+    }
     let profiling = cfg.profile && scratch.set_profiling(true);
     if cfg.profile && !profiling {
         eprintln!("bench: --profile is only available for qwen35 models; ignored");
@@ -89,8 +101,7 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
         }
         pp.push(cfg.prompt_tokens as f64 / t.elapsed().as_secs_f64());
     }
-    let profile: Vec<(&str, f64, f64)> =
-        scratch.profile().map(|p| p.table()).unwrap_or_default();
+    let profile: Vec<(&str, f64, f64)> = scratch.profile().map(|p| p.table()).unwrap_or_default();
     scratch.set_profiling(false);
     // Decode from an empty cache (llama-bench tg) and after the prompt (tg @ depth).
     let mut tg = Vec::new();
@@ -150,11 +161,102 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
             cfg.gen_tokens, dd, cfg.prompt_tokens
         );
         if !profile.is_empty() {
-            println!("\nprefill profile (pp{}, mean of {reps} runs):", cfg.prompt_tokens);
+            println!(
+                "\nprefill profile (pp{}, mean of {reps} runs):",
+                cfg.prompt_tokens
+            );
             println!("| op | ms per run | share |\n|---|---:|---:|");
             for (op, secs, share) in &profile {
-                println!("| {op} | {:.1} | {:.1}% |", secs * 1e3 / reps as f64, share * 100.0);
+                println!(
+                    "| {op} | {:.1} | {:.1}% |",
+                    secs * 1e3 / reps as f64,
+                    share * 100.0
+                );
             }
+        }
+    }
+    Ok(())
+}
+
+/// `--rollback-ablation`: plain vs rollback-aware vs per-token prefill of `prompt`.
+fn rollback_ablation(
+    cfg: &BenchConfig,
+    model: &Model,
+    pool: &ThreadPool,
+    seq: &mut crate::state::sequence::SequenceState,
+    scratch: &mut crate::model::Scratch,
+    prompt: &[u32],
+    n_batch: usize,
+) -> anyhow::Result<()> {
+    use crate::state::rollback::RollbackPrefill;
+    if !model.is_recurrent() {
+        anyhow::bail!(
+            "--rollback-ablation needs a hybrid (recurrent) model; {} is {} (attention only: a rollback is a KV truncation)",
+            cfg.model.as_ref().map_or("the default model".into(), |p| p.display().to_string()),
+            model.architecture()
+        );
+    }
+    if cfg.rollback_k == 0 || cfg.rollback_k > prompt.len().min(n_batch) {
+        anyhow::bail!(
+            "--rollback-k {} must be in 1..={} (at most the prompt and micro-batch length)",
+            cfg.rollback_k,
+            prompt.len().min(n_batch)
+        );
+    }
+    let modes: [(&str, Option<RollbackPrefill>); 3] = [
+        ("plain chunked", None),
+        ("rollback-aware", Some(RollbackPrefill::Aware)),
+        ("per-token with snapshots", Some(RollbackPrefill::PerToken)),
+    ];
+    let mut secs = [0f64; 3];
+    let mut rb_ms = [0f64; 3];
+    let reps = cfg.repetitions.max(1);
+    for _ in 0..reps {
+        for (i, (_, mode)) in modes.iter().enumerate() {
+            match mode {
+                Some(m) => model.set_rollback(scratch, cfg.rollback_k, *m),
+                None => model.set_rollback(scratch, 0, RollbackPrefill::Aware),
+            }
+            seq.reset();
+            let t = Instant::now();
+            for chunk in prompt.chunks(n_batch) {
+                model.forward(pool, seq, chunk, scratch, false)?;
+            }
+            secs[i] += t.elapsed().as_secs_f64();
+            rb_ms[i] += model.take_rollback_ms(scratch);
+        }
+    }
+    let n = prompt.len() as f64 * reps as f64;
+    if cfg.json {
+        let rows: Vec<_> = modes
+            .iter()
+            .enumerate()
+            .map(|(i, (name, _))| {
+                serde_json::json!({
+                    "mode": name, "tokens_per_s": n / secs[i], "time_vs_plain": secs[i] / secs[0],
+                    "rollback_ms_per_run": rb_ms[i] / reps as f64,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"prompt_tokens": prompt.len(), "rollback_k": cfg.rollback_k, "threads": cfg.threads, "modes": rows})
+        );
+    } else {
+        println!(
+            "prefill of {} tokens, K = {} rollback states, {} threads, mean of {reps} interleaved runs",
+            prompt.len(),
+            cfg.rollback_k,
+            cfg.threads
+        );
+        println!("| mode | tokens/s | time vs plain | ms writing rollback states |\n|---|---:|---:|---:|");
+        for (i, (name, _)) in modes.iter().enumerate() {
+            println!(
+                "| {name} | {:.1} | {:.3}x | {:.1} |",
+                n / secs[i],
+                secs[i] / secs[0],
+                rb_ms[i] / reps as f64
+            );
         }
     }
     Ok(())

@@ -82,6 +82,98 @@ pub struct EngineConfig {
     /// Host prompt cache for earlier slot contents, in MiB (0 disables it).
     #[arg(long, default_value_t = 512)]
     pub prompt_cache_mib: usize,
+    /// Speculative decoding: drafters asked for a draft each round, comma-separated:
+    /// `experience` (continuations of the agent's own earlier outputs), `prompt-lookup`
+    /// (n-gram match of the output against the prompt), or `none`. With --draft-length
+    /// adaptive the proposal with the most expected tokens per ms wins; with fixed, the first
+    /// in this order. Greedy requests only; the output is identical with or without.
+    #[arg(long, default_value = "experience,prompt-lookup")]
+    pub drafters: Drafters,
+    /// Most drafts verified in one pass, 1..=8 (the verification pass holds n + 1 tokens).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=8))]
+    pub n_draft: u32,
+    /// `adaptive`: draft length chosen per round from measured acceptance and pass latency;
+    /// `fixed`: always the longest proposal up to --n-draft.
+    #[arg(long, value_enum, default_value_t = DraftLengthMode::Adaptive)]
+    pub draft_length: DraftLengthMode,
+    /// How prefill batches keep the recurrent states a rollback needs (hybrid models, with
+    /// drafters on): `aware` (chunked kernel for all but the last n_draft tokens) or
+    /// `per-token` (llama.cpp's behaviour: the whole batch per token; for ablations — it
+    /// rounds differently from the chunked form, so near-tie outputs can differ from
+    /// `--drafters none`, as they would between llama.cpp's modes).
+    #[arg(long, value_enum, default_value_t = crate::state::rollback::RollbackPrefill::Aware)]
+    pub rollback_prefill: crate::state::rollback::RollbackPrefill,
+    /// Experience drafter memory (earlier outputs and their hidden states), in MiB; the oldest
+    /// outputs are evicted beyond it.
+    #[arg(long, default_value_t = 64)]
+    pub experience_mib: usize,
+    /// File the experience memory is loaded from at start (when it exists) and saved to when
+    /// the engine stops and every 16 requests; none: memory only.
+    #[arg(long)]
+    pub experience_file: Option<PathBuf>,
+    /// TEST ONLY: the last token of every draft is replaced by another token, so every round
+    /// ends in a rejection and a rollback (greedy-equivalence tests).
+    #[arg(long, hide = true)]
+    pub test_corrupt_drafts: bool,
+}
+
+/// The `--drafters` list (empty for `none`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Drafters(pub Vec<crate::spec::DrafterKind>);
+
+impl std::str::FromStr for Drafters {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        use clap::ValueEnum;
+        let s = s.trim();
+        if s == "none" {
+            return Ok(Self(Vec::new()));
+        }
+        if s.is_empty() {
+            return Err(
+                "empty drafter list: name drafters (experience, prompt-lookup) or none".into(),
+            );
+        }
+        let mut out = Vec::new();
+        for part in s.split(',').map(str::trim) {
+            if part == "none" {
+                return Err(
+                    "`none` turns speculation off and cannot be combined with drafters".into(),
+                );
+            }
+            let kind = crate::spec::DrafterKind::from_str(part, true).map_err(|_| {
+                format!("unknown drafter {part:?}: expected prompt-lookup, experience or none")
+            })?;
+            if kind == crate::spec::DrafterKind::Mtp {
+                return Err(
+                    "the mtp drafter is not available in this build (prompt-lookup, experience)"
+                        .into(),
+                );
+            }
+            if !out.contains(&kind) {
+                out.push(kind);
+            }
+        }
+        Ok(Self(out))
+    }
+}
+
+impl std::fmt::Display for Drafters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("none");
+        }
+        let names: Vec<&str> = self.0.iter().map(|k| k.name()).collect();
+        f.write_str(&names.join(","))
+    }
+}
+
+/// How the draft length is chosen each round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DraftLengthMode {
+    Adaptive,
+    Fixed,
 }
 
 /// Which [`crate::power::PowerBackend`] the worker uses.
@@ -145,6 +237,16 @@ impl Default for EngineConfig {
             power_backend: PowerBackendKind::Linux,
             watchdog_ms: 60_000,
             fault_hang_after_batches: None,
+            drafters: Drafters(vec![
+                crate::spec::DrafterKind::Experience,
+                crate::spec::DrafterKind::PromptLookup,
+            ]),
+            n_draft: 3,
+            draft_length: DraftLengthMode::Adaptive,
+            rollback_prefill: crate::state::rollback::RollbackPrefill::Aware,
+            experience_mib: 64,
+            experience_file: None,
+            test_corrupt_drafts: false,
         }
     }
 }

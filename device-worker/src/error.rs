@@ -37,6 +37,16 @@ pub enum WorkerError {
     WatchdogTimeout { limit_ms: u64, elapsed_ms: u64 },
     #[error("the engine was abandoned by the watchdog; its results are discarded")]
     Abandoned,
+    #[error("--experience-file {path}: {source}")]
+    ExperienceFile {
+        path: std::path::PathBuf,
+        source: crate::spec::SpecError,
+    },
+    #[error("--experience-file {path}: the folder {folder} does not exist (the memory could never be saved)")]
+    ExperienceFolder {
+        path: std::path::PathBuf,
+        folder: std::path::PathBuf,
+    },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -67,6 +77,8 @@ impl WorkerError {
             Self::QueueFull => ErrorClass::ResourceExhausted,
             Self::Loading
             | Self::LoadFailed(_)
+            | Self::ExperienceFile { .. }
+            | Self::ExperienceFolder { .. }
             | Self::EngineStopped
             | Self::WatchdogTimeout { .. }
             | Self::Abandoned => ErrorClass::Unavailable,

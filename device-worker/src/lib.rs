@@ -3,7 +3,9 @@
 //!
 //! - [`engine`]: the actor that owns model and slots; [`engine::admission`] validates requests.
 //! - [`model`]: GGUF loading and forward passes.
-//! - [`state`]: slots and KV caches.
+//! - [`state`]: slots, KV caches, recurrent state, rollback states.
+//! - [`spec`]: speculative-decoding drafters and the adaptive draft length
+//!   ([`engine::speculative`] runs the verification rounds).
 //! - [`power`]: power votes, the idle controller; [`watchdog`]: the batch watchdog.
 //! - [`service`]: the tonic handlers.
 //! - [`telemetry`]: Prometheus metrics, energy sampling, OpenTelemetry tracing.
@@ -19,6 +21,7 @@ pub mod model;
 pub mod power;
 pub mod service;
 pub mod shutdown;
+pub mod spec;
 pub mod state;
 pub mod telemetry;
 pub mod tokenizer;

@@ -129,7 +129,8 @@ fn main() -> anyhow::Result<()> {
         });
         let load_error = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
         let le = load_error.clone();
-        let interrupted = device_worker::shutdown::signal().context("cannot install the signal handlers")?;
+        let interrupted =
+            device_worker::shutdown::signal().context("cannot install the signal handlers")?;
         let shutdown = async move {
             tokio::select! {
                 _ = interrupted => {}
@@ -138,13 +139,25 @@ fn main() -> anyhow::Result<()> {
                 }
             }
         };
+        let exited = engine.exit_signal();
         device_worker::service::serve(engine, listener, shutdown).await?;
         let _ = metrics_stop.send(());
         if let Some(h) = metrics_server {
             h.await.context("metrics server task")??;
         }
+        // Every engine handle is gone now: let the engine finish and save what it keeps.
+        let clean =
+            tokio::task::spawn_blocking(move || exited.wait(std::time::Duration::from_secs(10)))
+                .await
+                .unwrap_or(false);
+        if !clean {
+            tracing::warn!("the engine did not stop within 10 s; exiting without waiting");
+        }
         if let Some(m) = load_error.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            anyhow::bail!("model {} failed to load: {m}", model.display());
+            anyhow::bail!(
+                "the engine could not start (model {}): {m}",
+                model.display()
+            );
         }
         Ok(())
     })

@@ -80,9 +80,12 @@ pub mod metric_names {
     pub const WORKER_PREFILL_DURATION_SECONDS: &str = "worker_prefill_duration_seconds";
     /// Histogram, seconds: decode time per request.
     pub const WORKER_DECODE_DURATION_SECONDS: &str = "worker_decode_duration_seconds";
-    /// Counter, tokens: speculative drafts. Labels [`LABEL_DRAFTER`] (e.g. `"mtp"`,
-    /// `"ngram"`), [`LABEL_OUTCOME`] (`"proposed"`, `"accepted"`).
+    /// Counter, tokens: speculative drafts. Labels [`LABEL_DRAFTER`] (`"prompt-lookup"`,
+    /// `"experience"`), [`LABEL_OUTCOME`] (`"proposed"`, `"accepted"`).
     pub const WORKER_DRAFT_TOKENS_TOTAL: &str = "worker_draft_tokens_total";
+    /// Counter: target-model passes of the decode phase (plain steps and verification
+    /// passes); passes per output token = this / `worker_decode_tokens_total`.
+    pub const WORKER_DECODE_PASSES_TOTAL: &str = "worker_decode_passes_total";
     /// Counter: recurrent-state checkpoint events. Label [`LABEL_EVENT`] (`"save"`,
     /// `"restore"`, `"evict"`).
     pub const WORKER_CHECKPOINT_EVENTS_TOTAL: &str = "worker_checkpoint_events_total";
@@ -133,10 +136,14 @@ pub mod metric_names {
 
     /// Upper bounds, seconds, for step and request latencies: 10 ms to 60 s, about ×1.5–2 apart
     /// (a decode token is ~10–70 ms, a text step 0.3–2 s, a cold start up to a minute).
-    pub const LATENCY_BUCKETS_SECONDS: &[f64] =
-        &[0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0];
+    pub const LATENCY_BUCKETS_SECONDS: &[f64] = &[
+        0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0,
+        20.0, 30.0, 45.0, 60.0,
+    ];
     /// Upper bounds, joules, for the energy of one step (a phone text step is ~5–20 J).
-    pub const ENERGY_BUCKETS_JOULES: &[f64] = &[0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 50.0, 100.0];
+    pub const ENERGY_BUCKETS_JOULES: &[f64] = &[
+        0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 50.0, 100.0,
+    ];
 
     /// Every histogram name with its bucket bounds, for installing a recorder.
     pub const HISTOGRAMS: &[(&str, &[f64])] = &[
@@ -160,7 +167,10 @@ pub mod metric_names {
         #[test]
         fn buckets_increase_and_span_10ms_to_60s() {
             for (name, b) in HISTOGRAMS {
-                assert!(b.windows(2).all(|w| w[0] < w[1]), "{name}: bounds must increase");
+                assert!(
+                    b.windows(2).all(|w| w[0] < w[1]),
+                    "{name}: bounds must increase"
+                );
             }
             assert_eq!(LATENCY_BUCKETS_SECONDS.first(), Some(&0.01));
             assert_eq!(LATENCY_BUCKETS_SECONDS.last(), Some(&60.0));
@@ -170,7 +180,10 @@ pub mod metric_names {
         fn histogram_names_end_in_a_unit_and_are_unique() {
             let mut seen = std::collections::HashSet::new();
             for (name, _) in HISTOGRAMS {
-                assert!(name.ends_with("_seconds") || name.ends_with("_joules"), "{name}");
+                assert!(
+                    name.ends_with("_seconds") || name.ends_with("_joules"),
+                    "{name}"
+                );
                 assert!(seen.insert(*name), "{name} listed twice");
             }
         }

@@ -16,7 +16,9 @@ use tokio::sync::{mpsc, watch};
 use super::admission::Admission;
 use super::request::{EngineEvent, EngineRequest};
 use super::sampling::{argmax, sample, Rng, SamplingMode};
+use super::speculative::{DraftTally, Round, Speculator};
 use super::EngineState;
+use crate::cache::{self, PlanConfig, PlanRequest};
 use crate::chat_template::ChatTemplate;
 use crate::config::EngineConfig;
 use crate::constraint::ConstraintFactory;
@@ -24,7 +26,7 @@ use crate::error::WorkerError;
 use crate::model::gguf::GgufFile;
 use crate::model::{Model, Scratch};
 use crate::power::{IdleController, TickAction};
-use crate::cache::{self, PlanConfig, PlanRequest};
+use crate::spec::DraftContext;
 use crate::state::slot::{choose_slot, Slot};
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 use crate::watchdog::Watchdog;
@@ -37,6 +39,33 @@ pub(super) struct Ctx {
     pub watchdog: Arc<Watchdog>,
     pub fault: FaultHook,
     pub state_tx: watch::Sender<EngineState>,
+    /// Set when the engine thread has stopped for good (queue closed or load failed), after
+    /// its last write (the experience memory's save).
+    pub exited: Arc<ExitSignal>,
+}
+
+/// A one-shot "the engine thread has exited" flag that other threads can wait on.
+#[derive(Default)]
+pub struct ExitSignal {
+    done: Mutex<bool>,
+    cv: std::sync::Condvar,
+}
+
+impl ExitSignal {
+    fn notify(&self) {
+        *self.done.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        self.cv.notify_all();
+    }
+
+    /// Waits up to `timeout` for the engine thread to exit; returns whether it did.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let done = self.done.lock().unwrap_or_else(PoisonError::into_inner);
+        let (done, _) = self
+            .cv
+            .wait_timeout_while(done, timeout, |d| !*d)
+            .unwrap_or_else(PoisonError::into_inner);
+        *done
+    }
 }
 
 /// One engine thread's control block, shared with the handle (for the watchdog).
@@ -120,7 +149,11 @@ impl Compute {
             .map(|i| Slot::new(i, model.new_sequence_state(n_ctx)))
             .collect();
         let n_batch = cfg.micro_batch.clamp(1, n_ctx);
-        let scratch = model.new_scratch(n_batch);
+        let mut scratch = model.new_scratch(n_batch);
+        if !cfg.drafters.0.is_empty() {
+            // Every pass keeps what a rollback of its last n_draft tokens needs.
+            model.set_rollback(&mut scratch, cfg.n_draft as usize + 1, cfg.rollback_prefill);
+        }
         let seq = &slots[0].seq;
         let plan_cfg = PlanConfig {
             policy: cfg.cache_policy,
@@ -157,6 +190,8 @@ pub(super) struct Engine {
     compute: Option<Compute>,
     logits: Vec<f32>,
     served: u64,
+    /// Drafters and draft-length estimates (`None`: speculation off); outlive unloads.
+    spec: Option<Speculator>,
 }
 
 /// Starts an engine thread for `inst`: loads the model (reusing `admission` after a
@@ -184,6 +219,7 @@ pub(super) fn spawn(
                 let _ = ctx
                     .state_tx
                     .send_replace(EngineState::Failed(e.to_string()));
+                ctx.exited.notify();
             }
         })
         .map(|_| ())
@@ -251,7 +287,9 @@ impl Engine {
             });
             s.requests_served
         };
+        let spec = Speculator::new(cfg, compute.model.n_embd())?;
         let engine = Self {
+            spec,
             logits: vec![0.0; compute.model.n_vocab()],
             ctx,
             inst,
@@ -328,7 +366,11 @@ impl Engine {
                 Err(RecvTimeoutError::Disconnected) => break,
             }
         }
+        if let Some(s) = self.spec.as_mut() {
+            s.save();
+        }
         tracing::info!("engine queue closed; engine thread exits");
+        self.ctx.exited.notify();
     }
 
     fn publish_status(&self) {
@@ -388,6 +430,7 @@ impl Engine {
             admission,
             compute,
             logits,
+            spec,
             ..
         } = self;
         let c = compute
@@ -466,6 +509,8 @@ impl Engine {
             passes += 1;
         }
         let prefill_ms = ms(t_start.elapsed());
+        let rollback_ms = c.model.take_rollback_ms(&mut c.scratch);
+        let prompt_hidden = c.model.hidden(&c.scratch).to_vec();
         let prefill = pb::PrefillStats {
             slot_id: c.slots[si].id,
             prompt_tokens: n_prompt as u32,
@@ -483,36 +528,71 @@ impl Engine {
             return Ok(());
         }
 
-        // Decode.
+        // Decode: plain greedy / sampled steps, or (greedy, drafters on) rounds of one
+        // verification pass over [newest token, drafts] (engine/speculative.rs).
         let t_decode = Instant::now();
         let adm = admission.clone();
         let eog = adm.tokenizer.eog_ids().to_vec();
         let mut decoder = IncrementalDecoder::new();
         let mut text = String::new();
-        let mut n_out = 0u32;
         let mut rng = match req.sampling {
             SamplingMode::Seeded { seed, .. } => Rng::new(seed),
             SamplingMode::Greedy => Rng::new(0),
         };
         let n_ctx = c.slots[si].seq.n_ctx();
+        let n_vocab = c.model.n_vocab();
+        let n_embd = c.model.n_embd();
+        let mut spec = spec
+            .as_mut()
+            .filter(|_| req.sampling == SamplingMode::Greedy);
+        // Logits rows of the last pass (1 row, or 1 + drafts after a verification) and the
+        // row the next token is chosen from.
+        let mut rows = logits.clone();
+        let mut row = 0usize;
+        let mut round: Option<Round> = None;
+        let mut tally = DraftTally::default();
+        // Output tokens, and the hidden state of each one fed (`[n, n_embd]` by output index).
+        let mut out: Vec<u32> = Vec::new();
+        let mut out_hidden: Vec<f32> = Vec::new();
+        let mut decode_passes = 0u32;
+        // Sequence length plain decoding has when it chooses the current token.
+        let mut plain_len;
         let stop = loop {
+            plain_len = n_prompt + out.len();
+            let lg = &mut rows[row * n_vocab..(row + 1) * n_vocab];
             if let Some(con) = req.constraint.as_mut() {
-                con.allowed_tokens()?.apply(logits);
+                con.allowed_tokens()?.apply(lg);
             }
             let next = match req.sampling {
-                SamplingMode::Greedy => argmax(logits),
+                SamplingMode::Greedy => argmax(lg),
                 SamplingMode::Seeded {
                     temperature,
                     top_k,
                     top_p,
                     ..
-                } => sample(logits, temperature, top_k, top_p, &mut rng),
+                } => sample(lg, temperature, top_k, top_p, &mut rng),
             };
             let Some(id) = next else {
                 return Err(WorkerError::Internal(
                     "no token is allowed by the constraint".into(),
                 ));
             };
+            // An open round: the token is either its next draft (already fed) or ends it.
+            let drafted = round.as_mut().is_some_and(|r| r.accept(id));
+            if !drafted {
+                if let Some(r) = round.take() {
+                    tally.add(&r.draft, r.matched);
+                    if let Some(sp) = spec.as_mut() {
+                        sp.record_round(&r.draft, r.matched);
+                    }
+                    let slot = &mut c.slots[si];
+                    if let Err(e) = c.model.rollback(&mut slot.seq, &c.scratch, plain_len) {
+                        reset_slot(slot);
+                        return Err(e.into());
+                    }
+                    slot.tokens.truncate(plain_len);
+                }
+            }
             if eog.contains(&id) {
                 break Stop::Finished(pb::FinishReason::Eos);
             }
@@ -524,9 +604,9 @@ impl Engine {
             let ev = pb::TokenEvent {
                 id,
                 text: piece,
-                index: n_out,
+                index: out.len() as u32,
             };
-            n_out += 1;
+            out.push(id);
             if req.events.blocking_send(EngineEvent::Token(ev)).is_err() {
                 break Stop::Cancelled;
             }
@@ -540,33 +620,101 @@ impl Engine {
             if req.constraint.as_ref().is_some_and(|con| con.is_finished()) {
                 break Stop::Finished(pb::FinishReason::Grammar);
             }
-            if n_out >= req.max_tokens {
+            if out.len() as u32 >= req.max_tokens {
                 break Stop::Finished(pb::FinishReason::Length);
+            }
+            if drafted {
+                // Fed by the verification pass: its next row predicts the token after it.
+                row += 1;
+                continue;
             }
             let slot = &mut c.slots[si];
             if slot.seq.len() + 1 > n_ctx {
                 break Stop::Finished(pb::FinishReason::Context);
             }
+            // Feed `id`, with a draft when a drafter has one.
+            let draft = spec.as_mut().and_then(|sp| {
+                let k = out.len();
+                let hidden = if k >= 2 {
+                    &out_hidden[(k - 2) * n_embd..(k - 1) * n_embd]
+                } else {
+                    &prompt_hidden[..]
+                };
+                let ctx = DraftContext {
+                    prompt: &req.prompt,
+                    output: &out,
+                    hidden,
+                };
+                let room = (n_ctx - slot.seq.len() - 1).min(sp.pass_capacity() - 1);
+                sp.propose(&ctx, room)
+            });
+            let mut batch = vec![id];
+            if let Some(d) = &draft {
+                batch.extend_from_slice(&d.tokens);
+            }
             batch_begin(ctx, inst, &c.pool, &mut wake);
-            let out = c
-                .model
-                .forward(&c.pool, &mut slot.seq, &[id], &mut c.scratch, true);
+            let t_pass = Instant::now();
+            let res = if batch.len() > 1 {
+                c.model
+                    .verify(&c.pool, &mut slot.seq, &batch, &mut c.scratch)
+                    .map(Some)
+            } else {
+                c.model
+                    .forward(&c.pool, &mut slot.seq, &batch, &mut c.scratch, true)
+            };
+            let pass_ms = ms(t_pass.elapsed());
             batch_end(ctx, inst)?;
-            let l = match out {
+            let l = match res {
                 Ok(Some(l)) => l,
                 Ok(None) => {
                     reset_slot(slot);
-                    return Err(WorkerError::Internal("decode step returned no logits".into()));
+                    return Err(WorkerError::Internal(
+                        "decode step returned no logits".into(),
+                    ));
                 }
                 Err(e) => {
                     reset_slot(slot);
                     return Err(e.into());
                 }
             };
-            logits.copy_from_slice(l);
-            slot.tokens.push(id);
+            rows.clear();
+            rows.extend_from_slice(l);
+            row = 0;
+            out_hidden.truncate((out.len() - 1) * n_embd);
+            out_hidden.extend_from_slice(c.model.hidden(&c.scratch));
+            slot.tokens.extend_from_slice(&batch);
+            if let Some(sp) = spec.as_mut() {
+                sp.record_pass(batch.len() - 1, pass_ms);
+            }
+            round = draft.map(|draft| Round { draft, matched: 0 });
             passes += 1;
+            decode_passes += 1;
         };
+        // Leave the slot where plain decoding would: accepted drafts past a stop are dropped.
+        if let Some(r) = round.take() {
+            tally.add(&r.draft, r.matched);
+            if let Some(sp) = spec.as_mut() {
+                sp.record_round(&r.draft, r.matched);
+            }
+        }
+        {
+            let slot = &mut c.slots[si];
+            if slot.seq.len() > plain_len {
+                if let Err(e) = c.model.rollback(&mut slot.seq, &c.scratch, plain_len) {
+                    reset_slot(slot);
+                    return Err(e.into());
+                }
+                slot.tokens.truncate(plain_len);
+            }
+        }
+        if let (Some(sp), false) = (spec.as_mut(), out.is_empty()) {
+            let fed = out.len() - 1;
+            out_hidden.truncate(fed * n_embd);
+            if out_hidden.len() == fed * n_embd {
+                sp.finish(&req.prompt, &prompt_hidden, &out, &out_hidden);
+            }
+        }
+        let n_out = out.len() as u32;
         let slot = &mut c.slots[si];
         let events = slot.cache.finish(&c.plan_cfg, &plan, &slot.tokens);
         let Stop::Finished(reason) = stop else {
@@ -603,6 +751,9 @@ impl Engine {
             checkpoints_evicted: events.evicted,
             checkpoint_bytes_held: events.bytes_held,
             cache_policy: c.plan_cfg.policy.name().into(),
+            decode_passes,
+            drafts: tally.into_stats(),
+            rollback_ms,
         };
         tracing::info!(
             slot = si,

@@ -15,6 +15,7 @@ mod actor;
 pub mod admission;
 pub mod request;
 pub mod sampling;
+pub mod speculative;
 
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -30,6 +31,7 @@ use crate::power::{
     RecordingBackend,
 };
 use crate::watchdog::{Overrun, Watchdog};
+pub use actor::ExitSignal;
 use actor::{Ctx, FaultHook, Instance};
 pub use admission::Admission;
 pub use request::{EngineEvent, EngineRequest};
@@ -107,6 +109,7 @@ impl EngineHandle {
             watchdog: Arc::new(Watchdog::new(Duration::from_millis(cfg.watchdog_ms.max(1)))),
             fault: FaultHook::new(cfg.fault_hang_after_batches),
             state_tx,
+            exited: Arc::new(ExitSignal::default()),
             cfg,
         });
         let inst = Arc::new(Instance::new(0, rx));
@@ -127,6 +130,13 @@ impl EngineHandle {
 
     pub fn state(&self) -> watch::Receiver<EngineState> {
         self.state.clone()
+    }
+
+    /// Set once the engine thread has exited for good: after every handle is dropped (its
+    /// queue closes) it finishes the queued requests, saves the experience memory and exits;
+    /// or its model failed to load. `main` waits on it so that last save is not cut short.
+    pub fn exit_signal(&self) -> Arc<ExitSignal> {
+        self.shared.ctx.exited.clone()
     }
 
     /// The admission front once the model is loaded (also while a watchdog restart reloads

@@ -13,7 +13,9 @@ use dsp::pool::ThreadPool;
 
 use crate::error::ModelError;
 use crate::model::gguf::GgufFile;
-use crate::model::project::{causal_attention, kernel, mm, mm_shared, AttnShape, Mlp, MlpBuffers};
+use crate::model::project::{
+    causal_attention, kernel, mm, mm_shared, output_head, AttnShape, Mlp, MlpBuffers, Outputs,
+};
 use crate::model::weights::{load_vector, Linear};
 use crate::state::kv::KvCache;
 
@@ -114,8 +116,19 @@ pub struct Scratch {
     gate: Vec<f32>,
     up: Vec<f32>,
     act: Vec<f32>,
-    last: Vec<f32>,
+    /// Output-normed hidden states `[rows, n_embd]` of the positions that got logits.
+    hidden: Vec<f32>,
+    /// Logits `[rows, n_vocab]`.
     logits: Vec<f32>,
+    /// Rows of `hidden` / `logits` the last pass wrote.
+    rows: usize,
+}
+
+impl Scratch {
+    /// Output-normed hidden states `[rows, n_embd]` of the last pass's logit positions.
+    pub fn hidden(&self, n_embd: usize) -> &[f32] {
+        &self.hidden[..self.rows * n_embd]
+    }
 }
 
 /// `llama` model weights (memory-mapped) and hyperparameters.
@@ -208,14 +221,16 @@ impl LlamaModel {
             gate: vec![0.0; n * c.n_ff],
             up: vec![0.0; n * c.n_ff],
             act: vec![0.0; n * c.n_ff],
-            last: vec![0.0; c.n_embd],
+            hidden: vec![0.0; c.n_embd],
             logits: vec![0.0; c.n_vocab],
+            rows: 0,
         }
     }
 
     /// Runs one micro-batch: `tokens` at positions `kv.len() .. kv.len() + tokens.len()`,
-    /// appending their keys and values to `kv`. Returns the logits `[n_vocab]` of the last
-    /// token when `want_logits`.
+    /// appending their keys and values to `kv`. Returns the logits `[rows, n_vocab]` of the
+    /// positions `outputs` asks for (`None` for [`Outputs::None`]); their output-normed hidden
+    /// states are in [`Scratch::hidden`].
     ///
     /// Errors: [`ModelError::BatchTooLarge`], [`ModelError::ContextFull`],
     /// [`ModelError::TokenOutOfRange`].
@@ -225,11 +240,12 @@ impl LlamaModel {
         kv: &mut KvCache,
         tokens: &[u32],
         scratch: &'s mut Scratch,
-        want_logits: bool,
+        outputs: Outputs,
     ) -> Result<Option<&'s [f32]>, ModelError> {
         let c = &self.cfg;
         let n = tokens.len();
         let pos0 = kv.len();
+        scratch.rows = 0;
         if n == 0 {
             return Err(ModelError::Invalid("empty micro-batch".into()));
         }
@@ -360,18 +376,17 @@ impl LlamaModel {
             ops::add_inplace(&mut s.x[..n * e], &s.o[..n * e]).map_err(kernel("residual"))?;
         }
         kv.set_len(pos0 + n);
-
-        if !want_logits {
-            return Ok(None);
-        }
-        ops::rms_norm(
-            &s.x[(n - 1) * e..n * e],
-            &self.output_norm,
-            c.rms_eps,
-            &mut s.last,
-        )
-        .map_err(kernel("output_norm"))?;
-        mm(pool, &self.output, bytes, &s.last, 1, &mut s.logits)?;
-        Ok(Some(&s.logits))
+        s.rows = output_head(
+            pool,
+            bytes,
+            &s.x[..n * e],
+            n,
+            e,
+            outputs,
+            (&self.output_norm, c.rms_eps, &self.output),
+            &mut s.hidden,
+            &mut s.logits,
+        )?;
+        Ok((s.rows > 0).then(|| &s.logits[..s.rows * c.n_vocab]))
     }
 }

@@ -14,9 +14,11 @@ use std::sync::Arc;
 use dsp::pool::ThreadPool;
 
 use crate::error::ModelError;
+use crate::state::rollback::RollbackPrefill;
 use crate::state::sequence::SequenceState;
 use gguf::GgufFile;
 pub use llama::LlamaModel;
+pub use project::Outputs;
 pub use qwen35::Qwen35Model;
 
 /// A loaded model of one of the supported architectures. One value lives per engine, so the
@@ -143,14 +145,115 @@ impl Model {
         scratch: &'s mut Scratch,
         want_logits: bool,
     ) -> Result<Option<&'s [f32]>, ModelError> {
+        let outputs = if want_logits {
+            Outputs::Last
+        } else {
+            Outputs::None
+        };
+        self.pass(pool, seq, tokens, scratch, outputs)
+    }
+
+    /// A verification pass of speculative decoding (Tandem §3.3): `tokens` = the last
+    /// accepted token followed by the drafts, in one pass. Returns the logits
+    /// `[tokens.len(), n_vocab]` of every position (row `i` predicts the token after
+    /// `tokens[..=i]`); hidden states in [`Model::hidden`]. With rollback states on
+    /// ([`Model::set_rollback`] with `K ≥ tokens.len()`) the sequence can then be cut back to
+    /// any position of the pass ([`Model::rollback`]).
+    ///
+    /// Errors: as [`Model::forward`].
+    pub fn verify<'s>(
+        &self,
+        pool: &ThreadPool,
+        seq: &mut SequenceState,
+        tokens: &[u32],
+        scratch: &'s mut Scratch,
+    ) -> Result<&'s [f32], ModelError> {
+        self.pass(pool, seq, tokens, scratch, Outputs::All)?
+            .ok_or_else(|| ModelError::Invalid("verification pass returned no logits".into()))
+    }
+
+    fn pass<'s>(
+        &self,
+        pool: &ThreadPool,
+        seq: &mut SequenceState,
+        tokens: &[u32],
+        scratch: &'s mut Scratch,
+        outputs: Outputs,
+    ) -> Result<Option<&'s [f32]>, ModelError> {
         match (self, scratch) {
-            (Self::Llama(m), Scratch::Llama(s)) => {
-                m.forward(pool, &mut seq.kv, tokens, s, want_logits)
-            }
-            (Self::Qwen35(m), Scratch::Qwen35(s)) => m.forward(pool, seq, tokens, s, want_logits),
+            (Self::Llama(m), Scratch::Llama(s)) => m.forward(pool, &mut seq.kv, tokens, s, outputs),
+            (Self::Qwen35(m), Scratch::Qwen35(s)) => m.forward(pool, seq, tokens, s, outputs),
             _ => Err(ModelError::Invalid(
                 "scratch buffers were made for another architecture".into(),
             )),
+        }
+    }
+
+    /// Hidden size (`n_embd`).
+    pub fn n_embd(&self) -> usize {
+        match self {
+            Self::Llama(m) => m.cfg.n_embd,
+            Self::Qwen35(m) => m.cfg.n_embd,
+        }
+    }
+
+    /// Output-normed hidden states `[rows, n_embd]` of the positions that got logits in the
+    /// last pass with `scratch` (1 row after a prefill's last batch or a decode step, `n`
+    /// after a verification pass). Empty for a scratch of another architecture.
+    pub fn hidden<'s>(&self, scratch: &'s Scratch) -> &'s [f32] {
+        match scratch {
+            Scratch::Llama(s) => s.hidden(self.n_embd()),
+            Scratch::Qwen35(s) => s.hidden(self.n_embd()),
+        }
+    }
+
+    /// Every following pass keeps what a rollback of up to `k − 1` of its tokens needs:
+    /// nothing for attention-only models (the KV cache is truncated), the last `k` recurrent
+    /// states for hybrid ones, produced as `mode` says. `k = 0` turns it off.
+    pub fn set_rollback(&self, scratch: &mut Scratch, k: usize, mode: RollbackPrefill) {
+        if let (Self::Qwen35(m), Scratch::Qwen35(s)) = (self, scratch) {
+            m.set_rollback(s, k, mode);
+        }
+    }
+
+    /// Cuts `seq` back to `len` positions inside the last pass run with `scratch` (rejected
+    /// drafts): KV truncation, and for hybrid models the recurrent state of position `len`
+    /// from the rollback states.
+    ///
+    /// Errors: [`ModelError::Invalid`] when `len` is beyond the sequence, or (hybrid) outside
+    /// the rollback states of the last pass or with rollback states off.
+    pub fn rollback(
+        &self,
+        seq: &mut SequenceState,
+        scratch: &Scratch,
+        len: usize,
+    ) -> Result<(), ModelError> {
+        if len > seq.len() {
+            return Err(ModelError::Invalid(format!(
+                "rollback to {len}: the sequence has only {} positions",
+                seq.len()
+            )));
+        }
+        match (self, scratch) {
+            (Self::Qwen35(_), Scratch::Qwen35(s)) => match &s.rollback {
+                Some(rb) => rb.rollback(seq, len),
+                None if len == seq.len() => Ok(()),
+                None => Err(ModelError::Invalid(
+                    "rollback of a hybrid model needs rollback states (set_rollback)".into(),
+                )),
+            },
+            _ => {
+                seq.kv.truncate(len);
+                Ok(())
+            }
+        }
+    }
+
+    /// Milliseconds the passes spent producing rollback states since the last call.
+    pub fn take_rollback_ms(&self, scratch: &mut Scratch) -> f64 {
+        match scratch {
+            Scratch::Qwen35(s) => s.take_rollback_ms(),
+            Scratch::Llama(_) => 0.0,
         }
     }
 }

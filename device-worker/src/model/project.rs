@@ -172,3 +172,58 @@ impl Mlp {
         mm(pool, &self.down, bytes, buf.act, n, buf.out)
     }
 }
+
+/// Which positions of a forward pass get logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outputs {
+    /// None (a prefill micro-batch that is not the prompt's last).
+    None,
+    /// The last position (prefill end, plain decode).
+    Last,
+    /// Every position (a verification pass of speculative decoding).
+    All,
+}
+
+/// The output head shared by the architectures: `hidden = rms_norm(x_t)·output_norm` for the
+/// rows `outputs` asks for, then `logits = W_out hidden` (llama.cpp `build_norm` +
+/// `build_lora_mm(model.output)`). `x` is `[n, e]`; on return `hidden` is `[rows, e]` and
+/// `logits` `[rows, n_vocab]` (grown when needed, never shrunk). Returns `rows` (0, 1 or `n`).
+///
+/// Errors: [`ModelError::Kernel`] naming the op or weight.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn output_head(
+    pool: &ThreadPool,
+    bytes: &[u8],
+    x: &[f32],
+    n: usize,
+    e: usize,
+    outputs: Outputs,
+    (norm, eps, output): (&[f32], f32, &Linear),
+    hidden: &mut Vec<f32>,
+    logits: &mut Vec<f32>,
+) -> Result<usize, ModelError> {
+    let first = match outputs {
+        Outputs::None => return Ok(0),
+        Outputs::Last => n - 1,
+        Outputs::All => 0,
+    };
+    let rows = n - first;
+    if hidden.len() < rows * e {
+        hidden.resize(rows * e, 0.0);
+    }
+    if logits.len() < rows * output.rows {
+        logits.resize(rows * output.rows, 0.0);
+    }
+    for (t, h) in (first..n).zip(hidden.chunks_exact_mut(e)) {
+        ops::rms_norm(&x[t * e..(t + 1) * e], norm, eps, h).map_err(kernel("output_norm"))?;
+    }
+    mm(
+        pool,
+        output,
+        bytes,
+        &hidden[..rows * e],
+        rows,
+        &mut logits[..rows * output.rows],
+    )?;
+    Ok(rows)
+}

@@ -19,6 +19,7 @@
 //! position is the token index, so it reduces to NEOX rope over `rope.dimension_count` dims.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use dsp::gdn::{self, GdnShape};
 use dsp::ops;
@@ -27,10 +28,13 @@ use dsp::pool::ThreadPool;
 use crate::error::ModelError;
 use crate::model::gguf::{GgufFile, MetaValue};
 use crate::model::op_profile::{Laps, OpProfile};
-use crate::model::project::{causal_attention, kernel, mm, mm_shared, AttnShape, Mlp, MlpBuffers};
+use crate::model::project::{
+    causal_attention, kernel, mm, mm_shared, output_head, AttnShape, Mlp, MlpBuffers, Outputs,
+};
 use crate::model::weights::{load_vector, Linear};
 use crate::state::kv::KvCache;
 use crate::state::recurrent::{GdnLayerState, RecurrentState};
+use crate::state::rollback::{RollbackPrefill, RollbackStates};
 use crate::state::sequence::SequenceState;
 
 /// Micro-batches of at least this many tokens run the chunked GDN form
@@ -298,10 +302,32 @@ pub struct Scratch {
     ffn_gate: Vec<f32>,
     ffn_up: Vec<f32>,
     act: Vec<f32>,
-    last: Vec<f32>,
+    /// Output-normed hidden states `[rows, n_embd]` of the positions that got logits.
+    hidden: Vec<f32>,
+    /// Logits `[rows, n_vocab]`.
     logits: Vec<f32>,
+    /// Rows of `hidden` / `logits` the last pass wrote.
+    rows: usize,
+    /// Rollback states kept by every pass when speculative decoding is on
+    /// ([`Qwen35Model::set_rollback`]); `None`: passes keep none.
+    pub rollback: Option<RollbackStates>,
+    /// Wall time spent writing rollback states (the per-token recurrence that snapshots, and
+    /// the conv-state copies) since the last [`Scratch::take_rollback_ms`].
+    rollback_ms: f64,
     /// Per-op timing of forward passes, when attached (`device-worker bench --profile`).
     pub profile: Option<OpProfile>,
+}
+
+impl Scratch {
+    /// Output-normed hidden states `[rows, n_embd]` of the last pass's logit positions.
+    pub fn hidden(&self, n_embd: usize) -> &[f32] {
+        &self.hidden[..self.rows * n_embd]
+    }
+
+    /// Milliseconds spent producing rollback states since the last call (then reset).
+    pub fn take_rollback_ms(&mut self) -> f64 {
+        std::mem::take(&mut self.rollback_ms)
+    }
 }
 
 /// `qwen35` model weights (memory-mapped) and hyperparameters.
@@ -519,19 +545,42 @@ impl Qwen35Model {
             ffn_gate: vec![0.0; n * c.n_ff],
             ffn_up: vec![0.0; n * c.n_ff],
             act: vec![0.0; n * c.n_ff],
-            last: vec![0.0; c.n_embd],
+            hidden: vec![0.0; c.n_embd],
             logits: vec![0.0; c.n_vocab],
+            rows: 0,
+            rollback: None,
+            rollback_ms: 0.0,
             profile: None,
         }
     }
 
+    /// Makes every following pass with `scratch` keep the recurrent state after each of its
+    /// last `k` tokens (`k = 0`: none), produced as `mode` says; see
+    /// [`crate::state::rollback`]. Allocates `k` states per GDN layer.
+    pub fn set_rollback(&self, scratch: &mut Scratch, k: usize, mode: RollbackPrefill) {
+        let c = &self.cfg;
+        scratch.rollback = (k > 0).then(|| {
+            RollbackStates::new(
+                k,
+                c.n_gdn_layers(),
+                (c.conv_kernel - 1) * c.conv_channels(),
+                c.gdn.state_len(),
+                mode,
+            )
+        });
+    }
+
     /// Runs one micro-batch: `tokens` at positions `seq.len() .. seq.len() + tokens.len()`,
     /// appending the attention layers' keys and values to `seq.kv` and advancing the GDN
-    /// layers' conv and delta-rule states in `seq.recurrent`. Returns the logits `[n_vocab]`
-    /// of the last token when `want_logits`.
+    /// layers' conv and delta-rule states in `seq.recurrent`. Returns the logits
+    /// `[rows, n_vocab]` of the positions `outputs` asks for (`None` for [`Outputs::None`]);
+    /// their output-normed hidden states are in [`Scratch::hidden`].
     ///
     /// Micro-batches of [`CHUNKED_MIN_TOKENS`] or more use the chunked GDN form, shorter ones
-    /// the per-token recurrence.
+    /// the per-token recurrence. With rollback states on ([`Self::set_rollback`], `K`
+    /// states), the state after each of the last `min(K, n)` tokens is also kept: a
+    /// rollback-aware pass runs the first `n − K + 1` tokens chunked and the last `K − 1`
+    /// per token; a per-token pass runs all `n` per token (Tandem §3.3).
     ///
     /// Errors: [`ModelError::BatchTooLarge`], [`ModelError::ContextFull`],
     /// [`ModelError::TokenOutOfRange`], [`ModelError::Invalid`] for an empty batch or a
@@ -542,11 +591,15 @@ impl Qwen35Model {
         seq: &mut SequenceState,
         tokens: &[u32],
         scratch: &'s mut Scratch,
-        want_logits: bool,
+        outputs: Outputs,
     ) -> Result<Option<&'s [f32]>, ModelError> {
         let c = &self.cfg;
         let n = tokens.len();
         let pos0 = seq.kv.len();
+        scratch.rows = 0;
+        if let Some(rb) = scratch.rollback.as_mut() {
+            rb.clear();
+        }
         if n == 0 {
             return Err(ModelError::Invalid("empty micro-batch".into()));
         }
@@ -636,21 +689,23 @@ impl Qwen35Model {
             laps.lap("norms + residuals");
         }
         kv.set_len(pos0 + n);
+        if let Some(rb) = s.rollback.as_mut() {
+            rb.record_pass(pos0, n);
+        }
         drop(laps);
         s.profile = profile;
-
-        if !want_logits {
-            return Ok(None);
-        }
-        ops::rms_norm(
-            &s.x[(n - 1) * e..n * e],
-            &self.output_norm,
-            c.rms_eps,
-            &mut s.last,
-        )
-        .map_err(kernel("output_norm"))?;
-        mm(pool, &self.output, bytes, &s.last, 1, &mut s.logits)?;
-        Ok(Some(&s.logits))
+        s.rows = output_head(
+            pool,
+            bytes,
+            &s.x[..n * e],
+            n,
+            e,
+            outputs,
+            (&self.output_norm, c.rms_eps, &self.output),
+            &mut s.hidden,
+            &mut s.logits,
+        )?;
+        Ok((s.rows > 0).then(|| &s.logits[..s.rows * c.n_vocab]))
     }
 
     /// Gated DeltaNet block on the normalised input `s.h` `[n, n_embd]`; writes `s.o`.
@@ -688,6 +743,20 @@ impl Qwen35Model {
             ],
         )?;
         laps.lap("gdn projections (qkv, z, alpha, beta)");
+        let t_rb = Instant::now();
+        let m = s.rollback.as_ref().map_or(0, |r| r.slots_for(n));
+        if let Some(rb) = s.rollback.as_mut().filter(|_| m > 0) {
+            let conv_len = rb.conv_len();
+            conv_snapshots(
+                &st.conv,
+                &s.qkv[..n * ch],
+                n,
+                ch,
+                m,
+                &mut rb.layer_mut(w.state_layer).conv[..m * conv_len],
+            );
+        }
+        let mut rb_ms = ms_since(t_rb);
         gdn::conv1d_silu(
             &s.qkv[..n * ch],
             n,
@@ -714,23 +783,60 @@ impl Qwen35Model {
         laps.lap("gdn l2norm + gates");
         let (q, k, v) = (&s.gq[..n * kd], &s.gk[..n * kd], &s.gv[..n * vd]);
         let (gate, beta, out) = (&s.alpha[..n * hv], &s.beta[..n * hv], &mut s.gout[..n * vd]);
-        if n >= CHUNKED_MIN_TOKENS {
-            gdn::gdn_chunked_pooled(
-                pool,
-                g,
-                q,
-                k,
-                v,
-                gate,
-                beta,
-                &mut st.ssm,
-                out,
-                gdn::DEFAULT_CHUNK,
-            )
-        } else {
-            gdn::gdn_recurrent_pooled(pool, g, q, k, v, gate, beta, &mut st.ssm, out, None)
-        }
-        .map_err(kernel("gated_delta_net"))?;
+        let inputs = DeltaInputs {
+            q,
+            k,
+            v,
+            gate,
+            beta,
+        };
+        match s.rollback.as_mut().filter(|_| m > 0) {
+            None => delta_rule(pool, g, &inputs, 0..n, &mut st.ssm, out, None),
+            Some(rb) => {
+                let mode = rb.mode;
+                let ssm_len = rb.ssm_len();
+                let snaps = &mut rb.layer_mut(w.state_layer).ssm[..m * ssm_len];
+                // Tokens before the snapshot region: chunked when long enough (aware), then
+                // the state after token n − m is slot 0 and the per-token recurrence writes
+                // slots 1..m.
+                let head = n - m + 1;
+                if mode == RollbackPrefill::Aware && head >= CHUNKED_MIN_TOKENS {
+                    delta_rule(pool, g, &inputs, 0..head, &mut st.ssm, out, None)?;
+                    let t = Instant::now();
+                    snaps[..ssm_len].copy_from_slice(&st.ssm);
+                    if m > 1 {
+                        delta_rule(
+                            pool,
+                            g,
+                            &inputs,
+                            head..n,
+                            &mut st.ssm,
+                            out,
+                            Some(&mut snaps[ssm_len..]),
+                        )?;
+                    }
+                    rb_ms += ms_since(t);
+                    Ok(())
+                } else {
+                    let t = Instant::now();
+                    let r = gdn::gdn_recurrent_pooled(
+                        pool,
+                        g,
+                        q,
+                        k,
+                        v,
+                        gate,
+                        beta,
+                        &mut st.ssm,
+                        out,
+                        Some(snaps),
+                    );
+                    rb_ms += ms_since(t);
+                    r.map_err(kernel("gated_delta_net"))
+                }
+            }
+        }?;
+        s.rollback_ms += rb_ms;
         laps.lap("gdn delta rule (chunked / recurrent)");
         // Gated RMSNorm per value head (weights shared by all heads), into `gv` (free now).
         ops::rms_norm(&s.gout[..n * vd], &w.norm, c.rms_eps, &mut s.gv[..n * vd])
@@ -826,6 +932,71 @@ impl Qwen35Model {
         laps.lap("attn gate + out projection");
         r
     }
+}
+
+/// The GDN inputs of one micro-batch (token-major, shapes of [`gdn::gdn_recurrent`]).
+struct DeltaInputs<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    gate: &'a [f32],
+    beta: &'a [f32],
+}
+
+/// The gated delta rule over the tokens `range` of a micro-batch: chunked for
+/// [`CHUNKED_MIN_TOKENS`] tokens or more (without snapshots), else per token; `out` is the
+/// whole batch's output `[n, H·d_v]`.
+fn delta_rule(
+    pool: &ThreadPool,
+    g: GdnShape,
+    x: &DeltaInputs<'_>,
+    range: std::ops::Range<usize>,
+    ssm: &mut [f32],
+    out: &mut [f32],
+    snapshots: Option<&mut [f32]>,
+) -> Result<(), ModelError> {
+    let (kd, vd, hv) = (g.n_k_heads * g.d_k, g.n_v_heads * g.d_v, g.n_v_heads);
+    let (a, b) = (range.start, range.end);
+    let (q, k, v) = (
+        &x.q[a * kd..b * kd],
+        &x.k[a * kd..b * kd],
+        &x.v[a * vd..b * vd],
+    );
+    let (gate, beta, out) = (
+        &x.gate[a * hv..b * hv],
+        &x.beta[a * hv..b * hv],
+        &mut out[a * vd..b * vd],
+    );
+    if b - a >= CHUNKED_MIN_TOKENS && snapshots.is_none() {
+        gdn::gdn_chunked_pooled(pool, g, q, k, v, gate, beta, ssm, out, gdn::DEFAULT_CHUNK)
+    } else {
+        gdn::gdn_recurrent_pooled(pool, g, q, k, v, gate, beta, ssm, out, snapshots)
+    }
+    .map_err(kernel("gated_delta_net"))
+}
+
+/// Conv states after each of the last `m` tokens of a batch, for rollback: with
+/// `x_ext = conv_state ++ x` (`[K − 1 + n, ch]`), slot `i` (token `j = n − m + i`) is
+/// `x_ext[j + 1 .. j + K]`, the layout of `conv_state`. `snaps` is `[m, (K − 1)·ch]`.
+fn conv_snapshots(conv_state: &[f32], x: &[f32], n: usize, ch: usize, m: usize, snaps: &mut [f32]) {
+    let hist = conv_state.len() / ch;
+    let row = |r: usize| -> &[f32] {
+        if r < hist {
+            &conv_state[r * ch..][..ch]
+        } else {
+            &x[(r - hist) * ch..][..ch]
+        }
+    };
+    for (i, slot) in snaps.chunks_exact_mut(hist * ch).enumerate() {
+        let j = n - m + i;
+        for (r, dst) in slot.chunks_exact_mut(ch).enumerate() {
+            dst.copy_from_slice(row(j + 1 + r));
+        }
+    }
+}
+
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
 }
 
 /// RMSNorm of every `w.len()`-wide head of `x`, in place.

@@ -2,5 +2,6 @@
 pub mod checkpoint;
 pub mod kv;
 pub mod recurrent;
+pub mod rollback;
 pub mod sequence;
 pub mod slot;

@@ -57,7 +57,14 @@ impl RequestObserver {
     pub fn new(span: tracing::Span) -> Self {
         ::metrics::gauge!(m::WORKER_REQUESTS_IN_FLIGHT).increment(1.0);
         let phase = Some(tracing::info_span!(parent: &span, "prefill"));
-        Self { submitted: Instant::now(), queue_ms: None, first_token_seen: false, outcome: None, request: span, phase }
+        Self {
+            submitted: Instant::now(),
+            queue_ms: None,
+            first_token_seen: false,
+            outcome: None,
+            request: span,
+            phase,
+        }
     }
 
     /// The request's span.
@@ -116,27 +123,43 @@ impl Drop for RequestObserver {
     fn drop(&mut self) {
         self.phase = None;
         let outcome = self.outcome.unwrap_or(Outcome::Cancelled);
-        ::metrics::counter!(m::WORKER_REQUESTS_TOTAL, m::LABEL_OUTCOME => outcome.as_str()).increment(1);
+        ::metrics::counter!(m::WORKER_REQUESTS_TOTAL, m::LABEL_OUTCOME => outcome.as_str())
+            .increment(1);
         ::metrics::gauge!(m::WORKER_REQUESTS_IN_FLIGHT).decrement(1.0);
     }
 }
 
 /// Records a finished request's figures from its [`pb::FinalStats`]: duration (`server_ms`),
 /// prefill and decode seconds, prompt tokens new/reused, KV bound, output tokens, wake-up
-/// latency (when it paid one, `wake_ms > 0`), checkpoint events and bytes held. ms → s.
+/// latency (when it paid one, `wake_ms > 0`), checkpoint events and bytes held, decode
+/// passes and drafts proposed / accepted per drafter. ms → s.
 pub fn record_final(d: &pb::FinalStats) {
     ::metrics::histogram!(m::WORKER_REQUEST_DURATION_SECONDS).record(d.server_ms / 1e3);
     ::metrics::histogram!(m::WORKER_PREFILL_DURATION_SECONDS).record(d.prefill_ms / 1e3);
     ::metrics::histogram!(m::WORKER_DECODE_DURATION_SECONDS).record(d.decode_ms / 1e3);
-    ::metrics::counter!(m::WORKER_PREFILL_TOKENS_TOTAL, m::LABEL_KIND => "new").increment(u64::from(d.new_tokens));
-    ::metrics::counter!(m::WORKER_PREFILL_TOKENS_TOTAL, m::LABEL_KIND => "reused").increment(u64::from(d.reused_tokens));
+    ::metrics::counter!(m::WORKER_PREFILL_TOKENS_TOTAL, m::LABEL_KIND => "new")
+        .increment(u64::from(d.new_tokens));
+    ::metrics::counter!(m::WORKER_PREFILL_TOKENS_TOTAL, m::LABEL_KIND => "reused")
+        .increment(u64::from(d.reused_tokens));
     ::metrics::counter!(m::WORKER_KV_BOUND_TOKENS_TOTAL).increment(u64::from(d.kv_bound_tokens));
     ::metrics::counter!(m::WORKER_DECODE_TOKENS_TOTAL).increment(u64::from(d.decode_tokens));
+    ::metrics::counter!(m::WORKER_DECODE_PASSES_TOTAL).increment(u64::from(d.decode_passes));
+    for ds in &d.drafts {
+        for (outcome, n) in [("proposed", ds.proposed), ("accepted", ds.accepted)] {
+            ::metrics::counter!(m::WORKER_DRAFT_TOKENS_TOTAL, m::LABEL_DRAFTER => ds.drafter.clone(), m::LABEL_OUTCOME => outcome)
+                .increment(u64::from(n));
+        }
+    }
     if d.wake_ms > 0.0 {
         ::metrics::histogram!(m::WORKER_WAKEUP_DURATION_SECONDS).record(d.wake_ms / 1e3);
     }
-    for (event, n) in [("save", d.checkpoints_saved), ("restore", d.checkpoints_restored), ("evict", d.checkpoints_evicted)] {
-        ::metrics::counter!(m::WORKER_CHECKPOINT_EVENTS_TOTAL, m::LABEL_EVENT => event).increment(u64::from(n));
+    for (event, n) in [
+        ("save", d.checkpoints_saved),
+        ("restore", d.checkpoints_restored),
+        ("evict", d.checkpoints_evicted),
+    ] {
+        ::metrics::counter!(m::WORKER_CHECKPOINT_EVENTS_TOTAL, m::LABEL_EVENT => event)
+            .increment(u64::from(n));
     }
     ::metrics::gauge!(m::WORKER_CHECKPOINT_BYTES_HELD).set(d.checkpoint_bytes_held as f64);
 }
@@ -150,7 +173,9 @@ pub(crate) mod tests {
     pub(crate) fn with_recorder(f: impl FnOnce()) -> String {
         let mut b = PrometheusBuilder::new();
         for (name, buckets) in m::HISTOGRAMS {
-            b = b.set_buckets_for_metric(Matcher::Full((*name).to_string()), buckets).unwrap();
+            b = b
+                .set_buckets_for_metric(Matcher::Full((*name).to_string()), buckets)
+                .unwrap();
         }
         let recorder = b.build_recorder();
         let handle = recorder.handle();
@@ -160,7 +185,11 @@ pub(crate) mod tests {
     }
 
     fn sample(text: &str, series: &str) -> Option<f64> {
-        text.lines().find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+        text.lines().find_map(|l| {
+            l.strip_prefix(series)
+                .and_then(|r| r.strip_prefix(' '))
+                .and_then(|v| v.trim().parse().ok())
+        })
     }
 
     #[test]
@@ -178,30 +207,88 @@ pub(crate) mod tests {
             checkpoints_restored: 1,
             checkpoints_evicted: 1,
             checkpoint_bytes_held: 4096,
+            decode_passes: 7,
+            drafts: vec![pb::DraftStats {
+                drafter: "prompt-lookup".into(),
+                proposed: 9,
+                accepted: 5,
+                rounds: 3,
+            }],
             ..Default::default()
         };
         let text = with_recorder(|| {
             let mut obs = RequestObserver::new(tracing::Span::none());
-            obs.on_prefill(&pb::PrefillStats { queue_ms: 20.0, ..Default::default() });
+            obs.on_prefill(&pb::PrefillStats {
+                queue_ms: 20.0,
+                ..Default::default()
+            });
             obs.on_token();
             obs.on_token();
             obs.on_done(&done);
             drop(obs);
         });
-        assert_eq!(sample(&text, "worker_prefill_tokens_total{kind=\"new\"}"), Some(30.0), "{text}");
-        assert_eq!(sample(&text, "worker_prefill_tokens_total{kind=\"reused\"}"), Some(500.0));
+        assert_eq!(
+            sample(&text, "worker_prefill_tokens_total{kind=\"new\"}"),
+            Some(30.0),
+            "{text}"
+        );
+        assert_eq!(
+            sample(&text, "worker_prefill_tokens_total{kind=\"reused\"}"),
+            Some(500.0)
+        );
         assert_eq!(sample(&text, "worker_kv_bound_tokens_total"), Some(510.0));
         assert_eq!(sample(&text, "worker_decode_tokens_total"), Some(12.0));
-        assert_eq!(sample(&text, "worker_request_duration_seconds_sum"), Some(0.7));
-        assert_eq!(sample(&text, "worker_request_duration_seconds_bucket{le=\"0.75\"}"), Some(1.0));
-        assert_eq!(sample(&text, "worker_request_duration_seconds_bucket{le=\"0.5\"}"), Some(0.0));
+        assert_eq!(
+            sample(&text, "worker_request_duration_seconds_sum"),
+            Some(0.7)
+        );
+        assert_eq!(
+            sample(&text, "worker_request_duration_seconds_bucket{le=\"0.75\"}"),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(&text, "worker_request_duration_seconds_bucket{le=\"0.5\"}"),
+            Some(0.0)
+        );
         assert_eq!(sample(&text, "worker_queue_wait_seconds_sum"), Some(0.02));
-        assert_eq!(sample(&text, "worker_time_to_first_token_seconds_count"), Some(1.0), "one first token");
-        assert_eq!(sample(&text, "worker_wakeup_duration_seconds_sum"), Some(0.003));
-        assert_eq!(sample(&text, "worker_checkpoint_events_total{event=\"save\"}"), Some(2.0));
-        assert_eq!(sample(&text, "worker_checkpoint_events_total{event=\"restore\"}"), Some(1.0));
+        assert_eq!(
+            sample(&text, "worker_time_to_first_token_seconds_count"),
+            Some(1.0),
+            "one first token"
+        );
+        assert_eq!(
+            sample(&text, "worker_wakeup_duration_seconds_sum"),
+            Some(0.003)
+        );
+        assert_eq!(
+            sample(&text, "worker_checkpoint_events_total{event=\"save\"}"),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(&text, "worker_checkpoint_events_total{event=\"restore\"}"),
+            Some(1.0)
+        );
         assert_eq!(sample(&text, "worker_checkpoint_bytes_held"), Some(4096.0));
-        assert_eq!(sample(&text, "worker_requests_total{outcome=\"ok\"}"), Some(1.0));
+        assert_eq!(sample(&text, "worker_decode_passes_total"), Some(7.0));
+        assert_eq!(
+            sample(
+                &text,
+                "worker_draft_tokens_total{drafter=\"prompt-lookup\",outcome=\"proposed\"}"
+            ),
+            Some(9.0),
+            "{text}"
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "worker_draft_tokens_total{drafter=\"prompt-lookup\",outcome=\"accepted\"}"
+            ),
+            Some(5.0)
+        );
+        assert_eq!(
+            sample(&text, "worker_requests_total{outcome=\"ok\"}"),
+            Some(1.0)
+        );
         assert_eq!(sample(&text, "worker_requests_in_flight"), Some(0.0));
     }
 
@@ -214,9 +301,20 @@ pub(crate) mod tests {
             let _cancelled = RequestObserver::new(tracing::Span::none());
             drop(failed);
         });
-        assert_eq!(sample(&text, "worker_requests_total{outcome=\"cancelled\"}"), Some(2.0), "{text}");
-        assert_eq!(sample(&text, "worker_requests_total{outcome=\"error\"}"), Some(1.0), "{text}");
+        assert_eq!(
+            sample(&text, "worker_requests_total{outcome=\"cancelled\"}"),
+            Some(2.0),
+            "{text}"
+        );
+        assert_eq!(
+            sample(&text, "worker_requests_total{outcome=\"error\"}"),
+            Some(1.0),
+            "{text}"
+        );
         assert_eq!(sample(&text, "worker_requests_in_flight"), Some(0.0));
-        assert!(!text.contains("worker_request_duration_seconds"), "no final stats, no duration");
+        assert!(
+            !text.contains("worker_request_duration_seconds"),
+            "no final stats, no duration"
+        );
     }
 }

@@ -1,0 +1,224 @@
+//! Rollback states for speculative decoding (Tandem §3.3, DESIGN.md "Within-request"): the
+//! recurrent (GDN) state after each of the last `K` tokens of the latest forward pass, so a
+//! verification pass whose drafts are partly rejected can resume from the last accepted
+//! token without re-running anything. The attention KV cache needs no copy: it is truncated.
+//!
+//! Layout, per GDN layer (layer order of [`super::recurrent::RecurrentState`]):
+//! - `conv`: `[K, conv_len]`, slot `i` = the conv state `[K_conv − 1, conv_channels]` after
+//!   token `n − m + i` of the pass;
+//! - `ssm`: `[K, ssm_len]`, slot `i` = the delta-rule state `[n_v_heads, d_k, d_v]` after the
+//!   same token (the snapshot layout of [`dsp::gdn::gdn_recurrent`]).
+//!
+//! `m = min(K, n)` slots are valid after a pass of `n` tokens; slot `m − 1` equals the live
+//! state. One set lives in the engine's scratch buffers: it describes the last pass of
+//! whichever sequence ran it, so a rollback must follow that pass before any other.
+
+use crate::error::ModelError;
+use crate::state::sequence::SequenceState;
+
+/// How a forward pass of `n ≥ K` tokens produces its `K` rollback states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[value(rename_all = "kebab-case")]
+#[serde(rename_all = "kebab-case")]
+pub enum RollbackPrefill {
+    /// Rollback-aware prefill (Tandem §3.3): the first `n − K + 1` tokens through the chunked
+    /// GDN kernel, only the last `K − 1` through the per-token recurrence that writes
+    /// snapshots.
+    Aware,
+    /// Stock behaviour (llama.cpp with speculative decoding on a hybrid model): the whole
+    /// batch through the per-token recurrence, snapshotting the last `K` states.
+    PerToken,
+}
+
+impl RollbackPrefill {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Aware => "aware",
+            Self::PerToken => "per-token",
+        }
+    }
+}
+
+/// One GDN layer's rollback slots (shapes in the module docs).
+#[derive(Clone, Debug)]
+pub struct RollbackLayer {
+    pub conv: Vec<f32>,
+    pub ssm: Vec<f32>,
+}
+
+/// The last `K` recurrent states of the latest forward pass (module docs).
+#[derive(Clone, Debug)]
+pub struct RollbackStates {
+    k: usize,
+    conv_len: usize,
+    ssm_len: usize,
+    pub mode: RollbackPrefill,
+    layers: Vec<RollbackLayer>,
+    /// The pass the slots describe: first position, token count, valid slots.
+    pos0: usize,
+    n: usize,
+    m: usize,
+}
+
+impl RollbackStates {
+    /// Zeroed slots for `k` states of `n_layers` GDN layers (`conv_len`, `ssm_len` floats
+    /// each). `k = 0` keeps nothing (passes then produce no rollback states).
+    pub fn new(
+        k: usize,
+        n_layers: usize,
+        conv_len: usize,
+        ssm_len: usize,
+        mode: RollbackPrefill,
+    ) -> Self {
+        Self {
+            k,
+            conv_len,
+            ssm_len,
+            mode,
+            layers: (0..n_layers)
+                .map(|_| RollbackLayer {
+                    conv: vec![0.0; k * conv_len],
+                    ssm: vec![0.0; k * ssm_len],
+                })
+                .collect(),
+            pos0: 0,
+            n: 0,
+            m: 0,
+        }
+    }
+
+    /// States kept per pass (`K`).
+    pub fn capacity(&self) -> usize {
+        self.k
+    }
+
+    /// Bytes held by the slots.
+    pub fn bytes(&self) -> usize {
+        self.layers.len() * self.k * (self.conv_len + self.ssm_len) * 4
+    }
+
+    /// Slots a pass of `n` tokens fills: `min(K, n)`.
+    pub fn slots_for(&self, n: usize) -> usize {
+        self.k.min(n)
+    }
+
+    /// Marks the slots as describing a pass of `n` tokens from `pos0` (called by the model
+    /// after writing them); `m = min(K, n)`.
+    pub fn record_pass(&mut self, pos0: usize, n: usize) {
+        self.pos0 = pos0;
+        self.n = n;
+        self.m = self.slots_for(n);
+    }
+
+    /// Forgets the last pass (nothing can be rolled back).
+    pub fn clear(&mut self) {
+        self.m = 0;
+        self.n = 0;
+    }
+
+    /// Slot buffers of GDN layer `layer`: `(conv [K, conv_len], ssm [K, ssm_len])`.
+    pub fn layer_mut(&mut self, layer: usize) -> &mut RollbackLayer {
+        &mut self.layers[layer]
+    }
+
+    /// Floats of one conv slot.
+    pub fn conv_len(&self) -> usize {
+        self.conv_len
+    }
+
+    /// Floats of one delta-rule slot.
+    pub fn ssm_len(&self) -> usize {
+        self.ssm_len
+    }
+
+    /// Positions the sequence can be rolled back to after the last pass:
+    /// `pos0 + n − m + 1 ..= pos0 + n` (`None` when nothing was kept).
+    pub fn reachable(&self) -> Option<std::ops::RangeInclusive<usize>> {
+        let end = self.pos0 + self.n;
+        (self.m > 0).then(|| end + 1 - self.m..=end)
+    }
+
+    /// Cuts `seq` back to `len` positions, inside the last pass: the KV cache is truncated and
+    /// every GDN layer's conv and delta-rule state is restored from the slot of token
+    /// `len − 1`. `len` equal to the current length is a no-op.
+    ///
+    /// Errors: [`ModelError::Invalid`] when `seq` is not at the end of the recorded pass or
+    /// `len` is outside [`Self::reachable`].
+    pub fn rollback(&self, seq: &mut SequenceState, len: usize) -> Result<(), ModelError> {
+        let end = self.pos0 + self.n;
+        if seq.len() != end || self.m == 0 {
+            return Err(ModelError::Invalid(format!(
+                "rollback to {len}: the sequence is at {} but the rollback states describe a pass ending at {end} ({} kept)",
+                seq.len(),
+                self.m
+            )));
+        }
+        if !self.reachable().is_some_and(|r| r.contains(&len)) {
+            return Err(ModelError::Invalid(format!(
+                "rollback to {len}: only positions {:?} are reachable",
+                self.reachable()
+            )));
+        }
+        if len == end {
+            return Ok(());
+        }
+        let slot = len - 1 - (end - self.m);
+        if let Some(rec) = seq.recurrent.as_mut() {
+            if rec.n_layers() != self.layers.len() {
+                return Err(ModelError::Invalid(format!(
+                    "rollback states of {} GDN layers for a sequence of {}",
+                    self.layers.len(),
+                    rec.n_layers()
+                )));
+            }
+            for (i, l) in self.layers.iter().enumerate() {
+                let st = rec.layer_mut(i);
+                st.conv
+                    .copy_from_slice(&l.conv[slot * self.conv_len..][..self.conv_len]);
+                st.ssm
+                    .copy_from_slice(&l.ssm[slot * self.ssm_len..][..self.ssm_len]);
+            }
+        }
+        seq.kv.truncate(len);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::kv::KvCache;
+    use crate::state::recurrent::RecurrentState;
+
+    #[test]
+    fn rollback_restores_the_slot_of_the_kept_position() {
+        let mut rb = RollbackStates::new(3, 2, 2, 4, RollbackPrefill::Aware);
+        for l in 0..2 {
+            let layer = rb.layer_mut(l);
+            for s in 0..3 {
+                layer.conv[s * 2..][..2].fill((10 * l + s) as f32);
+                layer.ssm[s * 4..][..4].fill((100 * l + s) as f32);
+            }
+        }
+        let mut seq = SequenceState {
+            kv: KvCache::new(1, 1, 2, 16),
+            recurrent: Some(RecurrentState::new(2, 2, 4)),
+        };
+        seq.kv.set_len(10);
+        rb.record_pass(5, 5); // tokens at 5..10, slots hold states after 7, 8, 9
+        assert_eq!(rb.reachable(), Some(8..=10));
+        assert!(
+            rb.rollback(&mut seq, 7).is_err(),
+            "before the first kept state"
+        );
+        rb.rollback(&mut seq, 9).unwrap(); // state after token 8 = slot 1
+        assert_eq!(seq.len(), 9);
+        let r = seq.recurrent.as_ref().unwrap();
+        assert_eq!(r.layer(0).conv, vec![1.0; 2]);
+        assert_eq!(r.layer(1).ssm, vec![101.0; 4]);
+        assert!(
+            rb.rollback(&mut seq, 8).is_err(),
+            "the sequence moved off the pass"
+        );
+    }
+}

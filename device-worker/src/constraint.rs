@@ -146,7 +146,7 @@ impl ConstraintFactory {
         let mask = compute_mask(&mut matcher)?;
         Ok(Constraint {
             matcher,
-            mask: TokenMask { vob: mask },
+            mask: Some(TokenMask { vob: mask }),
             vocab_size: self.vocab_size,
             eos: self.eos.clone(),
         })
@@ -205,8 +205,9 @@ impl TokenMask {
 /// The grammar state of one generation. Not shared between requests.
 pub struct Constraint {
     matcher: Matcher,
-    /// Mask for the next token, computed after each commit.
-    mask: TokenMask,
+    /// Mask for the next token, computed on first need after each commit (`None`: not yet;
+    /// greedy decoding often never needs it, see [`Constraint::is_allowed`]).
+    mask: Option<TokenMask>,
     vocab_size: usize,
     /// llguidance's EOS set (the tokenizer's end-of-generation ids).
     eos: Arc<[u32]>,
@@ -215,65 +216,83 @@ pub struct Constraint {
 impl std::fmt::Debug for Constraint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Constraint")
-            .field("allowed", &self.mask.count())
+            .field("allowed", &self.mask.as_ref().map(TokenMask::count))
             .field("stopped", &self.matcher.is_stopped())
             .finish()
     }
 }
 
 impl Constraint {
-    /// The ids allowed as the next token.
+    /// The mask of the ids allowed next (computed now if the last commit left it stale).
     ///
-    /// Errors: [`ConstraintError::Parser`] if the grammar is in an error state (an earlier
-    /// llguidance failure).
+    /// Errors: [`ConstraintError::Parser`] if llguidance is in an error state or fails.
     pub fn allowed_tokens(&mut self) -> Result<&TokenMask, ConstraintError> {
         if let Some(e) = self.matcher.get_error() {
             return Err(ConstraintError::Parser(e));
         }
-        Ok(&self.mask)
+        let mask = match self.mask.take() {
+            Some(m) => m,
+            None => TokenMask {
+                vob: compute_mask(&mut self.matcher)?,
+            },
+        };
+        Ok(self.mask.insert(mask))
     }
 
-    /// Whether `id` may come next.
+    /// Whether `id` may come next. Without a current mask, an ordinary id (not end-of-
+    /// generation, inside the vocabulary) is checked by the parser directly (llguidance
+    /// `validate_tokens`: one token's bytes through the lexer and parser, instead of a mask
+    /// over the whole vocabulary); other ids compute the mask. Greedy decoding uses this to
+    /// skip the mask whenever the unconstrained argmax is allowed (the masked argmax is then
+    /// the same token; the approach of lazy grammar masking in vLLM / XGrammar).
     pub fn is_allowed(&mut self, id: u32) -> bool {
-        self.mask.is_allowed(id)
+        if let Some(m) = &self.mask {
+            return m.is_allowed(id);
+        }
+        if (id as usize) < self.vocab_size && !self.eos.contains(&id) {
+            return self.matcher.validate_tokens(&[id]).is_ok_and(|n| n == 1);
+        }
+        self.allowed_tokens().is_ok_and(|m| m.is_allowed(id))
     }
 
-    /// Advances the grammar by `id` and computes the next mask.
+    /// Advances the grammar by `id`; the next mask is computed when first needed.
     ///
     /// Errors: [`ConstraintError::TokenRejected`] if `id` is not allowed here (the state is left
     /// unchanged); [`ConstraintError::Parser`] if llguidance fails.
     pub fn commit(&mut self, id: u32) -> Result<(), ConstraintError> {
-        if !self.mask.is_allowed(id) {
-            return Err(ConstraintError::TokenRejected {
-                token: id,
-                reason: if (id as usize) >= self.vocab_size {
-                    format!("outside the vocabulary of {}", self.vocab_size)
-                } else {
-                    format!("{} tokens are allowed at this point", self.mask.count())
-                },
-            });
+        if !self.is_allowed(id) {
+            let reason = if (id as usize) >= self.vocab_size {
+                format!("outside the vocabulary of {}", self.vocab_size)
+            } else {
+                let n = self.allowed_tokens().map_or(0, TokenMask::count);
+                format!("{n} tokens are allowed at this point")
+            };
+            return Err(ConstraintError::TokenRejected { token: id, reason });
         }
         self.matcher
             .consume_token(id)
             .map_err(|e| ConstraintError::Parser(e.to_string()))?;
-        self.mask = TokenMask {
-            vob: compute_mask(&mut self.matcher)?,
-        };
+        self.mask = None;
         Ok(())
     }
 
     /// Whether the grammar is complete: the parser stopped, or only EOS ids are allowed next.
+    /// (llguidance stops the parser itself when only EOS can follow, so a stale mask is not
+    /// computed for this.)
     pub fn is_finished(&self) -> bool {
         if self.matcher.is_stopped() {
             return true;
         }
+        let Some(mask) = &self.mask else {
+            return false;
+        };
         let mut only_eos = true;
-        self.mask.vob.iter_set_entries(|i| {
+        mask.vob.iter_set_entries(|i| {
             if !self.eos.contains(&(i as u32)) {
                 only_eos = false;
             }
         });
-        only_eos && self.mask.count() > 0
+        only_eos && mask.count() > 0
     }
 
     /// Whether the grammar would accept EOS now (the text so far is a complete document).

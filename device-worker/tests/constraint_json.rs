@@ -220,3 +220,64 @@ fn masks_cover_the_vocabulary_and_apply_to_logits() {
     assert!(finite.iter().all(|&i| (i as usize) < tok.vocab_size()));
     assert_eq!(mask.count(), finite.len());
 }
+
+/// Greedy decoding without computing the mask when the unconstrained argmax is allowed
+/// (`Constraint::is_allowed` asks the parser about that one token) picks exactly what the
+/// masked argmax picks: two constraints in lockstep over seeded random logits, one lazy, one
+/// computing the mask at every step. Half of the steps boost a random allowed token so both
+/// paths (argmax allowed / not allowed) are taken many times.
+#[test]
+fn lazy_greedy_choice_equals_the_masked_argmax() {
+    let Some((tok, f)) = setup("lazy_greedy_choice_equals_the_masked_argmax") else {
+        return;
+    };
+    let schema = r#"{"type":"object","properties":{"action_type":{"enum":["click","input_text","scroll"]},"index":{"type":"integer","minimum":0,"maximum":40},"text":{"type":"string","maxLength":12}},"required":["action_type","index"],"additionalProperties":false}"#;
+    let n = tok.vocab_size() + 16;
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let (mut lazy_hits, mut fallbacks, mut documents) = (0, 0, 0);
+    for _doc in 0..12 {
+        let mut lazy = f.json_schema(schema).expect("schema");
+        let mut full = f.json_schema(schema).expect("schema");
+        for _step in 0..MAX_STEPS {
+            let mask = full.allowed_tokens().expect("mask").clone();
+            let allowed = mask.allowed_ids();
+            let mut logits: Vec<f32> = (0..n).map(|_| (rnd() % 10_000) as f32 / 1000.0).collect();
+            if rnd() % 2 == 0 {
+                let pick = allowed[(rnd() as usize) % allowed.len()];
+                logits[pick as usize] += 20.0;
+            }
+            let mut masked = logits.clone();
+            mask.apply(&mut masked);
+            let want = device_worker::engine::sampling::argmax(&masked).expect("something allowed");
+            let raw = device_worker::engine::sampling::argmax(&logits).unwrap();
+            let got = if lazy.is_allowed(raw) {
+                lazy_hits += 1;
+                raw
+            } else {
+                fallbacks += 1;
+                lazy.allowed_tokens().expect("mask").apply(&mut logits);
+                device_worker::engine::sampling::argmax(&logits).unwrap()
+            };
+            assert_eq!(got, want, "lazy and masked greedy choices differ");
+            if tok.is_eog(got) {
+                documents += 1;
+                break;
+            }
+            lazy.commit(got).expect("lazy commit");
+            full.commit(got).expect("full commit");
+            assert_eq!(lazy.is_finished(), full.is_finished());
+            if full.is_finished() {
+                documents += 1;
+                break;
+            }
+        }
+    }
+    eprintln!("{lazy_hits} lazy choices, {fallbacks} mask fallbacks, {documents} documents");
+    assert!(lazy_hits > 50 && fallbacks > 50, "both paths exercised");
+}

@@ -560,17 +560,31 @@ impl Engine {
         let stop = loop {
             plain_len = n_prompt + out.len();
             let lg = &mut rows[row * n_vocab..(row + 1) * n_vocab];
-            if let Some(con) = req.constraint.as_mut() {
-                con.allowed_tokens()?.apply(lg);
-            }
-            let next = match req.sampling {
-                SamplingMode::Greedy => argmax(lg),
-                SamplingMode::Seeded {
-                    temperature,
-                    top_k,
-                    top_p,
-                    ..
-                } => sample(lg, temperature, top_k, top_p, &mut rng),
+            let next = match (&req.sampling, req.constraint.as_mut()) {
+                (SamplingMode::Greedy, None) => argmax(lg),
+                // The unconstrained argmax, when the grammar allows it, is the masked argmax:
+                // the mask is only computed when it is not (Constraint::is_allowed).
+                (SamplingMode::Greedy, Some(con)) => match argmax(lg) {
+                    Some(id) if con.is_allowed(id) => Some(id),
+                    _ => {
+                        con.allowed_tokens()?.apply(lg);
+                        argmax(lg)
+                    }
+                },
+                (
+                    &SamplingMode::Seeded {
+                        temperature,
+                        top_k,
+                        top_p,
+                        ..
+                    },
+                    con,
+                ) => {
+                    if let Some(con) = con {
+                        con.allowed_tokens()?.apply(lg);
+                    }
+                    sample(lg, temperature, top_k, top_p, &mut rng)
+                }
             };
             let Some(id) = next else {
                 return Err(WorkerError::Internal(

@@ -25,6 +25,11 @@ use crate::spec::{Draft, DraftContext, Drafter, DrafterKind};
 /// Requests between two saves of the experience memory to `--experience-file`.
 const SAVE_EVERY: u32 = 16;
 
+/// Adaptive mode: after this many proposals of one (drafter, bucket) were declined because
+/// its acceptance estimate made no length pay, one is verified anyway (1 token) so the
+/// estimate can recover when the drafter starts being right again.
+const EXPLORE_AFTER: u32 = 32;
+
 /// The drafters and the draft-length controller of one worker.
 pub struct Speculator {
     /// `--drafters`, in order.
@@ -39,6 +44,8 @@ pub struct Speculator {
     unsaved: u32,
     /// `--test-corrupt-drafts`.
     corrupt: bool,
+    /// Declined proposals per (drafter, bucket) since the last verified one (adaptive).
+    declined: std::collections::HashMap<(DrafterKind, usize), u32>,
 }
 
 impl Speculator {
@@ -122,6 +129,7 @@ impl Speculator {
             experience_file: cfg.experience_file.clone(),
             unsaved: 0,
             corrupt: cfg.test_corrupt_drafts,
+            declined: Default::default(),
         }))
     }
 
@@ -153,12 +161,19 @@ impl Speculator {
                 best = Some((0.0, draft));
                 break;
             }
-            let n = self
+            let key = (draft.kind, draft.bucket);
+            let mut n = self
                 .length
                 .choose(draft.kind, draft.bucket, draft.tokens.len().min(n_max));
             if n == 0 {
-                continue;
+                let d = self.declined.entry(key).or_insert(0);
+                *d += 1;
+                if *d < EXPLORE_AFTER {
+                    continue;
+                }
+                n = 1;
             }
+            self.declined.remove(&key);
             draft.tokens.truncate(n);
             let alpha = self.length.alpha(draft.kind, draft.bucket);
             let rate = expected_tokens(alpha, n) / self.length.pass_ms(n);

@@ -692,7 +692,6 @@ impl Qwen35Model {
         if let Some(rb) = s.rollback.as_mut() {
             rb.record_pass(pos0, n);
         }
-        drop(laps);
         s.profile = profile;
         s.rows = output_head(
             pool,

@@ -84,6 +84,8 @@ fn describe_worker() {
     describe_counter!(m::WORKER_PREFILL_TOKENS_TOTAL, "Prompt tokens, new (prefilled) or reused (KV cache).");
     describe_counter!(m::WORKER_KV_BOUND_TOKENS_TOTAL, "Prompt tokens an ideal LCP KV cache would reuse.");
     describe_counter!(m::WORKER_DECODE_TOKENS_TOTAL, "Output tokens.");
+    describe_counter!(m::WORKER_DECODE_PASSES_TOTAL, "Target-model passes of the decode phase (plain steps and verification passes).");
+    describe_counter!(m::WORKER_DRAFT_TOKENS_TOTAL, "Speculative draft tokens by drafter, proposed or accepted by verification.");
     describe_counter!(m::WORKER_CHECKPOINT_EVENTS_TOTAL, "Recurrent-state checkpoint events.");
     describe_gauge!(m::WORKER_CHECKPOINT_BYTES_HELD, "Bytes of saved checkpoint states held after the latest request.");
     describe_gauge!(m::WORKER_POWER_STATE, "1 for the current power state.");

@@ -11,7 +11,6 @@ use agent_gateway::corpus::load_episodes;
 use device_worker::cache::{chat_tokens, plan, CacheState, PlanConfig, PlanRequest, Policy};
 use device_worker::chat_template::{ChatMessage, ChatTemplate};
 use device_worker::config::EngineConfig;
-use device_worker::engine::{EngineHandle, EngineState};
 use device_worker::model::gguf::GgufFile;
 use device_worker::tokenizer::Tokenizer;
 use tandem_proto::step::v1 as pb;
@@ -37,17 +36,8 @@ async fn worker(policy: Policy, consolidate: bool) -> (String, tokio::sync::ones
         consolidate,
         ..Default::default()
     };
-    let engine = EngineHandle::spawn(cfg).expect("engine");
-    let mut st = engine.state();
-    st.wait_for(|s| !matches!(s, EngineState::Loading)).await.expect("state");
-    assert!(engine.admission().is_ok(), "fixture failed to load");
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = format!("http://{}", l.local_addr().unwrap());
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(device_worker::service::serve(engine, l, async {
-        let _ = rx.await;
-    }));
-    (addr, tx)
+    let (_engine, addr, stop) = common::serve_worker(cfg).await;
+    (addr, stop)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

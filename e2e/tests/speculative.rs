@@ -11,7 +11,6 @@ use std::path::PathBuf;
 use agent_gateway::action::action_json_schema_for;
 use agent_gateway::corpus::{load_episodes, Episode};
 use device_worker::config::{DraftLengthMode, Drafters, EngineConfig};
-use device_worker::engine::{EngineHandle, EngineState};
 use tandem_proto::step::v1 as pb;
 use tandem_proto::step::v1::step_service_client::StepServiceClient;
 
@@ -60,19 +59,8 @@ async fn worker(
         test_corrupt_drafts: s.corrupt,
         ..Default::default()
     };
-    let engine = EngineHandle::spawn(cfg).expect("engine");
-    let mut st = engine.state();
-    st.wait_for(|s| !matches!(s, EngineState::Loading))
-        .await
-        .expect("state");
-    assert!(engine.admission().is_ok(), "model failed to load");
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = format!("http://{}", l.local_addr().unwrap());
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(device_worker::service::serve(engine, l, async {
-        let _ = rx.await;
-    }));
-    (StepServiceClient::connect(addr).await.expect("connect"), tx)
+    let (_engine, addr, stop) = common::serve_worker(cfg).await;
+    (StepServiceClient::connect(addr).await.expect("connect"), stop)
 }
 
 /// Runs the first `n_steps` corpus steps `passes` times on one worker; a tally per pass.

@@ -35,16 +35,11 @@ pub struct Servers {
     _stop: Vec<tokio::sync::oneshot::Sender<()>>,
 }
 
-/// Loads `model` in a worker (2 threads, 2 slots, 4096-token context), serves it, and serves a
-/// gateway routed to it; both on free loopback ports.
-pub async fn start(model: PathBuf) -> Servers {
-    let cfg = device_worker::config::EngineConfig {
-        model: Some(model),
-        threads: Some(2),
-        ctx_size: 4096,
-        slots: 2,
-        ..Default::default()
-    };
+/// Loads a worker with `cfg`, waits for the model, and serves StepService on a free loopback
+/// port. Returns the engine, its address `http://127.0.0.1:PORT` and the stop handle.
+pub async fn serve_worker(
+    cfg: device_worker::config::EngineConfig,
+) -> (device_worker::engine::EngineHandle, String, tokio::sync::oneshot::Sender<()>) {
     let engine = device_worker::engine::EngineHandle::spawn(cfg).unwrap();
     // Serve only once the model is loaded, as deploy/demo.sh waits for the worker's health.
     let mut state = engine.state();
@@ -55,10 +50,24 @@ pub async fn start(model: PathBuf) -> Servers {
     assert!(engine.admission().is_ok(), "the model failed to load");
     let wl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let worker = format!("http://{}", wl.local_addr().unwrap());
-    let (s1, r1) = tokio::sync::oneshot::channel::<()>();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(device_worker::service::serve(engine.clone(), wl, async {
-        let _ = r1.await;
+        let _ = stopped.await;
     }));
+    (engine, worker, stop)
+}
+
+/// Loads `model` in a worker (2 threads, 2 slots, 4096-token context), serves it, and serves a
+/// gateway routed to it; both on free loopback ports.
+pub async fn start(model: PathBuf) -> Servers {
+    let cfg = device_worker::config::EngineConfig {
+        model: Some(model),
+        threads: Some(2),
+        ctx_size: 4096,
+        slots: 2,
+        ..Default::default()
+    };
+    let (engine, worker, s1) = serve_worker(cfg).await;
     let router = agent_gateway::worker::Router::new(std::slice::from_ref(&worker)).unwrap();
     let runner = Arc::new(agent_gateway::step::StepRunner::new(router));
     let gl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

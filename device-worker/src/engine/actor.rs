@@ -500,7 +500,8 @@ impl Engine {
                 }
             };
             if let Some(l) = out {
-                logits.copy_from_slice(l);
+                logits.clear();
+                logits.extend_from_slice(l);
             }
             slot.tokens.extend_from_slice(&req.prompt[b.start..b.end]);
             if b.save {
@@ -547,7 +548,7 @@ impl Engine {
             .filter(|_| req.sampling == SamplingMode::Greedy);
         // Logits rows of the last pass (1 row, or 1 + drafts after a verification) and the
         // row the next token is chosen from.
-        let mut rows = logits.clone();
+        let rows = logits;
         let mut row = 0usize;
         let mut round: Option<Round> = None;
         let mut tally = DraftTally::default();
@@ -594,17 +595,9 @@ impl Engine {
             // An open round: the token is either its next draft (already fed) or ends it.
             let drafted = round.as_mut().is_some_and(|r| r.accept(id));
             if !drafted {
-                if let Some(r) = round.take() {
-                    tally.add(&r.draft, r.matched);
-                    if let Some(sp) = spec.as_mut() {
-                        sp.record_round(&r.draft, r.matched);
-                    }
-                    let slot = &mut c.slots[si];
-                    if let Err(e) = c.model.rollback(&mut slot.seq, &c.scratch, plain_len) {
-                        reset_slot(slot);
-                        return Err(e.into());
-                    }
-                    slot.tokens.truncate(plain_len);
+                if let (Some(r), Some(sp)) = (round.take(), spec.as_mut()) {
+                    sp.end_round(r, &mut tally);
+                    rollback_slot(&c.model, &mut c.slots[si], &c.scratch, plain_len)?;
                 }
             }
             if eog.contains(&id) {
@@ -705,21 +698,9 @@ impl Engine {
             decode_passes += 1;
         };
         // Leave the slot where plain decoding would: accepted drafts past a stop are dropped.
-        if let Some(r) = round.take() {
-            tally.add(&r.draft, r.matched);
-            if let Some(sp) = spec.as_mut() {
-                sp.record_round(&r.draft, r.matched);
-            }
-        }
-        {
-            let slot = &mut c.slots[si];
-            if slot.seq.len() > plain_len {
-                if let Err(e) = c.model.rollback(&mut slot.seq, &c.scratch, plain_len) {
-                    reset_slot(slot);
-                    return Err(e.into());
-                }
-                slot.tokens.truncate(plain_len);
-            }
+        if let (Some(r), Some(sp)) = (round.take(), spec.as_mut()) {
+            sp.end_round(r, &mut tally);
+            rollback_slot(&c.model, &mut c.slots[si], &c.scratch, plain_len)?;
         }
         if let (Some(sp), false) = (spec.as_mut(), out.is_empty()) {
             let fed = out.len() - 1;
@@ -826,6 +807,22 @@ fn touch_slot(slots: &mut [Slot], si: usize, session_id: &str) {
 }
 
 /// Empties a slot whose state is no longer trustworthy (a failed batch).
+/// Cuts the slot back to `len` positions inside the last pass (rejected drafts, or accepted
+/// ones past a stop); a failed rollback resets the slot (nothing of it can be trusted).
+fn rollback_slot(
+    model: &Model,
+    slot: &mut Slot,
+    scratch: &Scratch,
+    len: usize,
+) -> Result<(), WorkerError> {
+    if let Err(e) = model.rollback(&mut slot.seq, scratch, len) {
+        reset_slot(slot);
+        return Err(e.into());
+    }
+    slot.tokens.truncate(len);
+    Ok(())
+}
+
 fn reset_slot(slot: &mut Slot) {
     slot.seq.reset();
     slot.tokens.clear();

@@ -203,10 +203,13 @@ impl Speculator {
         self.length.record_pass(n_drafts, ms);
     }
 
-    /// A round ended: `accepted` of the draft's tokens matched greedy decoding.
-    pub fn record_round(&mut self, draft: &Draft, accepted: usize) {
+    /// A round ended: its accepted count goes to the acceptance estimate and to the
+    /// request's `tally`.
+    pub fn end_round(&mut self, round: Round, tally: &mut DraftTally) {
+        let Round { draft, matched } = round;
         self.length
-            .record_verify(draft.kind, draft.bucket, draft.tokens.len(), accepted);
+            .record_verify(draft.kind, draft.bucket, draft.tokens.len(), matched);
+        tally.add(&draft, matched);
     }
 
     /// The request ended: its output goes to the drafters that learn from outputs

@@ -818,20 +818,9 @@ impl Qwen35Model {
                     Ok(())
                 } else {
                     let t = Instant::now();
-                    let r = gdn::gdn_recurrent_pooled(
-                        pool,
-                        g,
-                        q,
-                        k,
-                        v,
-                        gate,
-                        beta,
-                        &mut st.ssm,
-                        out,
-                        Some(snaps),
-                    );
+                    let r = delta_rule(pool, g, &inputs, 0..n, &mut st.ssm, out, Some(snaps));
                     rb_ms += ms_since(t);
-                    r.map_err(kernel("gated_delta_net"))
+                    r
                 }
             }
         }?;

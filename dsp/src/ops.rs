@@ -164,23 +164,21 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-/// [`silu`] on every element.
+/// [`silu`] on every element, with the selected backend (SIMD backends compute `exp` in
+/// their own way, ≤ 1 ulp from the platform's `expf`; see [`KernelBackend::silu_inplace`]).
 pub fn silu_inplace(x: &mut [f32]) {
-    for v in x {
-        *v = silu(*v);
-    }
+    select().silu_inplace(x);
 }
 
-/// SwiGLU: `out = silu(gate) * up` elementwise (ggml `ggml_vec_swiglu_f32`; Shazeer 2020).
+/// SwiGLU: `out = silu(gate) * up` elementwise (ggml `ggml_vec_swiglu_f32`; Shazeer 2020),
+/// with the selected backend (see [`KernelBackend::swiglu`]).
 ///
 /// # Errors
 /// `LengthMismatch` unless the three slices have equal length.
 pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), DspError> {
     DspError::check_len("swiglu", "up", gate.len(), up.len())?;
     DspError::check_len("swiglu", "out", gate.len(), out.len())?;
-    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-        *o = silu(g) * u;
-    }
+    select().swiglu(gate, up, out);
     Ok(())
 }
 
@@ -197,7 +195,8 @@ pub fn add_inplace(dst: &mut [f32], src: &[f32]) -> Result<(), DspError> {
 /// Attention of one query head over `n_ctx` cached positions:
 /// `out = softmax(scale * (q16 · k_j))_j · v_j`, with `q` rounded to f16 before the dot (as
 /// ggml's f16 `vec_dot` on an f16 KV cache), the dots summed in f32 (f64 on the scalar
-/// backend), the softmax of [`softmax_inplace`] and the values accumulated in f32.
+/// backend), the backend's softmax ([`KernelBackend::softmax_inplace`]) and the values
+/// accumulated in f32.
 ///
 /// Shapes: `q`: `[head_dim]`; `k`, `v`: `[n_ctx, head_dim]` row-major f16; `scores_scratch`:
 /// at least `n_ctx` (overwritten with the attention weights); `out`: `[head_dim]`. Callers
@@ -216,6 +215,88 @@ pub fn attention_head(
 ) -> Result<(), DspError> {
     let hd = q.len();
     attention_head_strided(select(), q, k, v, n_ctx, hd, scale, scores_scratch, out)
+}
+
+/// Attention of several queries against one KV head (a tile of grouped-query attention: the
+/// query heads that share this KV head, for a few consecutive tokens), each query `i` seeing
+/// the first `n_ctx[i]` cached positions. Every K and V row is read once for all queries
+/// while it is in L1, instead of once per (token, head).
+///
+/// Each query gets exactly the operations of [`attention_head_strided`] (the same dots, the
+/// same softmax, the values accumulated in position order), so results are bit-identical to
+/// it whatever the tile.
+///
+/// Shapes: `qs`: `[n_q, head_dim]`; `n_ctx`: `[n_q]`, each ≥ 1; `k`, `v`: `[>= max n_ctx,
+/// head_dim]` row-major f16 (one head, contiguous); `scores_scratch`: at least
+/// `n_q * max(n_ctx)`; `out`: `[n_q, head_dim]`.
+///
+/// # Errors
+/// `LengthMismatch` on any shape mismatch; `InvalidArgument` if some `n_ctx[i] == 0`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_queries(
+    be: &dyn KernelBackend,
+    qs: &[f32],
+    n_ctx: &[usize],
+    head_dim: usize,
+    k: &[f16],
+    v: &[f16],
+    scale: f32,
+    scores_scratch: &mut [f32],
+    out: &mut [f32],
+) -> Result<(), DspError> {
+    const OP: &str = "attention_queries";
+    let (n_q, hd) = (n_ctx.len(), head_dim);
+    DspError::check_len(OP, "qs", n_q * hd, qs.len())?;
+    DspError::check_len(OP, "out", n_q * hd, out.len())?;
+    if n_ctx.contains(&0) {
+        return Err(DspError::InvalidArgument {
+            op: OP,
+            what: "n_ctx",
+            detail: "every query must see at least one position".into(),
+        });
+    }
+    let max_ctx = n_ctx.iter().copied().max().unwrap_or(0);
+    for (what, kv) in [("k", k), ("v", v)] {
+        if kv.len() < max_ctx * hd {
+            return Err(DspError::LengthMismatch {
+                op: OP,
+                what,
+                expected: max_ctx * hd,
+                actual: kv.len(),
+            });
+        }
+    }
+    if scores_scratch.len() < n_q * max_ctx {
+        return Err(DspError::LengthMismatch {
+            op: OP,
+            what: "scores_scratch",
+            expected: n_q * max_ctx,
+            actual: scores_scratch.len(),
+        });
+    }
+    let q16: Vec<f16> = qs.iter().map(|&x| f16::from_f32(x)).collect();
+    let scores = &mut scores_scratch[..n_q * max_ctx];
+    for j in 0..max_ctx {
+        let kj = &k[j * hd..(j + 1) * hd];
+        for (i, qi) in q16.chunks_exact(hd).enumerate() {
+            if j < n_ctx[i] {
+                scores[i * max_ctx + j] = be.vec_dot_f16(kj, qi) * scale;
+            }
+        }
+    }
+    for (i, row) in scores.chunks_exact_mut(max_ctx).enumerate() {
+        be.softmax_inplace(&mut row[..n_ctx[i]]);
+    }
+    out.fill(0.0);
+    for j in 0..max_ctx {
+        let vj = &v[j * hd..(j + 1) * hd];
+        for (i, oi) in out.chunks_exact_mut(hd).enumerate() {
+            if j < n_ctx[i] {
+                be.axpy_f16(oi, scores[i * max_ctx + j], vj);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// [`attention_head`] with an explicit backend and a row stride: cached position `j` of this
@@ -287,7 +368,7 @@ pub fn attention_head_strided(
     for (j, s) in scores.iter_mut().enumerate() {
         *s = be.vec_dot_f16(&k[j * row_stride..j * row_stride + hd], &q16) * scale;
     }
-    softmax_inplace(scores);
+    be.softmax_inplace(scores);
     for (j, &p) in scores.iter().enumerate() {
         be.axpy_f16(out, p, &v[j * row_stride..j * row_stride + hd]);
     }

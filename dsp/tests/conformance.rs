@@ -185,6 +185,51 @@ macro_rules! backend_conformance {
                     backend::scalar().axpy_f16(&mut q, a, &v);
                     prop_assert_eq!(&p, &q);
                 }
+
+                #[test]
+                fn silu_and_swiglu_match_scalar_and_ignore_position(len in 1usize..70, scale in 0.1f32..120.0, seed in any::<u64>()) {
+                    let Some(be) = be() else { return Ok(()) };
+                    let mut rng = Rng(seed);
+                    let x: Vec<f32> = rng.vec(len).iter().map(|v| v * scale).collect();
+                    let up = rng.vec(len);
+                    let (mut p, mut q) = (x.clone(), x.clone());
+                    be.silu_inplace(&mut p);
+                    backend::scalar().silu_inplace(&mut q);
+                    for (a, b) in p.iter().zip(&q) {
+                        // exp within 1 ulp, then one division: a few ulp of the result, or denormal-small.
+                        prop_assert!((a - b).abs() <= 4e-7 * b.abs() + 1e-30, "silu {a} vs {b}");
+                    }
+                    let (mut sp, mut sq) = (vec![0f32; len], vec![0f32; len]);
+                    be.swiglu(&x, &up, &mut sp);
+                    backend::scalar().swiglu(&x, &up, &mut sq);
+                    for (a, b) in sp.iter().zip(&sq) {
+                        prop_assert!((a - b).abs() <= 6e-7 * b.abs() + 1e-30, "swiglu {a} vs {b}");
+                    }
+                    // Softmax (with a masked entry) against the scalar reference.
+                    let mut sm: Vec<f32> = x.iter().map(|v| v * 0.3).collect();
+                    let masked = seed as usize % len;
+                    if len > 1 {
+                        sm[masked] = f32::NEG_INFINITY;
+                    }
+                    let mut sr = sm.clone();
+                    be.softmax_inplace(&mut sm);
+                    backend::scalar().softmax_inplace(&mut sr);
+                    for (a, b) in sm.iter().zip(&sr) {
+                        prop_assert!((a - b).abs() <= 1e-6 * b.abs() + 1e-30, "softmax {a} vs {b}");
+                    }
+                    if len > 1 {
+                        prop_assert_eq!(sm[masked], 0.0);
+                    }
+                    // Every element alone gives the bits it got inside the slice.
+                    for (i, &xi) in x.iter().enumerate() {
+                        let mut one = [xi];
+                        be.silu_inplace(&mut one);
+                        prop_assert_eq!(one[0].to_bits(), p[i].to_bits());
+                        let mut o = [0f32];
+                        be.swiglu(&[xi], &[up[i]], &mut o);
+                        prop_assert_eq!(o[0].to_bits(), sp[i].to_bits());
+                    }
+                }
             }
 
             #[test]
@@ -322,6 +367,11 @@ backend_conformance!(
     avx2,
     backend::avx2::Avx2::get().map(|b| b as &'static dyn KernelBackend)
 );
+#[cfg(target_arch = "x86_64")]
+backend_conformance!(
+    avx512,
+    backend::avx512::Avx512::get().map(|b| b as &'static dyn KernelBackend)
+);
 #[cfg(target_arch = "aarch64")]
 backend_conformance!(
     neon,
@@ -364,4 +414,56 @@ fn qmatref_rejects_bad_weights() {
             ..
         })
     ));
+}
+
+/// The AVX-512 VNNI kernels produce exactly the AVX2 kernels' integer lanes (K-quants: folded
+/// 512-bit lanes; Q4_0/Q4_1/Q8_0: `vpdpbusd` for `maddubs` + `madd`), so the two backends must
+/// agree bit for bit on every quantized type and tile shape (K-quant tiles of 1..8 tokens run
+/// the VNNI kernel, larger ones the AVX2 one).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_quantized_products_equal_avx2_bitwise() {
+    let (Some(a2), Some(a5)) = (backend::avx2::Avx2::get(), backend::avx512::Avx512::get()) else {
+        eprintln!("skipped: this CPU lacks AVX-512 VNNI");
+        return;
+    };
+    let mut rng = Rng(19);
+    let pool = ThreadPool::new(1).expect("pool");
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+    ] {
+        let cols = 1024;
+        for (rows, toks) in [(1, 1), (3, 2), (4, 4), (5, 5), (9, 8), (4, 9), (7, 70)] {
+            // Large-magnitude inputs push the quants to their extremes (|q_x| = 127/128).
+            let w: Vec<f32> = rng.vec(rows * cols).iter().map(|v| v * 40.0).collect();
+            let w = quantize_matrix(ty, &w, rows, cols);
+            let x = rng.vec(toks * cols);
+            let acts = dsp::matmul::quantize_activations(&pool, ty.vec_dot_type(), &x, toks, cols)
+                .expect("quantize");
+            let tile = DotTile {
+                ty,
+                w: w.bytes(),
+                w_row_bytes: ty.row_bytes(cols).expect("rb"),
+                x: acts.bytes(),
+                x_row_bytes: acts.row_bytes,
+            };
+            let (mut o2, mut o5) = (vec![0f32; rows * toks], vec![0f32; rows * toks]);
+            a2.dot_tile(&tile, &mut o2);
+            a5.dot_tile(&tile, &mut o5);
+            for (i, (p, q)) in o2.iter().zip(&o5).enumerate() {
+                assert_eq!(
+                    p.to_bits(),
+                    q.to_bits(),
+                    "{ty} {rows}x{toks} output {i}: {p} vs {q}"
+                );
+            }
+            let single =
+                a5.vec_dot_bytes(ty, &tile.w[..tile.w_row_bytes], &tile.x[..tile.x_row_bytes]);
+            assert_eq!(single.to_bits(), o2[0].to_bits(), "{ty} single dot");
+        }
+    }
 }

@@ -192,3 +192,74 @@ fn add_inplace_adds() {
     ops::add_inplace(&mut a, &b).expect("add");
     assert_eq!(a, (0..19).map(|i| 1.0 + i as f32).collect::<Vec<_>>());
 }
+
+/// A tile of queries (several tokens × the query heads of one KV head, each with its own
+/// causal prefix) gives every query exactly the bits of a lone `attention_head_strided`, on
+/// every backend; and a query that sees no position is an error.
+#[test]
+fn attention_queries_equal_single_heads_bitwise() {
+    use half::f16;
+    let mut rng = Rng(23);
+    for be in dsp::backend::available() {
+        for (hd, n_q, ctx0) in [(64, 1, 1), (64, 12, 5), (256, 8, 40), (32, 3, 17)] {
+            let n_ctx: Vec<usize> = (0..n_q).map(|i| ctx0 + i / 2).collect();
+            let max_ctx = *n_ctx.iter().max().expect("n_q > 0");
+            let k: Vec<f16> = rng
+                .vec(max_ctx * hd)
+                .iter()
+                .map(|&x| f16::from_f32(x))
+                .collect();
+            let v: Vec<f16> = rng
+                .vec(max_ctx * hd)
+                .iter()
+                .map(|&x| f16::from_f32(x))
+                .collect();
+            let qs: Vec<f32> = rng.vec(n_q * hd).iter().map(|x| x * 3.0).collect();
+            let scale = 1.0 / (hd as f32).sqrt();
+            let mut scores = vec![0f32; n_q * max_ctx];
+            let mut out = vec![0f32; n_q * hd];
+            ops::attention_queries(be, &qs, &n_ctx, hd, &k, &v, scale, &mut scores, &mut out)
+                .expect("shapes");
+            for i in 0..n_q {
+                let mut s1 = vec![0f32; n_ctx[i]];
+                let mut o1 = vec![0f32; hd];
+                ops::attention_head_strided(
+                    be,
+                    &qs[i * hd..(i + 1) * hd],
+                    &k,
+                    &v,
+                    n_ctx[i],
+                    hd,
+                    scale,
+                    &mut s1,
+                    &mut o1,
+                )
+                .expect("shapes");
+                for (d, (a, b)) in out[i * hd..(i + 1) * hd].iter().zip(&o1).enumerate() {
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "{} hd {hd} query {i} dim {d}",
+                        be.name()
+                    );
+                }
+            }
+        }
+    }
+    let k = vec![half::f16::ZERO; 8];
+    let err = ops::attention_queries(
+        dsp::backend::scalar(),
+        &[0.0; 8],
+        &[0],
+        8,
+        &k,
+        &k,
+        1.0,
+        &mut [0.0; 8],
+        &mut [0.0; 8],
+    );
+    assert!(
+        matches!(err, Err(DspError::InvalidArgument { .. })),
+        "{err:?}"
+    );
+}

@@ -77,10 +77,16 @@ pub(crate) struct AttnShape {
     pub head_dim: usize,
 }
 
+/// Tokens per attention task: the task's queries (these tokens × the query heads of one KV
+/// head) share every K/V row read.
+const ATTN_TOKENS: usize = 8;
+
 /// Causal grouped-query attention of `n` new tokens (queries `[n, n_head*head_dim]`) over
 /// the cache positions `0..=pos0+t` of cache layer `layer` for token `t`; writes
 /// `out` `[n, n_head*head_dim]`. Query head `h` reads KV head `h / (n_head / n_head_kv)`
-/// (llama.cpp / Hugging Face `repeat_kv`); scale `1/√head_dim`.
+/// (llama.cpp / Hugging Face `repeat_kv`); scale `1/√head_dim`. One task per (block of
+/// [`ATTN_TOKENS`] tokens, KV head) through [`ops::attention_queries`]; results do not depend
+/// on the blocking (each query is bit-identical to [`ops::attention_head`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn causal_attention(
     pool: &ThreadPool,
@@ -96,16 +102,40 @@ pub(crate) fn causal_attention(
     let group = s.n_head / s.n_head_kv;
     let scale = 1.0 / (hd as f32).sqrt();
     let out = DisjointMut::new(out);
-    pool.run(n * s.n_head, &|task| {
-        let (t, head) = (task / s.n_head, task % s.n_head);
-        let n_ctx = pos0 + t + 1;
-        let (k, v) = kv.head(layer, head / group, n_ctx);
-        let qh = &q[(t * s.n_head + head) * hd..][..hd];
-        let mut scores = vec![0f32; n_ctx];
-        // SAFETY: each task writes its own (token, head) row.
-        let o = unsafe { out.chunk((t * s.n_head + head) * hd, hd) };
-        ops::attention_head(qh, k, v, n_ctx, scale, &mut scores, o)
-            .expect("attention shapes follow the config");
+    let n_blocks = n.div_ceil(ATTN_TOKENS);
+    pool.run(n_blocks * s.n_head_kv, &|task| {
+        let (b, g) = (task / s.n_head_kv, task % s.n_head_kv);
+        let tokens = b * ATTN_TOKENS..((b + 1) * ATTN_TOKENS).min(n);
+        let n_q = tokens.len() * group;
+        let mut qs = Vec::with_capacity(n_q * hd);
+        let mut n_ctx = Vec::with_capacity(n_q);
+        for t in tokens.clone() {
+            let row = t * s.n_head + g * group;
+            qs.extend_from_slice(&q[row * hd..(row + group) * hd]);
+            n_ctx.extend(std::iter::repeat_n(pos0 + t + 1, group));
+        }
+        let max_ctx = pos0 + tokens.end;
+        let (k, v) = kv.head(layer, g, max_ctx);
+        let mut scores = vec![0f32; n_q * max_ctx];
+        let mut o = vec![0f32; n_q * hd];
+        ops::attention_queries(
+            dsp::select(),
+            &qs,
+            &n_ctx,
+            hd,
+            k,
+            v,
+            scale,
+            &mut scores,
+            &mut o,
+        )
+        .expect("attention shapes follow the config");
+        for (i, t) in tokens.enumerate() {
+            let row = t * s.n_head + g * group;
+            // SAFETY: each task writes the rows of its own (tokens, KV head) queries.
+            let dst = unsafe { out.chunk(row * hd, group * hd) };
+            dst.copy_from_slice(&o[i * group * hd..(i + 1) * group * hd]);
+        }
     });
 }
 

@@ -37,7 +37,7 @@ pub struct Avx2 {
     _detected: (),
 }
 
-static AVX2: Avx2 = Avx2 { _detected: () };
+pub(super) static AVX2: Avx2 = Avx2 { _detected: () };
 
 impl Avx2 {
     /// The backend if this CPU has AVX2, FMA and F16C (checked at run time).
@@ -77,19 +77,29 @@ unsafe fn load_nibbles(p: *const u8) -> __m256i {
     _mm256_and_si256(v, _mm256_set1_epi8(0x0F))
 }
 
-/// Sums of 4 adjacent products of signed bytes `w` and `x`, as 8 i32 lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_i8(w: __m256i, x: __m256i) -> __m256i {
-    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-    _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+/// Sums of 4 adjacent products of signed bytes `w` and `x`, as 8 i32 lanes. `VNNI`: one
+/// `vpdpbusd` instead of `maddubs` + `madd`; the lanes are the same (the i16 pair sums of
+/// `maddubs` cannot saturate here: |w| ≤ 128 and |x| ≤ 128 give |pair| ≤ 32768 only for
+/// w = x = −128, which ggml's quantizers never write).
+///
+/// # Safety
+/// Inlined into callers that enable avx2 (and avx512vl + avx512vnni when `VNNI`).
+#[inline(always)]
+unsafe fn dot_i8<const VNNI: bool>(w: __m256i, x: __m256i) -> __m256i {
+    dot_u8::<VNNI>(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
 }
 
-/// As [`dot_i8`] with unsigned `w` (< 128).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_u8(w: __m256i, x: __m256i) -> __m256i {
-    _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
+/// As [`dot_i8`] with unsigned `w` (≤ 128 as u8).
+///
+/// # Safety
+/// As [`dot_i8`].
+#[inline(always)]
+unsafe fn dot_u8<const VNNI: bool>(w: __m256i, x: __m256i) -> __m256i {
+    if VNNI {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x)
+    } else {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
+    }
 }
 
 const K_Q4_0: u8 = 0;
@@ -108,12 +118,14 @@ const fn geometry(k: u8) -> (usize, usize, usize) {
 /// `R × T` dot products of `nb` blocks: weight kind `K` (Q4_0 / Q4_1 / Q8_0) against its
 /// activation type; `out[t * out_stride + r] = w_row(r) · x_row(t)`.
 ///
+/// `VNNI` selects the integer dot of [`dot_u8`] (same lanes, so the same results).
+///
 /// # Safety
-/// Needs avx2, fma, f16c. `w + r*w_stride` for `r < R` and `x + t*x_stride` for `t < T` must
-/// each point at `nb` readable blocks; `out + t*out_stride + r` must be writable for all r, t.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_q<const K: u8, const R: usize, const T: usize>(
+/// Inlined into [`tile_any`] / [`tile_any_vnni`], which enable the features it needs.
+/// `w + r*w_stride` for `r < R` and `x + t*x_stride` for `t < T` must each point at `nb`
+/// readable blocks; `out + t*out_stride + r` must be writable for all r, t.
+#[inline(always)]
+unsafe fn tile_q<const K: u8, const R: usize, const T: usize, const VNNI: bool>(
     w: *const u8,
     w_stride: usize,
     x: *const u8,
@@ -148,9 +160,9 @@ unsafe fn tile_q<const K: u8, const R: usize, const T: usize>(
             let sx = if K == K_Q4_1 { load_f16(p.add(2)) } else { 0.0 };
             for r in 0..R {
                 let dot = if K == K_Q4_1 {
-                    dot_u8(qw[r], qx)
+                    dot_u8::<VNNI>(qw[r], qx)
                 } else {
-                    dot_i8(qw[r], qx)
+                    dot_i8::<VNNI>(qw[r], qx)
                 };
                 acc[r][t] = _mm256_fmadd_ps(
                     _mm256_set1_ps(dw[r] * dx),
@@ -185,16 +197,56 @@ unsafe fn tile_any<const K: u8, const R: usize, const T: usize>(
     out: *mut f32,
     out_stride: usize,
 ) {
-    tile_q::<K, R, T>(w, w_stride, x, x_stride, nb, out, out_stride)
+    tile_q::<K, R, T, false>(w, w_stride, x, x_stride, nb, out, out_stride)
+}
+
+/// [`tile_any`] with VNNI integer dots (bit-identical results).
+///
+/// # Safety
+/// Needs avx2, fma, f16c, avx512vl, avx512vnni; pointers as [`tile_q`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512vl,avx512vnni")]
+unsafe fn tile_any_vnni<const K: u8, const R: usize, const T: usize>(
+    w: *const u8,
+    w_stride: usize,
+    x: *const u8,
+    x_stride: usize,
+    nb: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    tile_q::<K, R, T, true>(w, w_stride, x, x_stride, nb, out, out_stride)
+}
+
+/// The `R × T` tile of kind `K`, through [`tile_any_vnni`] when `VNNI`, else [`tile_any`].
+///
+/// # Safety
+/// As the kernel it dispatches to (the caller proves the VNNI features when `VNNI`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_pick<const K: u8, const R: usize, const T: usize, const VNNI: bool>(
+    w: *const u8,
+    w_stride: usize,
+    x: *const u8,
+    x_stride: usize,
+    nb: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    if VNNI {
+        tile_any_vnni::<K, R, T>(w, w_stride, x, x_stride, nb, out, out_stride)
+    } else {
+        tile_any::<K, R, T>(w, w_stride, x, x_stride, nb, out, out_stride)
+    }
 }
 
 /// Runs [`tile_any`] over a whole [`DotTile`] in `R × T` pieces plus `1 × T`, `R × 1` and
 /// `1 × 1` edges.
 ///
 /// # Safety
-/// Needs avx2, fma, f16c.
+/// Needs avx2, fma, f16c (and avx512vl, avx512vnni when `VNNI`).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_tile_q<const K: u8, const R: usize, const T: usize>(
+unsafe fn dot_tile_q<const K: u8, const R: usize, const T: usize, const VNNI: bool>(
     tile: &DotTile<'_>,
     out: &mut [f32],
 ) {
@@ -213,12 +265,12 @@ unsafe fn dot_tile_q<const K: u8, const R: usize, const T: usize>(
         let mut t = 0;
         while t + T <= n_tok {
             let (wp, xp, op) = (w.add(r * ws), x.add(t * xs), o.add(t * n_rows + r));
-            tile_any::<K, R, T>(wp, ws, xp, xs, nb, op, n_rows);
+            tile_pick::<K, R, T, VNNI>(wp, ws, xp, xs, nb, op, n_rows);
             t += T;
         }
         while t < n_tok {
             let (wp, xp, op) = (w.add(r * ws), x.add(t * xs), o.add(t * n_rows + r));
-            tile_any::<K, R, 1>(wp, ws, xp, xs, nb, op, n_rows);
+            tile_pick::<K, R, 1, VNNI>(wp, ws, xp, xs, nb, op, n_rows);
             t += 1;
         }
         r += R;
@@ -227,12 +279,12 @@ unsafe fn dot_tile_q<const K: u8, const R: usize, const T: usize>(
         let mut t = 0;
         while t + T <= n_tok {
             let (wp, xp, op) = (w.add(r * ws), x.add(t * xs), o.add(t * n_rows + r));
-            tile_any::<K, 1, T>(wp, ws, xp, xs, nb, op, n_rows);
+            tile_pick::<K, 1, T, VNNI>(wp, ws, xp, xs, nb, op, n_rows);
             t += T;
         }
         while t < n_tok {
             let (wp, xp, op) = (w.add(r * ws), x.add(t * xs), o.add(t * n_rows + r));
-            tile_any::<K, 1, 1>(wp, ws, xp, xs, nb, op, n_rows);
+            tile_pick::<K, 1, 1, VNNI>(wp, ws, xp, xs, nb, op, n_rows);
             t += 1;
         }
         r += 1;
@@ -245,10 +297,38 @@ unsafe fn dot_tile_q<const K: u8, const R: usize, const T: usize>(
 /// Needs avx2, fma, f16c; `w` and `x` point at `nb` blocks each (aligned for their structs for
 /// the K-quants, which are read through references).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q<const K: u8>(w: *const u8, x: *const u8, nb: usize) -> f32 {
+unsafe fn dot_q<const K: u8, const VNNI: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
     let mut out = 0f32;
-    tile_any::<K, 1, 1>(w, 0, x, 0, nb, &mut out, 0);
+    tile_pick::<K, 1, 1, VNNI>(w, 0, x, 0, nb, &mut out, 0);
     out
+}
+
+/// Q4_0 / Q4_1 / Q8_0 tiles with VNNI integer dots, for the AVX-512 VNNI backend;
+/// bit-identical to [`Avx2`]'s (the same i32 lanes), other types panic.
+///
+/// # Safety
+/// Needs avx2, fma, f16c, avx512vl, avx512vnni; the [`DotTile`] contract.
+pub(super) unsafe fn dot_tile_q_vnni(tile: &DotTile<'_>, out: &mut [f32]) {
+    match tile.ty {
+        GgmlType::Q4_0 => dot_tile_q::<K_Q4_0, TILE_R, TILE_T, true>(tile, out),
+        GgmlType::Q4_1 => dot_tile_q::<K_Q4_1, TILE_R, TILE_T, true>(tile, out),
+        GgmlType::Q8_0 => dot_tile_q::<K_Q8_0, TILE_R, TILE_T, true>(tile, out),
+        other => panic!("dot_tile_q_vnni: {other} is not Q4_0, Q4_1 or Q8_0"),
+    }
+}
+
+/// One Q4_0 / Q4_1 / Q8_0 dot product with VNNI integer dots (bit-identical to tiles and to
+/// [`Avx2`]'s); other types panic.
+///
+/// # Safety
+/// Needs avx2, fma, f16c, avx512vl, avx512vnni; `w` and `x` point at `nb` blocks each.
+pub(super) unsafe fn dot_q_vnni(ty: GgmlType, w: *const u8, x: *const u8, nb: usize) -> f32 {
+    match ty {
+        GgmlType::Q4_0 => dot_q::<K_Q4_0, true>(w, x, nb),
+        GgmlType::Q4_1 => dot_q::<K_Q4_1, true>(w, x, nb),
+        GgmlType::Q8_0 => dot_q::<K_Q8_0, true>(w, x, nb),
+        other => panic!("dot_q_vnni: {other} is not Q4_0, Q4_1 or Q8_0"),
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -434,19 +514,19 @@ impl KernelBackend for Avx2 {
     fn vec_dot_q4_0_q8_0(&self, w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
         let nb = w.len().min(x.len());
         // SAFETY: see the impl comment; both slices hold >= nb blocks.
-        unsafe { dot_q::<K_Q4_0>(w.as_ptr().cast(), x.as_ptr().cast(), nb) }
+        unsafe { dot_q::<K_Q4_0, false>(w.as_ptr().cast(), x.as_ptr().cast(), nb) }
     }
 
     fn vec_dot_q4_1_q8_1(&self, w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32 {
         let nb = w.len().min(x.len());
         // SAFETY: see the impl comment; both slices hold >= nb blocks.
-        unsafe { dot_q::<K_Q4_1>(w.as_ptr().cast(), x.as_ptr().cast(), nb) }
+        unsafe { dot_q::<K_Q4_1, false>(w.as_ptr().cast(), x.as_ptr().cast(), nb) }
     }
 
     fn vec_dot_q8_0_q8_0(&self, w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
         let nb = w.len().min(x.len());
         // SAFETY: see the impl comment; both slices hold >= nb blocks.
-        unsafe { dot_q::<K_Q8_0>(w.as_ptr().cast(), x.as_ptr().cast(), nb) }
+        unsafe { dot_q::<K_Q8_0, false>(w.as_ptr().cast(), x.as_ptr().cast(), nb) }
     }
 
     fn vec_dot_q4_k_q8_k(&self, w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
@@ -480,9 +560,9 @@ impl KernelBackend for Avx2 {
         // SAFETY: see the impl comment; `dot_tile_q` asserts the tile geometry.
         unsafe {
             match tile.ty {
-                GgmlType::Q4_0 => dot_tile_q::<K_Q4_0, TILE_R, TILE_T>(tile, out),
-                GgmlType::Q4_1 => dot_tile_q::<K_Q4_1, TILE_R, TILE_T>(tile, out),
-                GgmlType::Q8_0 => dot_tile_q::<K_Q8_0, TILE_R, TILE_T>(tile, out),
+                GgmlType::Q4_0 => dot_tile_q::<K_Q4_0, TILE_R, TILE_T, false>(tile, out),
+                GgmlType::Q4_1 => dot_tile_q::<K_Q4_1, TILE_R, TILE_T, false>(tile, out),
+                GgmlType::Q8_0 => dot_tile_q::<K_Q8_0, TILE_R, TILE_T, false>(tile, out),
                 GgmlType::Q4_K => dot_tile_kquant(KQuant::Q4K, tile, out),
                 GgmlType::Q6_K => dot_tile_kquant(KQuant::Q6K, tile, out),
                 _ => dot_tile_by_pairs(self, tile, out),
@@ -506,5 +586,21 @@ impl KernelBackend for Avx2 {
         debug_assert_eq!(out.len(), v.len());
         // SAFETY: see the impl comment.
         unsafe { axpy_f16(out, a, v) }
+    }
+
+    fn silu_inplace(&self, x: &mut [f32]) {
+        // SAFETY: see the impl comment.
+        unsafe { super::avx2_math::silu_inplace(x) }
+    }
+
+    fn swiglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) {
+        debug_assert!(gate.len() == up.len() && gate.len() == out.len());
+        // SAFETY: see the impl comment.
+        unsafe { super::avx2_math::swiglu(gate, up, out) }
+    }
+
+    fn softmax_inplace(&self, x: &mut [f32]) {
+        // SAFETY: see the impl comment.
+        unsafe { super::avx2_math::softmax_inplace(x) }
     }
 }

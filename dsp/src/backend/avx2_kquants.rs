@@ -41,7 +41,7 @@ pub(super) enum KQuant {
 }
 
 impl KQuant {
-    fn block_bytes(self) -> usize {
+    pub(super) fn block_bytes(self) -> usize {
         match self {
             KQuant::Q4K => size_of::<BlockQ4K>(),
             KQuant::Q6K => size_of::<BlockQ6K>(),
@@ -185,7 +185,11 @@ unsafe fn sweep<const Q4K: bool, const NT: usize>(
     out_stride: usize,
 ) {
     debug_assert!(rows <= ROWS && n_tok <= NT);
-    let wb = if Q4K { size_of::<BlockQ4K>() } else { size_of::<BlockQ6K>() };
+    let wb = if Q4K {
+        size_of::<BlockQ4K>()
+    } else {
+        size_of::<BlockQ6K>()
+    };
     let mut acc = [[_mm256_setzero_ps(); NT]; ROWS];
     for ib in 0..nb {
         for (r, acc_r) in acc.iter_mut().enumerate().take(rows) {

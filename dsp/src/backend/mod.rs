@@ -2,9 +2,10 @@
 //! reference ([`scalar`]) and SIMD implementations checked against it, and [`select`], which
 //! picks the best backend for this CPU once at run time.
 //!
-//! Environment: `TANDEM_KERNELS=scalar` makes [`select`] return the scalar backend (for
-//! ablations and for bisecting numerical differences); any other value or none picks the best
-//! backend the CPU supports (AVX2+FMA+F16C on x86_64, else scalar). The choice is made on the
+//! Environment: `TANDEM_KERNELS=<name>` makes [`select`] return the available backend of that
+//! name (`scalar`, `avx2`, `avx512-vnni`, `neon`; for ablations and for bisecting numerical
+//! differences); any other value or none picks the best backend the CPU supports (AVX-512 VNNI,
+//! else AVX2+FMA+F16C on x86_64; NEON on aarch64; else scalar). The choice is made on the
 //! first call and cached for the life of the process.
 
 use std::sync::OnceLock;
@@ -20,11 +21,17 @@ use crate::quant::GgmlType;
 pub mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_kquants;
+#[cfg(target_arch = "x86_64")]
+mod avx2_math;
+#[cfg(target_arch = "x86_64")]
+pub mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_kquants;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
 pub mod scalar;
 
-/// Environment variable that forces a backend (`scalar`); read once by [`select`].
+/// Environment variable that names the backend to use (`scalar`, `avx2`, `avx512-vnni`, `neon`); read once by [`select`].
 pub const KERNELS_ENV: &str = "TANDEM_KERNELS";
 
 /// A tile of dot products between `n_rows` weight rows and `n_tok` activation rows.
@@ -126,6 +133,21 @@ pub trait KernelBackend: Send + Sync + std::fmt::Debug {
     fn add_inplace(&self, dst: &mut [f32], src: &[f32]);
     /// `out += a * v`, elementwise, `v` widened from f16 (attention's value accumulation).
     fn axpy_f16(&self, out: &mut [f32], a: f32, v: &[f16]);
+    /// `x ← x / (1 + exp(−x))` elementwise (SiLU; ggml `ggml_vec_silu_f32`). SIMD backends
+    /// may compute `exp` their own way (within 1 ulp of the scalar `f32::exp`; the AVX2 one is
+    /// correctly rounded) and must give every element the same operations wherever it sits
+    /// in the slice (so a decode step equals a prefill row bit for bit).
+    fn silu_inplace(&self, x: &mut [f32]);
+    /// `out = silu(gate) · up` elementwise (SwiGLU; ggml `ggml_vec_swiglu_f32`), same
+    /// contract as [`silu_inplace`](Self::silu_inplace). All slices have equal length.
+    fn swiglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]);
+    /// In-place softmax as [`crate::ops::softmax_inplace`] (`exp(x_i − max)`, the sum in f64 in
+    /// element order, a multiply by `(1/sum) as f32`; `−inf` entries become 0). SIMD backends
+    /// may compute `exp` as in [`silu_inplace`](Self::silu_inplace), the same for every
+    /// element wherever it sits.
+    fn softmax_inplace(&self, x: &mut [f32]) {
+        crate::ops::softmax_inplace(x)
+    }
 }
 
 /// [`KernelBackend::dot_tile`] as one [`KernelBackend::vec_dot_bytes`] per (row, token) pair.
@@ -153,19 +175,27 @@ pub fn available() -> Vec<&'static dyn KernelBackend> {
     if let Some(b) = avx2::Avx2::get() {
         v.push(b);
     }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(b) = avx512::Avx512::get() {
+        v.push(b);
+    }
     #[cfg(target_arch = "aarch64")]
     v.push(neon::Neon::get());
     v
 }
 
 /// The backend used by `matmul` and the ops: chosen once (first call) from the CPU features,
-/// unless `TANDEM_KERNELS=scalar` forces the scalar reference. Cached for the process.
+/// unless `TANDEM_KERNELS` names another available backend (`scalar` forces the reference).
+/// Cached for the process.
 pub fn select() -> &'static dyn KernelBackend {
     static SELECTED: OnceLock<&'static dyn KernelBackend> = OnceLock::new();
     *SELECTED.get_or_init(|| {
-        if std::env::var(KERNELS_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("scalar")) {
-            return scalar();
-        }
-        *available().last().unwrap_or(&scalar())
+        let all = available();
+        let wanted = std::env::var(KERNELS_ENV).unwrap_or_default();
+        all.iter()
+            .find(|b| b.name().eq_ignore_ascii_case(wanted.trim()))
+            .or(all.last())
+            .copied()
+            .unwrap_or(scalar())
     })
 }

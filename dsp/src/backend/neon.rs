@@ -59,4 +59,10 @@ impl KernelBackend for Neon {
     fn axpy_f16(&self, out: &mut [f32], a: f32, v: &[f16]) {
         Scalar.axpy_f16(out, a, v)
     }
+    fn silu_inplace(&self, x: &mut [f32]) {
+        Scalar.silu_inplace(x)
+    }
+    fn swiglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) {
+        Scalar.swiglu(gate, up, out)
+    }
 }

@@ -152,4 +152,17 @@ impl KernelBackend for Scalar {
             *o += a * vv.to_f32();
         }
     }
+
+    fn silu_inplace(&self, x: &mut [f32]) {
+        for v in x {
+            *v /= 1.0 + (-*v).exp();
+        }
+    }
+
+    fn swiglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) {
+        debug_assert!(gate.len() == up.len() && gate.len() == out.len());
+        for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+            *o = g / (1.0 + (-g).exp()) * u;
+        }
+    }
 }

@@ -22,7 +22,7 @@
 //! - `x`, `out`: `[n, ch]`.
 
 use crate::error::DspError;
-use crate::ops::silu;
+use crate::ops::silu_inplace;
 
 /// Kernel length from `weight [ch, K]`, and the conv-state length check.
 fn kernel_len(
@@ -96,9 +96,7 @@ pub fn conv1d_silu(
                 *oc += wc * xc;
             }
         }
-        for oc in o.iter_mut() {
-            *oc = silu(*oc);
-        }
+        silu_inplace(o);
     }
     // New state: the last `hist` rows of x_ext.
     if n >= hist {
@@ -136,8 +134,9 @@ pub fn conv1d_silu_step(
             acc += wj * conv_state[j * ch + c];
         }
         acc += w[hist] * x[c];
-        *o = silu(acc);
+        *o = acc;
     }
+    silu_inplace(out);
     if hist > 0 {
         conv_state.copy_within(ch.., 0);
         conv_state[(hist - 1) * ch..].copy_from_slice(x);

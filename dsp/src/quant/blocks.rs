@@ -210,20 +210,25 @@ impl BlockQ4K {
     /// The 8 sub-block scales and mins (6 bits each), unpacked from `scales` as ggml's
     /// `get_scale_min_k4`: sub-blocks 0..4 use the low 6 bits of bytes 0..4 (scales) and 4..8
     /// (mins); sub-blocks 4..8 combine a nibble of bytes 8..12 with the top 2 bits of bytes 0..8.
+    ///
+    /// Computed four bytes at a time on u32 words (as ggml's AVX2 `ggml_vec_dot_q4_K_q8_K`
+    /// does with `kmask1..3`): the kernels unpack one super-block per row and column sweep, so
+    /// this is on the decode path. Tested equal to the per-element formula.
     pub fn scales_mins(&self) -> ([u8; 8], [u8; 8]) {
         let q = &self.scales;
-        let mut sc = [0u8; 8];
-        let mut mn = [0u8; 8];
-        for j in 0..8 {
-            if j < 4 {
-                sc[j] = q[j] & 63;
-                mn[j] = q[j + 4] & 63;
-            } else {
-                sc[j] = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
-                mn[j] = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-            }
-        }
-        (sc, mn)
+        let word =
+            |i: usize| u32::from_le_bytes([q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]]);
+        let (u0, u1, u2) = (word(0), word(1), word(2));
+        const LOW6: u32 = 0x3f3f_3f3f;
+        const LOW4: u32 = 0x0f0f_0f0f;
+        const LOW2: u32 = 0x0303_0303;
+        let sc_hi = (u2 & LOW4) | (((u0 >> 6) & LOW2) << 4);
+        let mn_hi = ((u2 >> 4) & LOW4) | (((u1 >> 6) & LOW2) << 4);
+        let join = |lo: u32, hi: u32| {
+            let (a, b) = (lo.to_le_bytes(), hi.to_le_bytes());
+            [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]
+        };
+        (join(u0 & LOW6, sc_hi), join(u1 & LOW6, mn_hi))
     }
 
     /// The 256 unsigned 4-bit quants in element order (sub-block `k` = elements `32k..32k+32`).
@@ -262,5 +267,50 @@ impl BlockQ6K {
             }
         }
         q
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ggml's `get_scale_min_k4`, one sub-block at a time (the definition).
+    fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
+        if j < 4 {
+            (q[j] & 63, q[j + 4] & 63)
+        } else {
+            (
+                (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4),
+                (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+            )
+        }
+    }
+
+    #[test]
+    fn word_wise_scales_mins_equal_get_scale_min_k4() {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..2000 {
+            let mut scales = [0u8; 12];
+            for b in &mut scales {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1);
+                *b = (state >> 56) as u8;
+            }
+            let blk = BlockQ4K {
+                d: half::f16::ZERO,
+                dmin: half::f16::ZERO,
+                scales,
+                qs: [0; 128],
+            };
+            let (sc, mn) = blk.scales_mins();
+            for j in 0..8 {
+                assert_eq!(
+                    (sc[j], mn[j]),
+                    scale_min_k4(j, &scales),
+                    "sub-block {j} of {scales:?}"
+                );
+            }
+        }
     }
 }

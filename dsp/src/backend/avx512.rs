@@ -1,0 +1,130 @@
+//! AVX-512 VNNI backend (x86_64), chosen at run time by `select` when the CPU has avx512f,
+//! avx512bw, avx512vl and avx512vnni (besides avx2, fma, f16c).
+//!
+//! The K-quant products (Q4_K, Q6_K: the bulk of a Q4_K_M model) run on 512-bit registers
+//! ([`super::avx512_kquants`]: 0.7–0.9× the AVX2 kernel's time); Q4_0,
+//! Q4_1 and Q8_0 tiles are the AVX2 kernels with one `vpdpbusd` in place of `maddubs` +
+//! `madd`; every other kernel is the AVX2 backend's. All quantized results are bit-identical
+//! to the AVX2 backend's (the integer lanes are the same), which `tests/conformance.rs` checks. Like every backend it is tested against the scalar
+//! reference in `tests/conformance.rs`, and its tiles are bit-identical to its single dot
+//! products.
+
+use half::{bf16, f16};
+
+use super::avx2::{dot_q_vnni, dot_tile_q_vnni, Avx2, AVX2};
+use super::avx2_kquants::KQuant;
+use super::avx512_kquants::{dot_kquant, dot_tile_kquant};
+use super::{DotTile, KernelBackend};
+use crate::quant::blocks::{
+    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
+};
+use crate::quant::GgmlType;
+
+/// The AVX-512 VNNI backend. Only obtainable through [`Avx512::get`], which checks the CPU
+/// features, so holding one proves they are available.
+#[derive(Debug)]
+pub struct Avx512 {
+    avx2: &'static Avx2,
+}
+
+static AVX512: Avx512 = Avx512 { avx2: &AVX2 };
+
+impl Avx512 {
+    /// The backend if this CPU has avx512f, avx512bw, avx512vl, avx512vnni, avx2, fma and f16c
+    /// (checked at run time).
+    pub fn get() -> Option<&'static Avx512> {
+        (Avx2::get().is_some()
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512vnni"))
+        .then_some(&AVX512)
+    }
+}
+
+// SAFETY (every `unsafe` block below): an `Avx512` exists only via `Avx512::get`, which checked
+// the features its kernels enable; the kernels assert the tile geometry before raw access and
+// the single dot products read `min(len)` blocks of the slices passed.
+impl KernelBackend for Avx512 {
+    fn name(&self) -> &'static str {
+        "avx512-vnni"
+    }
+
+    fn vec_dot_q4_0_q8_0(&self, w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
+        let nb = w.len().min(x.len());
+        // SAFETY: see the impl comment; both slices hold >= nb blocks.
+        unsafe { dot_q_vnni(GgmlType::Q4_0, w.as_ptr().cast(), x.as_ptr().cast(), nb) }
+    }
+
+    fn vec_dot_q4_1_q8_1(&self, w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32 {
+        let nb = w.len().min(x.len());
+        // SAFETY: see the impl comment; both slices hold >= nb blocks.
+        unsafe { dot_q_vnni(GgmlType::Q4_1, w.as_ptr().cast(), x.as_ptr().cast(), nb) }
+    }
+
+    fn vec_dot_q8_0_q8_0(&self, w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
+        let nb = w.len().min(x.len());
+        // SAFETY: see the impl comment; both slices hold >= nb blocks.
+        unsafe { dot_q_vnni(GgmlType::Q8_0, w.as_ptr().cast(), x.as_ptr().cast(), nb) }
+    }
+
+    fn vec_dot_q4_k_q8_k(&self, w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
+        let nb = w.len().min(x.len());
+        // SAFETY: see the impl comment; both slices hold >= nb blocks, aligned as slices.
+        unsafe { dot_kquant(KQuant::Q4K, w.as_ptr().cast(), x.as_ptr().cast(), nb) }
+    }
+
+    fn vec_dot_q6_k_q8_k(&self, w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
+        let nb = w.len().min(x.len());
+        // SAFETY: see the impl comment; both slices hold >= nb blocks, aligned as slices.
+        unsafe { dot_kquant(KQuant::Q6K, w.as_ptr().cast(), x.as_ptr().cast(), nb) }
+    }
+
+    fn vec_dot_f16(&self, w: &[f16], x: &[f16]) -> f32 {
+        self.avx2.vec_dot_f16(w, x)
+    }
+
+    fn vec_dot_bf16(&self, w: &[bf16], x: &[bf16]) -> f32 {
+        self.avx2.vec_dot_bf16(w, x)
+    }
+
+    fn vec_dot_f32(&self, w: &[f32], x: &[f32]) -> f32 {
+        self.avx2.vec_dot_f32(w, x)
+    }
+
+    fn dot_tile(&self, tile: &DotTile<'_>, out: &mut [f32]) {
+        // SAFETY: see the impl comment; `dot_tile_kquant` asserts the tile geometry.
+        unsafe {
+            match tile.ty {
+                GgmlType::Q4_K => dot_tile_kquant(KQuant::Q4K, tile, out),
+                GgmlType::Q6_K => dot_tile_kquant(KQuant::Q6K, tile, out),
+                GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => dot_tile_q_vnni(tile, out),
+                _ => self.avx2.dot_tile(tile, out),
+            }
+        }
+    }
+
+    fn rms_norm_row(&self, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+        self.avx2.rms_norm_row(x, w, eps, out)
+    }
+
+    fn add_inplace(&self, dst: &mut [f32], src: &[f32]) {
+        self.avx2.add_inplace(dst, src)
+    }
+
+    fn axpy_f16(&self, out: &mut [f32], a: f32, v: &[f16]) {
+        self.avx2.axpy_f16(out, a, v)
+    }
+
+    fn silu_inplace(&self, x: &mut [f32]) {
+        self.avx2.silu_inplace(x)
+    }
+
+    fn swiglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) {
+        self.avx2.swiglu(gate, up, out)
+    }
+
+    fn softmax_inplace(&self, x: &mut [f32]) {
+        self.avx2.softmax_inplace(x)
+    }
+}

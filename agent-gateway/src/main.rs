@@ -23,6 +23,15 @@ enum Command {
     /// Print the chat messages the gateway would send for one step of a corpus episode, as
     /// JSON `{"messages": [...]}` (history: the episode's recorded earlier actions).
     Prompt(agent_gateway::prompt_dump::PromptArgs),
+    /// Add a trimmed draft vocabulary to a GGUF with MTP layers (for the `mtp-trimmed` drafter).
+    ///
+    /// Ranks the token ids (control and byte tokens first, then tokens by frequency in the
+    /// corpus's recorded agent actions, then by id), keeps the first --top, and writes the
+    /// model to --out with two additions: tensor `blk.{L}.nextn.draft_output.weight` (those
+    /// rows of the LM head, byte for byte; L = the first MTP layer) and metadata
+    /// `{arch}.nextn_draft_token_ids` (their original token ids). The drafter scores only
+    /// these rows and maps its choice back to the original id. Everything else is unchanged.
+    DraftVocab(agent_gateway::draft_vocab::DraftVocabArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -80,6 +89,7 @@ fn main() -> anyhow::Result<()> {
             }
             Command::Health(args) => agent_gateway::health::run(&args).await?,
             Command::Prompt(args) => println!("{}", agent_gateway::prompt_dump::messages_json(&args)?),
+            Command::DraftVocab(args) => println!("{}", agent_gateway::draft_vocab::run(&args)?),
             Command::Replay(cfg) if cfg.dry_run => {
                 agent_gateway::dry_run::run(&cfg.corpus, &cfg.episodes, &cfg.dry)?;
             }

@@ -48,6 +48,15 @@ pub struct BenchConfig {
     /// Rollback states kept per pass in --rollback-ablation (n_draft + 1).
     #[arg(long, default_value_t = 4)]
     pub rollback_k: usize,
+    /// Instead of pp/tg, on a Qwen3.5 model with an MTP block: (a) prefill tokens/s without
+    /// and with filling the MTP KV cache, (b) one verification pass of 1 + --n-draft tokens
+    /// vs one decode pass, (c) ms per MTP draft token, full vocabulary and (when the file has
+    /// one) trimmed head; --gen-tokens rounds for (b) and (c).
+    #[arg(long)]
+    pub mtp_overhead: bool,
+    /// Drafts per verification pass in --mtp-overhead.
+    #[arg(long, default_value_t = 3)]
+    pub n_draft: usize,
 }
 
 /// Runs the benchmark and prints the result.
@@ -60,7 +69,7 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
         Arc::new(GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?);
     let model = Model::load(file)?;
     let pool = ThreadPool::new(cfg.threads.max(1))?;
-    let n_ctx = cfg.prompt_tokens + cfg.gen_tokens + 8;
+    let n_ctx = cfg.prompt_tokens + 2 * cfg.gen_tokens + cfg.n_draft + 8;
     let mut seq = model.new_sequence_state(n_ctx);
     let n_batch = cfg.micro_batch.clamp(1, cfg.prompt_tokens.max(1));
     let mut scratch = model.new_scratch(n_batch);
@@ -87,6 +96,9 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
 
     if cfg.rollback_ablation {
         return rollback_ablation(cfg, &model, &pool, &mut seq, &mut scratch, &prompt, n_batch);
+    }
+    if cfg.mtp_overhead {
+        return mtp_overhead(cfg, &model, &pool, &mut seq, &mut scratch, &prompt, n_batch);
     }
     let profiling = cfg.profile && scratch.set_profiling(true);
     if cfg.profile && !profiling {
@@ -258,6 +270,159 @@ fn rollback_ablation(
                 rb_ms[i] / reps as f64
             );
         }
+    }
+    Ok(())
+}
+
+/// `--mtp-overhead`: what the MTP drafters cost (Tandem §3.3, §4.3): prefill with and
+/// without filling the MTP KV cache, a verification pass vs a decode pass, and the time per
+/// MTP draft token (full and trimmed heads).
+fn mtp_overhead(
+    cfg: &BenchConfig,
+    model: &Model,
+    pool: &ThreadPool,
+    seq: &mut crate::state::sequence::SequenceState,
+    scratch: &mut crate::model::Scratch,
+    prompt: &[u32],
+    n_batch: usize,
+) -> anyhow::Result<()> {
+    use crate::engine::speculative::{mtp_fill, ModelMtp};
+    use crate::model::MtpHead;
+    use crate::state::rollback::RollbackPrefill;
+    if !model.has_mtp() {
+        anyhow::bail!(
+            "--mtp-overhead needs a model with an MTP (nextn) block; {} has none",
+            cfg.model
+                .as_ref()
+                .map_or("the default model".into(), |p| p.display().to_string())
+        );
+    }
+    if cfg.n_draft == 0 || cfg.n_draft + 1 > n_batch {
+        anyhow::bail!("--n-draft {} must be in 1..={}", cfg.n_draft, n_batch - 1);
+    }
+    let reps = cfg.repetitions.max(1);
+    let rounds = cfg.gen_tokens.max(1);
+    let k = cfg.n_draft + 1;
+    model.set_rollback(scratch, k, RollbackPrefill::Aware);
+    let mut cache = model
+        .new_mtp_cache(seq.n_ctx())
+        .ok_or_else(|| anyhow::anyhow!("no MTP cache for this model"))?;
+    // (a) Prefill: rollback states on in both (the speculative setting), MTP fill in one.
+    let prefill = |fill: bool,
+                   cache: &mut crate::state::mtp::MtpCache,
+                   seq: &mut crate::state::sequence::SequenceState,
+                   scratch: &mut crate::model::Scratch| {
+        model.set_hidden_rows(scratch, fill);
+        seq.reset();
+        cache.reset();
+        let t = Instant::now();
+        for (i, chunk) in prompt.chunks(n_batch).enumerate() {
+            model.forward(pool, seq, chunk, scratch, false)?;
+            if fill {
+                cache.push_hidden(i * n_batch, model.hidden_rows(scratch));
+                mtp_fill(
+                    model,
+                    pool,
+                    scratch,
+                    cache,
+                    &prompt[..i * n_batch + chunk.len()],
+                )?;
+            }
+        }
+        anyhow::Ok(t.elapsed().as_secs_f64())
+    };
+    let (mut plain_s, mut fill_s) = (0.0, 0.0);
+    for _ in 0..reps {
+        plain_s += prefill(false, &mut cache, seq, scratch)?;
+        fill_s += prefill(true, &mut cache, seq, scratch)?;
+    }
+    let n_tok = (prompt.len() * reps) as f64;
+    // (b) From the filled prompt: decode passes of 1 token vs verification passes of k
+    // tokens rolled back to 1 accepted, alternating, the sequence growing by 1 each.
+    let (mut decode_s, mut verify_s) = (0.0, 0.0);
+    let toks: Vec<u32> = prompt.iter().cycle().skip(7).take(k).copied().collect();
+    for _ in 0..rounds {
+        let t = Instant::now();
+        model.forward(pool, seq, &toks[..1], scratch, true)?;
+        decode_s += t.elapsed().as_secs_f64();
+        let len = seq.len();
+        let t = Instant::now();
+        model.verify(pool, seq, &toks, scratch)?;
+        verify_s += t.elapsed().as_secs_f64();
+        model.rollback(seq, scratch, len + 1)?;
+    }
+    // (c) Drafting n_draft tokens after the prompt, on a copy of the filled cache each time.
+    prefill(true, &mut cache, seq, scratch)?;
+    let mut heads = vec![("full vocabulary", MtpHead::Full, model.n_vocab())];
+    if let Some(n) = model.mtp_draft_rows() {
+        heads.push(("trimmed", MtpHead::Trimmed, n));
+    }
+    let mut draft_ms = Vec::new();
+    for &(name, head, rows) in &heads {
+        let mut secs = 0.0;
+        let mut drafted = 0usize;
+        for r in 0..rounds {
+            let mut c = cache.clone();
+            let mut step = ModelMtp {
+                model,
+                pool,
+                scratch: &mut *scratch,
+            };
+            let newest = prompt[r % prompt.len()];
+            let t = Instant::now();
+            let d = crate::spec::mtp::draft(&mut step, &mut c, prompt, newest, cfg.n_draft, head)?;
+            secs += t.elapsed().as_secs_f64();
+            drafted += d.map_or(0, |d| d.len());
+        }
+        draft_ms.push((name, rows, secs * 1e3 / drafted.max(1) as f64));
+    }
+    let (decode_ms, verify_ms) = (
+        decode_s * 1e3 / rounds as f64,
+        verify_s * 1e3 / rounds as f64,
+    );
+    if cfg.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "prompt_tokens": prompt.len(), "threads": cfg.threads, "n_draft": cfg.n_draft,
+                "prefill_tokens_per_s": n_tok / plain_s,
+                "prefill_mtp_fill_tokens_per_s": n_tok / fill_s,
+                "decode_pass_ms": decode_ms, "verify_pass_ms": verify_ms,
+                "mtp_draft_ms_per_token": draft_ms.iter().map(|(name, rows, ms)| serde_json::json!({
+                    "head": name, "rows": rows, "ms": ms,
+                })).collect::<Vec<_>>(),
+            })
+        );
+        return Ok(());
+    }
+    println!(
+        "MTP overhead: prompt {} tokens, n_draft {}, {} threads, kernels {}, {reps} prefill runs, {rounds} rounds",
+        prompt.len(),
+        cfg.n_draft,
+        cfg.threads,
+        dsp::backend::select().name()
+    );
+    println!("| measure | value | vs baseline |\n|---|---:|---:|");
+    println!(
+        "| prefill, rollback states, no MTP fill | {:.1} tokens/s | 1.000x |",
+        n_tok / plain_s
+    );
+    println!(
+        "| prefill, rollback states + MTP KV fill | {:.1} tokens/s | {:.3}x time |",
+        n_tok / fill_s,
+        fill_s / plain_s
+    );
+    println!("| decode pass (1 token) | {decode_ms:.2} ms | 1.000x |");
+    println!(
+        "| verification pass (1 + {} tokens) | {verify_ms:.2} ms | {:.3}x |",
+        cfg.n_draft,
+        verify_ms / decode_ms
+    );
+    for (name, rows, ms) in &draft_ms {
+        println!(
+            "| MTP draft token, {name} ({rows} rows) | {ms:.2} ms | {:.3}x decode |",
+            ms / decode_ms
+        );
     }
     Ok(())
 }

@@ -84,9 +84,13 @@ pub struct EngineConfig {
     pub prompt_cache_mib: usize,
     /// Speculative decoding: drafters asked for a draft each round, comma-separated:
     /// `experience` (continuations of the agent's own earlier outputs), `prompt-lookup`
-    /// (n-gram match of the output against the prompt), or `none`. With --draft-length
+    /// (n-gram match of the output against the prompt), `mtp` (the model's MTP block;
+    /// Qwen3.5 GGUFs with the nextn layer), `mtp-trimmed` (the MTP block with a trimmed draft
+    /// vocabulary, added by `agent-gateway draft-vocab`), or `none`. With --draft-length
     /// adaptive the proposal with the most expected tokens per ms wins; with fixed, the first
-    /// in this order. Greedy requests only; the output is identical with or without.
+    /// in this order. Greedy requests only; the output is identical with or without. The
+    /// MTP drafters also fill the MTP block's KV cache during prefill (a small prefill cost),
+    /// so they are not in the default even for models that have the block.
     #[arg(long, default_value = "experience,prompt-lookup")]
     pub drafters: Drafters,
     /// Most drafts verified in one pass, 1..=8 (the verification pass holds n + 1 tokens).
@@ -132,7 +136,7 @@ impl std::str::FromStr for Drafters {
         }
         if s.is_empty() {
             return Err(
-                "empty drafter list: name drafters (experience, prompt-lookup) or none".into(),
+                "empty drafter list: name drafters (experience, prompt-lookup, mtp, mtp-trimmed) or none".into(),
             );
         }
         let mut out = Vec::new();
@@ -143,14 +147,8 @@ impl std::str::FromStr for Drafters {
                 );
             }
             let kind = crate::spec::DrafterKind::from_str(part, true).map_err(|_| {
-                format!("unknown drafter {part:?}: expected prompt-lookup, experience or none")
+                format!("unknown drafter {part:?}: expected prompt-lookup, experience, mtp, mtp-trimmed or none")
             })?;
-            if kind == crate::spec::DrafterKind::Mtp {
-                return Err(
-                    "the mtp drafter is not available in this build (prompt-lookup, experience)"
-                        .into(),
-                );
-            }
             if !out.contains(&kind) {
                 out.push(kind);
             }

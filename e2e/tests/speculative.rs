@@ -4,7 +4,9 @@
 //! speculation token for token, on the tiny hybrid Qwen3.5 fixture (rollback of recurrent
 //! state) and on the default real model (with the gateway's JSON action constraint).
 //! The drafts must actually be exercised: proposals, acceptances and rejections are counted
-//! from the final stats.
+//! from the final stats. The tiny fixture carries an MTP block (synthetic weights), so the
+//! `mtp` drafter runs there too: its drafts are rarely right, which exercises rollback of
+//! the MTP cache beside the sequence.
 
 use std::path::PathBuf;
 
@@ -30,6 +32,8 @@ struct Tally {
     rounds: u32,
     decode_passes: u32,
     decode_tokens: u32,
+    /// Drafter labels of the final stats' per-drafter rows.
+    drafters: std::collections::BTreeSet<String>,
 }
 
 struct Setup {
@@ -60,7 +64,10 @@ async fn worker(
         ..Default::default()
     };
     let (_engine, addr, stop) = common::serve_worker(cfg).await;
-    (StepServiceClient::connect(addr).await.expect("connect"), stop)
+    (
+        StepServiceClient::connect(addr).await.expect("connect"),
+        stop,
+    )
 }
 
 /// Runs the first `n_steps` corpus steps `passes` times on one worker; a tally per pass.
@@ -118,6 +125,7 @@ async fn run(s: &Setup, episodes: &[Episode], n_steps: usize, passes: usize) -> 
                 t.proposed += ds.proposed;
                 t.accepted += ds.accepted;
                 t.rounds += ds.rounds;
+                t.drafters.insert(ds.drafter.clone());
             }
             t.decode_passes += d.decode_passes;
             t.decode_tokens += d.decode_tokens;
@@ -173,6 +181,14 @@ const ALL_CONFIGS: &[Config] = &[
         DraftLengthMode::Fixed,
         true,
         2,
+    ),
+    ("mtp", "mtp", DraftLengthMode::Fixed, false, 1),
+    (
+        "mtp,prompt-lookup adaptive",
+        "mtp,prompt-lookup",
+        DraftLengthMode::Adaptive,
+        false,
+        1,
     ),
 ];
 
@@ -244,6 +260,13 @@ async fn tiny_hybrid_outputs_equal_plain_greedy_with_every_drafter() {
         forced.rounds > 0 && forced.accepted < forced.proposed,
         "forced rejection exercised no rollback"
     );
+    // The MTP drafter proposes every round (fixed length, --n-draft 3).
+    let mtp = find(&r, "mtp pass 0");
+    assert!(
+        mtp.rounds > 0 && mtp.proposed >= mtp.rounds,
+        "the mtp drafter proposed nothing"
+    );
+    assert_eq!(mtp.drafters.iter().collect::<Vec<_>>(), ["mtp"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -289,4 +312,47 @@ async fn default_model_outputs_equal_plain_greedy_with_every_drafter() {
     );
     let forced = find(&r, "forced rejection pass 0");
     assert!(forced.rounds > 0 && forced.accepted < forced.proposed);
+}
+
+/// `mtp-trimmed` on a trimmed copy of the tiny fixture written by the gateway's
+/// `draft-vocab` tool (top 128 of its 512 tokens, ranked on the corpus): outputs equal plain
+/// greedy decoding (verification uses the full vocabulary), and the drafts are counted under
+/// their own label.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiny_hybrid_outputs_equal_plain_greedy_with_the_trimmed_mtp_head() {
+    use agent_gateway::draft_vocab::{run as draft_vocab, DraftVocabArgs};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("tiny-qwen35-q8_0-trimmed.gguf");
+    let summary = draft_vocab(&DraftVocabArgs {
+        model: tiny_fixture(),
+        out: out.clone(),
+        top: 128,
+        corpus: common::corpus(),
+        force: false,
+    })
+    .expect("draft-vocab writes the trimmed copy");
+    assert_eq!(summary.rows, 128);
+    let configs: &[Config] = &[
+        (
+            "mtp-trimmed",
+            "mtp-trimmed",
+            DraftLengthMode::Fixed,
+            false,
+            1,
+        ),
+        (
+            "mtp-trimmed forced rejection",
+            "mtp-trimmed,prompt-lookup",
+            DraftLengthMode::Fixed,
+            true,
+            1,
+        ),
+    ];
+    let r = equivalence(out, false, 12, 24, configs).await;
+    let t = find(&r, "mtp-trimmed pass 0");
+    assert!(
+        t.rounds > 0 && t.proposed >= t.rounds,
+        "mtp-trimmed proposed nothing"
+    );
+    assert_eq!(t.drafters.iter().collect::<Vec<_>>(), ["mtp-trimmed"]);
 }

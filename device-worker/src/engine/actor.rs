@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, watch};
 use super::admission::Admission;
 use super::request::{EngineEvent, EngineRequest};
 use super::sampling::{argmax, sample, Rng, SamplingMode};
-use super::speculative::{DraftTally, Round, Speculator};
+use super::speculative::{mtp_fill, DraftTally, MtpSource, Round, Speculator};
 use super::EngineState;
 use crate::cache::{self, PlanConfig, PlanRequest};
 use crate::chat_template::ChatTemplate;
@@ -27,7 +27,7 @@ use crate::model::gguf::GgufFile;
 use crate::model::{Model, Scratch};
 use crate::power::{IdleController, TickAction};
 use crate::spec::DraftContext;
-use crate::state::slot::{choose_slot, Slot};
+use crate::state::slot::{choose_slot, common_prefix, Slot};
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 use crate::watchdog::Watchdog;
 
@@ -145,8 +145,15 @@ impl Compute {
         let n_ctx = cfg.ctx_size.min(model.n_ctx_train()).max(16);
         let pool = ThreadPool::new(cfg.n_threads())
             .map_err(|e| WorkerError::Internal(format!("thread pool: {e}")))?;
+        // MTP drafters: each slot keeps the MTP block's KV cache beside its sequence, and
+        // every pass hands over the hidden state of each position it computed.
+        let mtp = cfg.drafters.0.iter().any(|k| k.is_mtp()) && model.has_mtp();
         let slots: Vec<Slot> = (0..cfg.slots.max(1) as u32)
-            .map(|i| Slot::new(i, model.new_sequence_state(n_ctx)))
+            .map(|i| {
+                let mut slot = Slot::new(i, model.new_sequence_state(n_ctx));
+                slot.mtp = model.new_mtp_cache(n_ctx).filter(|_| mtp);
+                slot
+            })
             .collect();
         let n_batch = cfg.micro_batch.clamp(1, n_ctx);
         let mut scratch = model.new_scratch(n_batch);
@@ -154,6 +161,7 @@ impl Compute {
             // Every pass keeps what a rollback of its last n_draft tokens needs.
             model.set_rollback(&mut scratch, cfg.n_draft as usize + 1, cfg.rollback_prefill);
         }
+        model.set_hidden_rows(&mut scratch, mtp);
         let seq = &slots[0].seq;
         let plan_cfg = PlanConfig {
             policy: cfg.cache_policy,
@@ -287,7 +295,7 @@ impl Engine {
             });
             s.requests_served
         };
-        let spec = Speculator::new(cfg, compute.model.n_embd())?;
+        let spec = Speculator::new(cfg, &compute.model)?;
         let engine = Self {
             spec,
             logits: vec![0.0; compute.model.n_vocab()],
@@ -457,12 +465,19 @@ impl Engine {
         let (kv_bound, reused) = (plan.kv_bound, plan.resume);
         {
             let slot = &mut c.slots[si];
+            // MTP entries depend only on the tokens up to their next one: those of the
+            // prefix this slot's tokens share with the prompt stay valid whatever state the
+            // plan resumes from (a checkpoint, the prompt cache).
+            let mtp_keep = common_prefix(&slot.tokens, &req.prompt);
             if let Err(e) = slot.cache.begin(&plan, &mut slot.seq) {
                 reset_slot(slot);
                 return Err(e);
             }
             slot.tokens.clear();
             slot.tokens.extend_from_slice(&req.prompt[..reused]);
+            if let Some(m) = slot.mtp.as_mut() {
+                m.truncate(mtp_keep.min(reused));
+            }
         }
         if let Some(r) = plan.restored {
             tracing::debug!(slot = si, pos = r, "checkpoint restored");
@@ -504,6 +519,12 @@ impl Engine {
                 logits.extend_from_slice(l);
             }
             slot.tokens.extend_from_slice(&req.prompt[b.start..b.end]);
+            if let Some(m) = slot.mtp.as_mut() {
+                m.push_hidden(b.start, c.model.hidden_rows(&c.scratch));
+                if let Err(e) = mtp_fill(&c.model, &c.pool, &mut c.scratch, m, &slot.tokens) {
+                    tracing::warn!(error = %e, "MTP entries not filled (MTP cache reset)");
+                }
+            }
             if b.save {
                 slot.cache.save(&slot.seq);
             }
@@ -653,13 +674,21 @@ impl Engine {
                     hidden,
                 };
                 let room = (n_ctx - slot.seq.len() - 1).min(sp.pass_capacity() - 1);
-                sp.propose(&ctx, room)
+                let mtp = slot.mtp.as_mut().map(|cache| MtpSource {
+                    model: &c.model,
+                    pool: &c.pool,
+                    scratch: &mut c.scratch,
+                    cache,
+                    tokens: &slot.tokens,
+                });
+                sp.propose(&ctx, room, mtp)
             });
             let mut batch = vec![id];
             if let Some(d) = &draft {
                 batch.extend_from_slice(&d.tokens);
             }
             batch_begin(ctx, inst, &c.pool, &mut wake);
+            let pos0 = slot.seq.len();
             let t_pass = Instant::now();
             let res = if batch.len() > 1 {
                 c.model
@@ -689,6 +718,9 @@ impl Engine {
             row = 0;
             out_hidden.truncate((out.len() - 1) * n_embd);
             out_hidden.extend_from_slice(c.model.hidden(&c.scratch));
+            if let Some(m) = slot.mtp.as_mut() {
+                m.push_hidden(pos0, c.model.hidden_rows(&c.scratch));
+            }
             slot.tokens.extend_from_slice(&batch);
             if let Some(sp) = spec.as_mut() {
                 sp.record_pass(batch.len() - 1, pass_ms);
@@ -820,6 +852,9 @@ fn rollback_slot(
         return Err(e.into());
     }
     slot.tokens.truncate(len);
+    if let Some(m) = slot.mtp.as_mut() {
+        m.truncate(len);
+    }
     Ok(())
 }
 
@@ -827,6 +862,9 @@ fn reset_slot(slot: &mut Slot) {
     slot.seq.reset();
     slot.tokens.clear();
     slot.cache.clear();
+    if let Some(m) = slot.mtp.as_mut() {
+        m.reset();
+    }
 }
 
 fn ms(d: Duration) -> f64 {

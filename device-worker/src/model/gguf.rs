@@ -23,7 +23,7 @@ use memmap2::Mmap;
 pub use crate::error::GgufError;
 
 /// ggml's `GGML_MAX_DIMS`.
-const MAX_DIMS: u32 = 4;
+pub(crate) const MAX_DIMS: u32 = 4;
 /// Alignment of tensor data when `general.alignment` is absent (`GGUF_DEFAULT_ALIGNMENT`).
 pub const DEFAULT_ALIGNMENT: u64 = 32;
 /// Deepest nesting of metadata arrays we accept (real files use depth 1).
@@ -155,6 +155,9 @@ pub struct GgufFile {
     version: u32,
     alignment: u64,
     metadata: BTreeMap<String, MetaValue>,
+    /// Each metadata entry's key and byte range (key, type, value) in the file, in file order;
+    /// what [`crate::model::gguf_write`] copies verbatim.
+    kv_spans: Vec<(String, std::ops::Range<usize>)>,
     tensors: Vec<TensorInfo>,
     by_name: HashMap<String, usize>,
 }
@@ -207,13 +210,16 @@ impl GgufFile {
         r.check_count(n_kv, 12, "metadata count")?;
 
         let mut metadata = BTreeMap::new();
+        let mut kv_spans = Vec::with_capacity(n_kv as usize);
         for i in 0..n_kv {
+            let start = r.pos;
             let key = r.string(|| format!("metadata key #{i}"))?;
             let type_id = r.u32(|| format!("type of metadata key {key:?}"))?;
             let value = r.value(&key, type_id, 0)?;
             if metadata.insert(key.clone(), value).is_some() {
                 return Err(GgufError::DuplicateKey { key });
             }
+            kv_spans.push((key, start..r.pos));
         }
 
         let alignment = match metadata.get("general.alignment") {
@@ -309,6 +315,7 @@ impl GgufFile {
             version,
             alignment,
             metadata,
+            kv_spans,
             tensors,
             by_name,
         })
@@ -337,6 +344,14 @@ impl GgufFile {
     /// All metadata key/values, sorted by key.
     pub fn metadata(&self) -> &BTreeMap<String, MetaValue> {
         &self.metadata
+    }
+
+    /// Every metadata entry in file order: its key and its raw bytes (key string, type id and
+    /// value, exactly as stored), for rewriting the file ([`crate::model::gguf_write`]).
+    pub(crate) fn raw_kvs(&self) -> impl Iterator<Item = (&str, &[u8])> {
+        self.kv_spans
+            .iter()
+            .map(|(k, range)| (k.as_str(), &self.mmap[range.clone()]))
     }
 
     /// The metadata value under `key`, if present.
@@ -534,12 +549,12 @@ fn map_readonly(file: &File) -> std::io::Result<Mmap> {
     unsafe { Mmap::map(file) }
 }
 
-fn align_up(x: u64, a: u64) -> u64 {
+pub(crate) fn align_up(x: u64, a: u64) -> u64 {
     x.div_ceil(a).saturating_mul(a)
 }
 
 /// Byte size of a tensor of type `ty` and shape `dims`. Rows (`dims[0]`) must hold whole blocks.
-fn tensor_bytes(name: &str, ty: GgmlType, dims: &[u64]) -> Result<u64, GgufError> {
+pub(crate) fn tensor_bytes(name: &str, ty: GgmlType, dims: &[u64]) -> Result<u64, GgufError> {
     let bad = |reason| GgufError::BadShape {
         tensor: name.to_string(),
         ty,

@@ -1,6 +1,7 @@
 //! Model files and forward passes. Loading (GGUF names and metadata) stays in each
 //! architecture's `from_gguf`; `forward` never sees tensor names.
 pub mod gguf;
+pub mod gguf_write;
 pub mod llama;
 pub mod op_profile;
 pub mod parallel;
@@ -14,6 +15,7 @@ use std::sync::Arc;
 use dsp::pool::ThreadPool;
 
 use crate::error::ModelError;
+use crate::state::mtp::MtpCache;
 use crate::state::rollback::RollbackPrefill;
 use crate::state::sequence::SequenceState;
 use gguf::GgufFile;
@@ -27,6 +29,15 @@ pub use qwen35::Qwen35Model;
 pub enum Model {
     Llama(LlamaModel),
     Qwen35(Qwen35Model),
+}
+
+/// Which output head an MTP pass drafts with ([`Model::mtp_forward`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MtpHead {
+    /// The tied LM head over the whole vocabulary (`mtp`).
+    Full,
+    /// The trimmed draft head over N rows of the vocabulary (`mtp-trimmed`).
+    Trimmed,
 }
 
 /// Activation buffers of one architecture's forward pass (see [`Model::new_scratch`]); one
@@ -246,6 +257,100 @@ impl Model {
                 seq.kv.truncate(len);
                 Ok(())
             }
+        }
+    }
+
+    /// Whether the model has an MTP block (Qwen3.5 files with the nextn block).
+    pub fn has_mtp(&self) -> bool {
+        matches!(self, Self::Qwen35(m) if m.has_mtp())
+    }
+
+    /// Rows of the MTP block's trimmed draft head (`None`: no such head).
+    pub fn mtp_draft_rows(&self) -> Option<usize> {
+        match self {
+            Self::Qwen35(m) => m.mtp_draft_rows(),
+            Self::Llama(_) => None,
+        }
+    }
+
+    /// An empty MTP cache for a slot of `n_ctx` positions (`None` without an MTP block).
+    pub fn new_mtp_cache(&self, n_ctx: usize) -> Option<MtpCache> {
+        match self {
+            Self::Qwen35(m) => m.new_mtp_cache(n_ctx),
+            Self::Llama(_) => None,
+        }
+    }
+
+    /// Makes every following pass with `scratch` keep (or not) the output-normed hidden
+    /// state of every position ([`Model::hidden_rows`]). No-op for architectures without
+    /// an MTP block.
+    pub fn set_hidden_rows(&self, scratch: &mut Scratch, on: bool) {
+        if let (Self::Qwen35(m), Scratch::Qwen35(s)) = (self, scratch) {
+            m.set_hidden_rows(s, on);
+        }
+    }
+
+    /// Output-normed hidden states `[n, n_embd]` of every position of the last pass with
+    /// `scratch`, when kept ([`Model::set_hidden_rows`]); empty otherwise.
+    pub fn hidden_rows<'s>(&self, scratch: &'s Scratch) -> &'s [f32] {
+        match scratch {
+            Scratch::Qwen35(s) => s.hidden_rows(self.n_embd()),
+            Scratch::Llama(_) => &[],
+        }
+    }
+
+    /// One pass of the MTP block over the rows of positions `pos0..pos0 + next.len()`; see
+    /// [`Qwen35Model::mtp_forward`]. Returns the last row's logits over `head` (`[n_vocab]`
+    /// or `[N]`), none without `head`; the last row's output hidden is in
+    /// [`Model::mtp_hidden`].
+    ///
+    /// Errors: as [`Qwen35Model::mtp_forward`]; [`ModelError::Invalid`] for a model without
+    /// an MTP block or a scratch of another architecture.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mtp_forward<'s>(
+        &self,
+        pool: &ThreadPool,
+        cache: &mut MtpCache,
+        pos0: usize,
+        hidden: &[f32],
+        next: &[u32],
+        scratch: &'s mut Scratch,
+        head: Option<MtpHead>,
+    ) -> Result<Option<&'s [f32]>, ModelError> {
+        match (self, scratch) {
+            (Self::Qwen35(m), Scratch::Qwen35(s)) => {
+                m.mtp_forward(pool, cache, pos0, hidden, next, s, head)
+            }
+            _ => Err(ModelError::Invalid(format!(
+                "the {} model has no MTP block",
+                self.architecture()
+            ))),
+        }
+    }
+
+    /// The output hidden `[n_embd]` of the last row of the last MTP pass with `scratch`.
+    pub fn mtp_hidden<'s>(&self, scratch: &'s Scratch) -> &'s [f32] {
+        match scratch {
+            Scratch::Qwen35(s) => s.mtp_hidden(),
+            Scratch::Llama(_) => &[],
+        }
+    }
+
+    /// The original token id of row `row` of an MTP head (identity for [`MtpHead::Full`]);
+    /// `None` outside the head.
+    pub fn mtp_token_id(&self, head: MtpHead, row: u32) -> Option<u32> {
+        match self {
+            Self::Qwen35(m) => m.mtp_token_id(head, row),
+            Self::Llama(_) => None,
+        }
+    }
+
+    /// Rows one MTP pass with `scratch` may hold (its micro-batch size; 0 for
+    /// architectures without an MTP block).
+    pub fn mtp_max_rows(&self, scratch: &Scratch) -> usize {
+        match scratch {
+            Scratch::Qwen35(s) => s.n_batch(),
+            Scratch::Llama(_) => 0,
         }
     }
 

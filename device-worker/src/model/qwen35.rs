@@ -18,6 +18,8 @@
 //! Rotary embedding: Qwen3.5 uses multimodal RoPE with sections; for text every section's
 //! position is the token index, so it reduces to NEOX rope over `rope.dimension_count` dims.
 
+mod mtp;
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -265,15 +267,8 @@ struct Layer {
     mlp: Mlp,
 }
 
-/// The multi-token-prediction block (`blk.{n_layer}.nextn.*` plus a full-attention layer),
-/// bound when present; used by speculative decoding (not by [`Qwen35Model::forward`]).
-struct MtpBlock {
-    eh_proj: Linear,
-    enorm: Vec<f32>,
-    hnorm: Vec<f32>,
-    shared_head_norm: Option<Vec<f32>>,
-    layer: Layer,
-}
+use mtp::MtpBlock;
+pub use mtp::DRAFT_VOCAB_TOOL;
 
 /// Activation buffers for one micro-batch of up to `n_batch` tokens.
 pub struct Scratch {
@@ -308,6 +303,17 @@ pub struct Scratch {
     logits: Vec<f32>,
     /// Rows of `hidden` / `logits` the last pass wrote.
     rows: usize,
+    /// When set ([`Qwen35Model::set_hidden_rows`]), every pass also writes the output-normed
+    /// hidden state of each of its positions to `hidden_rows` `[n, n_embd]` (the MTP
+    /// drafters' input), `n_rows` of them.
+    keep_hidden_rows: bool,
+    hidden_rows: Vec<f32>,
+    n_rows: usize,
+    /// MTP pass buffers: `[n, 2·n_embd]` input of `eh_proj`, the last row's output hidden
+    /// `[n_embd]`, its logits (`[n_vocab]` or `[N]` trimmed). Grown on first use.
+    mtp_cat: Vec<f32>,
+    mtp_hidden: Vec<f32>,
+    mtp_logits: Vec<f32>,
     /// Rollback states kept by every pass when speculative decoding is on
     /// ([`Qwen35Model::set_rollback`]); `None`: passes keep none.
     pub rollback: Option<RollbackStates>,
@@ -327,6 +333,23 @@ impl Scratch {
     /// Milliseconds spent producing rollback states since the last call (then reset).
     pub fn take_rollback_ms(&mut self) -> f64 {
         std::mem::take(&mut self.rollback_ms)
+    }
+
+    /// Output-normed hidden states `[n, n_embd]` of every position of the last pass, when
+    /// kept ([`Qwen35Model::set_hidden_rows`]); empty otherwise.
+    pub fn hidden_rows(&self, n_embd: usize) -> &[f32] {
+        &self.hidden_rows[..self.n_rows * n_embd]
+    }
+
+    /// Tokens a micro-batch may hold.
+    pub fn n_batch(&self) -> usize {
+        self.n_batch
+    }
+
+    /// The output hidden state `[n_embd]` of the last row of the last MTP pass (the input of
+    /// the next recursive draft step).
+    pub fn mtp_hidden(&self) -> &[f32] {
+        &self.mtp_hidden
     }
 }
 
@@ -418,30 +441,7 @@ impl Qwen35Model {
             Some(_) => Linear::load(f, "output.weight", cfg.n_vocab, e)?,
             None => tok_embd.clone(),
         };
-        let il = cfg.n_layer;
-        let mtp = if cfg.n_nextn > 0
-            && f.tensor_opt(&format!("blk.{il}.nextn.eh_proj.weight"))
-                .is_some()
-        {
-            let n = |s: &str| format!("blk.{il}.{s}.weight");
-            Some(MtpBlock {
-                eh_proj: Linear::load(f, &n("nextn.eh_proj"), e, 2 * e)?,
-                enorm: load_vector(f, &n("nextn.enorm"), e)?,
-                hnorm: load_vector(f, &n("nextn.hnorm"), e)?,
-                shared_head_norm: match f.tensor_opt(&n("nextn.shared_head_norm")) {
-                    Some(_) => Some(load_vector(f, &n("nextn.shared_head_norm"), e)?),
-                    None => None,
-                },
-                layer: Layer {
-                    attn_norm: load_vector(f, &n("attn_norm"), e)?,
-                    kind: LayerKind::Attention(load_attn(f, &n, &cfg, n_attn)?),
-                    post_attn_norm: load_vector(f, &n("post_attention_norm"), e)?,
-                    mlp: Mlp::load(f, &n, e, cfg.n_ff)?,
-                },
-            })
-        } else {
-            None
-        };
+        let mtp = MtpBlock::load(f, &cfg)?;
         Ok(Self {
             file,
             cfg,
@@ -491,11 +491,7 @@ impl Qwen35Model {
             n += self.output.numel();
         }
         if let Some(m) = &self.mtp {
-            n += m.eh_proj.numel()
-                + m.enorm.len()
-                + m.hnorm.len()
-                + m.shared_head_norm.as_ref().map_or(0, Vec::len)
-                + layer_params(&m.layer);
+            n += m.numel(layer_params(&m.layer));
         }
         n as u64
     }
@@ -548,10 +544,23 @@ impl Qwen35Model {
             hidden: vec![0.0; c.n_embd],
             logits: vec![0.0; c.n_vocab],
             rows: 0,
+            keep_hidden_rows: false,
+            hidden_rows: Vec::new(),
+            n_rows: 0,
+            mtp_cat: Vec::new(),
+            mtp_hidden: Vec::new(),
+            mtp_logits: Vec::new(),
             rollback: None,
             rollback_ms: 0.0,
             profile: None,
         }
+    }
+
+    /// Makes every following pass with `scratch` keep (`on`) or not the output-normed hidden
+    /// state of each of its positions ([`Scratch::hidden_rows`]; `n` RMSNorms per pass).
+    pub fn set_hidden_rows(&self, scratch: &mut Scratch, on: bool) {
+        scratch.keep_hidden_rows = on;
+        scratch.n_rows = 0;
     }
 
     /// Makes every following pass with `scratch` keep the recurrent state after each of its
@@ -597,6 +606,7 @@ impl Qwen35Model {
         let n = tokens.len();
         let pos0 = seq.kv.len();
         scratch.rows = 0;
+        scratch.n_rows = 0;
         if let Some(rb) = scratch.rollback.as_mut() {
             rb.clear();
         }
@@ -663,7 +673,9 @@ impl Qwen35Model {
                 LayerKind::GatedDeltaNet(g) => {
                     self.gdn_block(pool, g, rec.layer_mut(g.state_layer), n, s, &mut laps)?
                 }
-                LayerKind::Attention(a) => self.attn_block(pool, a, kv, pos0, n, s, &mut laps)?,
+                LayerKind::Attention(a) => {
+                    self.attn_block(pool, a, kv, pos0, pos0, n, s, &mut laps)?
+                }
             }
             ops::add_inplace(&mut s.x[..n * e], &s.o[..n * e]).map_err(kernel("residual"))?;
 
@@ -693,6 +705,16 @@ impl Qwen35Model {
             rb.record_pass(pos0, n);
         }
         s.profile = profile;
+        if s.keep_hidden_rows {
+            s.hidden_rows.resize(n * e, 0.0);
+            for (x, h) in s.x[..n * e]
+                .chunks_exact(e)
+                .zip(s.hidden_rows.chunks_exact_mut(e))
+            {
+                ops::rms_norm(x, &self.output_norm, c.rms_eps, h).map_err(kernel("output_norm"))?;
+            }
+            s.n_rows = n;
+        }
         s.rows = output_head(
             pool,
             bytes,
@@ -829,8 +851,9 @@ impl Qwen35Model {
         // Gated RMSNorm per value head (weights shared by all heads), into `gv` (free now).
         ops::rms_norm(&s.gout[..n * vd], &w.norm, c.rms_eps, &mut s.gv[..n * vd])
             .map_err(kernel("ssm_norm"))?;
+        ops::silu_inplace(&mut s.z[..n * vd]);
         for (o, &zi) in s.gv[..n * vd].iter_mut().zip(&s.z[..n * vd]) {
-            *o *= ops::silu(zi);
+            *o *= zi;
         }
         laps.lap("gdn gated norm");
         let r = mm(pool, &w.wout, bytes, &s.gv[..n * vd], n, &mut s.o[..n * e]);
@@ -838,14 +861,18 @@ impl Qwen35Model {
         r
     }
 
-    /// Gated full-attention block on `s.h`; writes `s.o`. (HF `Qwen3_5Attention.forward`,
-    /// llama.cpp `build_layer_attn`.)
+    /// Gated full-attention block on `s.h`; writes `s.o`. The `n` tokens are written to `kv`
+    /// at cache indices `pos0..` and attend to indices `0..=pos0 + t`; RoPE rotates them to
+    /// positions `rope0..` (the same as `pos0` for the main model; the MTP cache's indices
+    /// are not positions). (HF `Qwen3_5Attention.forward`, llama.cpp `build_layer_attn`.)
+    #[allow(clippy::too_many_arguments)]
     fn attn_block(
         &self,
         pool: &ThreadPool,
         a: &AttnWeights,
         kv: &mut KvCache,
         pos0: usize,
+        rope0: usize,
         n: usize,
         s: &mut Scratch,
         laps: &mut Laps<'_>,
@@ -875,7 +902,7 @@ impl Qwen35Model {
         norm_heads(&mut s.q[..n * nq], &a.q_norm, c.rms_eps)?;
         norm_heads(&mut s.k[..n * nkv], &a.k_norm, c.rms_eps)?;
         for t in 0..n {
-            let pos = (pos0 + t) as u32;
+            let pos = (rope0 + t) as u32;
             ops::rope_neox(
                 &mut s.q[t * nq..(t + 1) * nq],
                 c.n_head,

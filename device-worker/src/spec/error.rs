@@ -6,6 +6,18 @@ use std::path::PathBuf;
 /// memory, or saving/loading the memory file.
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
+    /// `--drafters mtp` / `mtp-trimmed` on a model without an MTP ("nextn") block.
+    #[error("--drafters {drafter}: the {arch} model {model} has no MTP (nextn) block; use a Qwen3.5 GGUF converted with its MTP layer, or other drafters (experience, prompt-lookup)")]
+    NoMtpBlock {
+        drafter: &'static str,
+        arch: &'static str,
+        model: PathBuf,
+    },
+
+    /// `--drafters mtp-trimmed` on a model without the trimmed draft head.
+    #[error("--drafters mtp-trimmed: {model} has no trimmed draft head (tensor blk.N.nextn.draft_output.weight and key <arch>.nextn_draft_token_ids); write a copy with one: `{tool}`")]
+    NoDraftVocab { model: PathBuf, tool: &'static str },
+
     /// `PromptLookup` n-gram bounds must satisfy `1 <= min_ngram <= max_ngram`.
     #[error(
         "prompt lookup n-gram range {min_ngram}..={max_ngram} is invalid (need 1 <= min <= max)"

@@ -6,15 +6,21 @@
 //!   decoding). Cheap; actions copy element text and indices from the screen.
 //! - [`experience`]: PastForward's decoding experience memory, earlier outputs indexed per
 //!   position by the token and its final hidden state.
+//! - [`mtp`]: the `mtp` / `mtp-trimmed` drafters' bookkeeping (the model's MTP block drafts
+//!   from the target's last hidden state; entries and rollback in
+//!   [`crate::state::mtp::MtpCache`]). These need the model, so the engine drives them
+//!   through [`mtp::MtpStep`] instead of [`Drafter`].
 //! - [`adaptive`]: the draft-length controller (online acceptance and pass-latency estimates).
 //! - [`error`] holds [`SpecError`].
 //!
 //! The verification pass, rollback and the engine loop live elsewhere; this module is pure
-//! (no model code) and every drafter is driven only through [`Drafter`].
+//! (no model code): the model-free drafters are driven through [`Drafter`], the MTP ones
+//! through [`mtp::draft`] with the model behind [`mtp::MtpStep`].
 
 pub mod adaptive;
 pub mod error;
 pub mod experience;
+pub mod mtp;
 pub mod prompt_lookup;
 
 pub use adaptive::{expected_tokens, DraftLength, DraftLengthConfig};
@@ -33,26 +39,37 @@ pub enum DrafterKind {
     PromptLookup,
     /// [`ExperienceMemory`]: continuation of a similar earlier output (PastForward §3.2).
     Experience,
-    /// The model's multi-token-prediction head (implemented with the model, not here).
+    /// The model's multi-token-prediction block over the full vocabulary ([`mtp`]).
     Mtp,
+    /// The MTP block with the trimmed draft head (N rows of the vocabulary, mapped back to
+    /// original ids; [`mtp`]).
+    MtpTrimmed,
 }
 
 impl DrafterKind {
     /// Every kind, in declaration order.
-    pub const ALL: [DrafterKind; 3] = [
+    pub const ALL: [DrafterKind; 4] = [
         DrafterKind::PromptLookup,
         DrafterKind::Experience,
         DrafterKind::Mtp,
+        DrafterKind::MtpTrimmed,
     ];
 
     /// The kebab-case label used on the command line, in serde and as the metric label:
-    /// `"prompt-lookup"`, `"experience"` or `"mtp"`.
+    /// `"prompt-lookup"`, `"experience"`, `"mtp"` or `"mtp-trimmed"`.
     pub fn name(self) -> &'static str {
         match self {
             DrafterKind::PromptLookup => "prompt-lookup",
             DrafterKind::Experience => "experience",
             DrafterKind::Mtp => "mtp",
+            DrafterKind::MtpTrimmed => "mtp-trimmed",
         }
+    }
+
+    /// Whether this drafter runs the model's MTP block (needs an [`crate::state::mtp::MtpCache`]
+    /// per slot and the hidden state of every position).
+    pub fn is_mtp(self) -> bool {
+        matches!(self, DrafterKind::Mtp | DrafterKind::MtpTrimmed)
     }
 }
 

@@ -1,6 +1,7 @@
 //! Per-slot inference state.
 pub mod checkpoint;
 pub mod kv;
+pub mod mtp;
 pub mod recurrent;
 pub mod rollback;
 pub mod sequence;

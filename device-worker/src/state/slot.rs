@@ -4,6 +4,7 @@
 //! Names follow llama.cpp's server (`server_slot`): a request is routed to the slot of its
 //! session, or to the least recently used one.
 
+use super::mtp::MtpCache;
 use super::sequence::SequenceState;
 use crate::cache::SlotCache;
 
@@ -18,6 +19,9 @@ pub struct Slot {
     pub last_used: u64,
     /// Checkpoints, prompt-cache entries and the planner's view of them.
     pub cache: SlotCache,
+    /// The MTP block's KV cache and pending hidden states (only with an MTP drafter on); cut
+    /// back with the sequence ([`Slot::truncate`], rollbacks, resets).
+    pub mtp: Option<MtpCache>,
 }
 
 impl Slot {
@@ -29,6 +33,7 @@ impl Slot {
             seq,
             last_used: 0,
             cache: SlotCache::default(),
+            mtp: None,
         }
     }
 
@@ -38,6 +43,9 @@ impl Slot {
     pub fn truncate(&mut self, n: usize) -> usize {
         let kept = self.seq.truncate(n);
         self.tokens.truncate(kept);
+        if let Some(m) = self.mtp.as_mut() {
+            m.truncate(kept);
+        }
         kept
     }
 }

@@ -1,0 +1,284 @@
+//! The `mtp` and `mtp-trimmed` drafters' bookkeeping (Tandem §4.3; DESIGN.md
+//! "Within-request"): which MTP entries are written when, how a draft recurses, and what is
+//! discarded after a round. The MTP block's forward pass itself is the model's
+//! ([`crate::model::Model::mtp_forward`]); it reaches this module through [`MtpStep`], so the
+//! logic here is tested without a model.
+//!
+//! Per slot, the [`MtpCache`] holds the MTP entries of positions whose next token is known
+//! and the target hidden states still waiting for theirs. With the sequence at `L` positions
+//! (`tokens`, the newest output token `t_L` not fed yet):
+//!
+//! 1. [`fill`] (after each prefill batch) writes the entries of pending positions
+//!    `i < L − 1` from `(h_i, t_{i+1})`;
+//! 2. [`draft`] first writes every remaining pending entry up to `L − 1` with the target's
+//!    verified hidden states (the entries of accepted positions are thus recomputed from
+//!    the verification pass's rows, never kept from draft steps), the last one with the
+//!    newest token `t_L`, whose logits give draft 1; draft `j ≥ 2` is one more row at
+//!    position `L + j − 2` from the MTP block's OWN output hidden of the previous row and
+//!    draft `j − 1` (recursive MTP as in vLLM's MTP proposer and llama.cpp's
+//!    `common/speculative.cpp`: the block's normed output feeds the next step). The
+//!    entries of those draft steps are dropped before [`draft`] returns, so after a round
+//!    the cache holds verified entries only.
+
+use crate::error::ModelError;
+use crate::model::MtpHead;
+use crate::state::mtp::MtpCache;
+
+/// One pass of the MTP block, as the drafter needs it.
+pub trait MtpStep {
+    /// Rows one pass may hold (at least 1).
+    fn max_rows(&self) -> usize;
+
+    /// Appends the entries of positions `pos0..pos0 + next.len()` to `cache` from the input
+    /// hidden rows `hidden` `[n, n_embd]` and the token after each position. With `head`,
+    /// returns the drafted token after the last row (the head's argmax, as an original
+    /// token id) and writes the last row's output hidden `[n_embd]` to `h_out`.
+    ///
+    /// Errors: the model's ([`crate::model::Model::mtp_forward`]).
+    fn step(
+        &mut self,
+        cache: &mut MtpCache,
+        pos0: usize,
+        hidden: &[f32],
+        next: &[u32],
+        head: Option<MtpHead>,
+        h_out: &mut Vec<f32>,
+    ) -> Result<Option<u32>, ModelError>;
+}
+
+/// Writes the entries of the pending positions whose next token `tokens` already holds
+/// (`i < tokens.len() − 1`; `tokens` are the sequence's tokens), in passes of at most
+/// [`MtpStep::max_rows`] rows. Returns the entries written.
+///
+/// Errors: the model's; the cache is then reset (its content is unknown).
+pub fn fill(
+    step: &mut dyn MtpStep,
+    cache: &mut MtpCache,
+    tokens: &[u32],
+) -> Result<usize, ModelError> {
+    let end = tokens.len().saturating_sub(1);
+    let r = write_pending(step, cache, tokens, end, None, None, &mut Vec::new());
+    if r.is_err() {
+        cache.reset();
+    }
+    r.map(|(n, _)| n)
+}
+
+/// Up to `n` draft tokens to follow `newest` for a sequence holding `tokens` (module docs).
+/// `None` when the cache lacks the target hidden state of the newest position (it was
+/// never handed over), or `n == 0`.
+///
+/// Errors: the model's; the cache is then reset.
+pub fn draft(
+    step: &mut dyn MtpStep,
+    cache: &mut MtpCache,
+    tokens: &[u32],
+    newest: u32,
+    n: usize,
+    head: MtpHead,
+) -> Result<Option<Vec<u32>>, ModelError> {
+    let len = tokens.len();
+    if n == 0 || len == 0 || cache.pending_end() != len || cache.pending_end() == cache.pending().0
+    {
+        return Ok(None);
+    }
+    let r = draft_inner(step, cache, tokens, newest, n, head);
+    // Draft-step entries (positions >= len) never outlive the round.
+    cache.drop_entries_from(len);
+    if r.is_err() {
+        cache.reset();
+    }
+    r
+}
+
+fn draft_inner(
+    step: &mut dyn MtpStep,
+    cache: &mut MtpCache,
+    tokens: &[u32],
+    newest: u32,
+    n: usize,
+    head: MtpHead,
+) -> Result<Option<Vec<u32>>, ModelError> {
+    let len = tokens.len();
+    let mut h = Vec::new();
+    let (_, first) = write_pending(step, cache, tokens, len, Some(newest), Some(head), &mut h)?;
+    let Some(mut d) = first else {
+        return Ok(None);
+    };
+    let mut out = vec![d];
+    let mut input = Vec::new();
+    while out.len() < n {
+        std::mem::swap(&mut input, &mut h);
+        let pos = len + out.len() - 1;
+        match step.step(cache, pos, &input, &[d], Some(head), &mut h)? {
+            Some(t) => d = t,
+            None => break,
+        }
+        out.push(d);
+    }
+    Ok(Some(out))
+}
+
+/// Writes the pending entries of positions `< end`, the token after position `i` being
+/// `tokens[i + 1]`, or `last` for position `tokens.len() − 1`. The final pass runs `head`
+/// (its token is returned with the count). Pending rows without an entry position (`end`
+/// beyond them) are left alone.
+fn write_pending(
+    step: &mut dyn MtpStep,
+    cache: &mut MtpCache,
+    tokens: &[u32],
+    end: usize,
+    last: Option<u32>,
+    head: Option<MtpHead>,
+    h_out: &mut Vec<f32>,
+) -> Result<(usize, Option<u32>), ModelError> {
+    let e = cache.n_embd();
+    let (from, rows) = cache.pending();
+    let end = end.min(cache.pending_end());
+    if end <= from {
+        return Ok((0, None));
+    }
+    let (rows, next): (Vec<f32>, Vec<u32>) = (
+        rows[..(end - from) * e].to_vec(),
+        (from..end)
+            .map(|i| tokens.get(i + 1).copied().or(last))
+            .collect::<Option<Vec<u32>>>()
+            .ok_or_else(|| {
+                ModelError::Invalid(format!(
+                    "MTP entries up to {end}: no token after position {}",
+                    tokens.len().saturating_sub(1)
+                ))
+            })?,
+    );
+    let max = step.max_rows().max(1);
+    let mut token = None;
+    let mut done = 0;
+    while done < next.len() {
+        let k = (next.len() - done).min(max);
+        let is_last = done + k == next.len();
+        token = step.step(
+            cache,
+            from + done,
+            &rows[done * e..(done + k) * e],
+            &next[done..done + k],
+            head.filter(|_| is_last),
+            h_out,
+        )?;
+        done += k;
+    }
+    cache.consume_pending(done);
+    Ok((done, token))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake MTP block: records every row it was given as (position, first hidden value,
+    /// next token), drafts `next + 1` and outputs a hidden row of `1000 + position`.
+    #[derive(Default)]
+    struct Fake {
+        rows: Vec<(usize, f32, u32)>,
+        passes: Vec<(usize, usize, bool)>,
+        max: usize,
+    }
+
+    impl MtpStep for Fake {
+        fn max_rows(&self) -> usize {
+            self.max
+        }
+
+        fn step(
+            &mut self,
+            cache: &mut MtpCache,
+            pos0: usize,
+            hidden: &[f32],
+            next: &[u32],
+            head: Option<MtpHead>,
+            h_out: &mut Vec<f32>,
+        ) -> Result<Option<u32>, ModelError> {
+            assert!(cache.can_append(pos0, next.len()), "entries out of order");
+            assert!(next.len() <= self.max);
+            for (i, &t) in next.iter().enumerate() {
+                self.rows.push((pos0 + i, hidden[i * 2], t));
+            }
+            self.passes.push((pos0, next.len(), head.is_some()));
+            cache.commit_entries(pos0, next.len());
+            let last = pos0 + next.len() - 1;
+            *h_out = vec![1000.0 + last as f32, 0.0];
+            Ok(head.map(|_| next[next.len() - 1] + 1))
+        }
+    }
+
+    fn target_rows(from: usize, n: usize) -> Vec<f32> {
+        (from..from + n).flat_map(|p| [p as f32, 0.0]).collect()
+    }
+
+    #[test]
+    fn fill_writes_what_has_a_next_token_in_chunks() {
+        let mut cache = MtpCache::new(1, 2, 64, 2);
+        let mut f = Fake {
+            max: 3,
+            ..Default::default()
+        };
+        let tokens: Vec<u32> = (10..17).collect(); // 7 positions
+        cache.push_hidden(0, &target_rows(0, 7));
+        assert_eq!(fill(&mut f, &mut cache, &tokens).unwrap(), 6);
+        assert_eq!(f.passes, vec![(0, 3, false), (3, 3, false)]);
+        // Entry i: target h_i with t_{i+1}.
+        assert_eq!(f.rows[4], (4, 4.0, 15));
+        assert_eq!(cache.pending(), (6, &target_rows(6, 1)[..]));
+    }
+
+    #[test]
+    fn draft_recurses_on_its_own_hidden_and_keeps_only_verified_entries() {
+        let mut cache = MtpCache::new(1, 2, 64, 2);
+        let mut f = Fake {
+            max: 8,
+            ..Default::default()
+        };
+        let mut tokens: Vec<u32> = (10..15).collect(); // positions 0..5
+        cache.push_hidden(0, &target_rows(0, 5));
+        fill(&mut f, &mut cache, &tokens).unwrap();
+        f.rows.clear();
+        // Newest output token 50: draft 3.
+        let d = draft(&mut f, &mut cache, &tokens, 50, 3, MtpHead::Full).unwrap();
+        assert_eq!(d, Some(vec![51, 52, 53]));
+        assert_eq!(
+            f.rows,
+            vec![(4, 4.0, 50), (5, 1004.0, 51), (6, 1005.0, 52)],
+            "step 1 from the target's h_4, then the block's own output"
+        );
+        assert_eq!(cache.positions(), &[0, 1, 2, 3, 4], "draft entries dropped");
+        // Verification fed [50, 51, 52, 53] at 5..9; 51 accepted, 52 rejected: rollback to 7.
+        tokens.extend_from_slice(&[50, 51, 52, 53]);
+        cache.push_hidden(5, &target_rows(5, 4));
+        tokens.truncate(7);
+        cache.truncate(7);
+        f.rows.clear();
+        let d = draft(&mut f, &mut cache, &tokens, 60, 2, MtpHead::Full).unwrap();
+        assert_eq!(d, Some(vec![61, 62]));
+        assert_eq!(
+            f.rows,
+            vec![(5, 5.0, 51), (6, 6.0, 60), (7, 1006.0, 61)],
+            "accepted position 5 recomputed from the verification pass's h_5"
+        );
+        assert_eq!(cache.positions(), &[0, 1, 2, 3, 4, 5, 6]);
+    }
+
+    #[test]
+    fn no_draft_without_the_newest_hidden_state() {
+        let mut cache = MtpCache::new(1, 2, 64, 2);
+        let mut f = Fake {
+            max: 8,
+            ..Default::default()
+        };
+        let tokens: Vec<u32> = (10..15).collect();
+        cache.push_hidden(0, &target_rows(0, 4)); // h_4 never handed over
+        assert_eq!(
+            draft(&mut f, &mut cache, &tokens, 50, 3, MtpHead::Full).unwrap(),
+            None
+        );
+        assert!(f.passes.is_empty());
+    }
+}

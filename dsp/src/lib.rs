@@ -3,8 +3,8 @@
 //! per-ISA kernel backends checked against a scalar reference ([`backend`]) and a parkable
 //! thread pool ([`pool`]).
 //!
-//! Backend choice: [`backend::select`] picks AVX2 or scalar at run time;
-//! `TANDEM_KERNELS=scalar` forces the scalar reference.
+//! Backend choice: [`backend::select`] picks AVX-512 (VNNI), AVX2 or scalar at run time;
+//! `TANDEM_KERNELS=<name>` (`scalar`, `avx2`, `avx512-vnni`) forces one.
 // Kernels index several parallel arrays (scales, mins, quants) by the same block index;
 // iterator chains there read worse than the ggml formulas they transcribe.
 #![allow(clippy::needless_range_loop)]

@@ -13,7 +13,10 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
-const LIMIT_MS: u64 = 400;
+/// Watchdog limit. Well above a normal batch of this small model even on a loaded 2-core CI
+/// machine: the fresh engine's first batch after the restart also pays the page faults of
+/// re-mapping the model (a 400 ms limit tripped there once under load).
+const LIMIT_MS: u64 = 1500;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hung_batch_fails_with_unavailable_and_the_engine_restarts() {

@@ -297,7 +297,20 @@ impl StepRunner {
             })?
             .into_inner();
         let stats = result.stats.get_or_insert_with(Default::default);
-        while let Some(ev) = stream.next().await {
+        loop {
+            // A controller that leaves during prefill must cancel the worker's request too
+            // (dropping `stream` does), not only when the next token fails to send.
+            let ev = tokio::select! {
+                ev = stream.next() => match ev {
+                    Some(ev) => ev,
+                    None => break,
+                },
+                _ = events.closed() => {
+                    return Err(Attempt::Failed(
+                        "controller went away; step cancelled".into(),
+                    ));
+                }
+            };
             let ev = ev.map_err(|s| {
                 Attempt::from_status(
                     format!("worker stream: {} ({:?})", s.message(), s.code()),

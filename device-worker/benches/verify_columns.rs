@@ -73,6 +73,39 @@ fn bench_verify(c: &mut Criterion) {
         });
     }
     group.finish();
+    paired_ratios(&pool, &mats, &x, &mut y);
+}
+
+/// Column-shared passes of 1 column and of 2, 4, 5 columns run alternately (60 rounds), each
+/// round's time divided by the 1-column time of the same round: on a shared, noisy machine the
+/// median of these paired ratios is steadier than the ratio of two criterion estimates taken
+/// seconds apart. Printed after criterion's groups.
+fn paired_ratios(pool: &ThreadPool, mats: &[QMatRef<'_>], x: &[f32], y: &mut [f32]) {
+    let pass = |n: usize, y: &mut [f32]| {
+        let t = std::time::Instant::now();
+        for m in mats {
+            let (r, k) = (m.rows, m.cols);
+            matmul(pool, m, &x[..n * k], n, &mut y[..n * r]).expect("matmul");
+        }
+        t.elapsed().as_secs_f64()
+    };
+    let cols = [2usize, 4, 5];
+    let mut ratios = vec![Vec::new(); cols.len()];
+    for _ in 0..60 {
+        let one = pass(1, y);
+        for (i, &n) in cols.iter().enumerate() {
+            ratios[i].push(pass(n, y) / one);
+        }
+    }
+    for (r, n) in ratios.iter_mut().zip(cols) {
+        r.sort_by(f64::total_cmp);
+        eprintln!(
+            "verify_columns paired: {n} columns / 1 column = {:.3} (median of 60; quartiles {:.3}..{:.3})",
+            r[r.len() / 2],
+            r[r.len() / 4],
+            r[3 * r.len() / 4]
+        );
+    }
 }
 
 criterion_group!(benches, bench_verify);

@@ -1,6 +1,7 @@
 //! Fixed-work K-quant matrix products for cycle counting on a busy machine, where wall-clock
 //! benchmarks are unreliable: `perf stat -e cycles:u,instructions:u target/release/examples/kquant_cycles q4_K 64 200`
-//! (type, columns, repetitions; one thread). Prints multiply-accumulates performed, so
+//! (type, columns, repetitions, optional weight rows (default 3584; 1024 columns); one thread).
+//! Prints multiply-accumulates performed, so
 //! MAC/cycle = printed / perf's cycles.
 
 use dsp::matmul::{matmul_with, QMatRef};
@@ -14,7 +15,8 @@ fn main() {
     let ty = args.get(1).map(String::as_str).unwrap_or("q4_K");
     let n: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(64);
     let reps: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(100);
-    let (rows, cols) = (3584, 1024);
+    let rows: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(3584);
+    let cols = 1024;
     let mut seed = 7u32;
     let mut rnd = |k: usize| -> Vec<f32> {
         (0..k)

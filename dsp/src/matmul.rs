@@ -24,8 +24,10 @@ use crate::quant::{quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k, Ggml
 /// its weight rows.
 pub const TOKEN_BLOCK: usize = 64;
 
-/// Multiply-accumulates below which a product runs on the calling thread alone.
-const SERIAL_MACS: usize = 1 << 16;
+/// Multiply-accumulates below which a product runs on the calling thread alone (≈ 10 µs of
+/// work: waking the pool costs a few µs; e.g. the 16 × 1024 GDN gate projections of a
+/// 4-column verification pass stay on one thread).
+const SERIAL_MACS: usize = 1 << 18;
 
 /// Weights of a linear layer in GGUF order: `rows` output features, each a row of `cols` input
 /// features stored as `ty.row_bytes(cols)` bytes.

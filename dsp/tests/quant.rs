@@ -244,3 +244,68 @@ fn bad_shapes_are_errors() {
     ));
     assert!(as_blocks::<BlockQ8_0>(&buf.bytes()[..35]).is_err());
 }
+
+/// ggml's `quantize_row_q8_K_ref` written as the plain loop it is (first value of largest
+/// magnitude wins; `>` skips NaN), against which the vectorised quantizer must agree bit for
+/// bit.
+fn q8_k_reference(xb: &[f32]) -> BlockQ8K {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in xb {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    let mut y = BlockQ8K { d: 0.0, qs: [0; 256], bsums: [0; 16] };
+    if amax == 0.0 {
+        return y;
+    }
+    let iscale = -127.0 / max;
+    for (q, &v) in y.qs.iter_mut().zip(xb) {
+        *q = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+    }
+    for (s, qs) in y.bsums.iter_mut().zip(y.qs.chunks_exact(16)) {
+        *s = qs.iter().map(|&q| q as i16).sum();
+    }
+    y.d = 1.0 / iscale;
+    y
+}
+
+#[test]
+fn q8_k_equals_the_reference_loop_bit_for_bit() {
+    let mut seed = 0x2545_f491u32;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 17;
+        seed ^= seed << 5;
+        seed
+    };
+    for case in 0..400 {
+        let mut x: Vec<f32> = (0..512).map(|_| (rnd() as f32 / u32::MAX as f32 - 0.5) * 8.0).collect();
+        match case % 5 {
+            // Equal magnitudes of both signs: the first one sets the sign of the scale.
+            1 => {
+                x[17] = 9.0;
+                x[3] = -9.0;
+                x[300] = 9.0;
+                x[260] = -9.0;
+            }
+            // NaN is never the maximum; infinities and subnormals pass through.
+            2 => {
+                x[5] = f32::NAN;
+                x[6] = 1e-40;
+                x[400] = f32::NAN;
+            }
+            3 => x[..256].fill(0.0),
+            4 => x[100] = -f32::INFINITY,
+            _ => {}
+        }
+        let mut y = vec![BlockQ8K { d: 0.0, qs: [0; 256], bsums: [0; 16] }; 2];
+        quantize_row_q8_k(&x, &mut y).expect("q8_K");
+        for (b, yb) in y.iter().enumerate() {
+            let r = q8_k_reference(&x[256 * b..256 * (b + 1)]);
+            assert_eq!(yb.d.to_bits(), r.d.to_bits(), "case {case} block {b}: d");
+            assert_eq!((yb.qs, yb.bsums), (r.qs, r.bsums), "case {case} block {b}");
+        }
+    }
+}

@@ -1,13 +1,16 @@
 //! AVX-512 VNNI backend (x86_64), chosen at run time by `select` when the CPU has avx512f,
-//! avx512bw, avx512vl and avx512vnni (besides avx2, fma, f16c).
+//! avx512bw, avx512dq, avx512vl and avx512vnni (besides avx2, fma, f16c).
 //!
-//! The K-quant products (Q4_K, Q6_K: the bulk of a Q4_K_M model) run on 512-bit registers
-//! ([`super::avx512_kquants`]: 0.7–0.9× the AVX2 kernel's time); Q4_0,
-//! Q4_1 and Q8_0 tiles are the AVX2 kernels with one `vpdpbusd` in place of `maddubs` +
-//! `madd`; every other kernel is the AVX2 backend's. All quantized results are bit-identical
-//! to the AVX2 backend's (the integer lanes are the same), which `tests/conformance.rs` checks. Like every backend it is tested against the scalar
-//! reference in `tests/conformance.rs`, and its tiles are bit-identical to its single dot
-//! products.
+//! The K-quant products (Q4_K, Q6_K: the bulk of a Q4_K_M model) have their own kernels
+//! ([`super::avx512_kquants`]: `vpdpbusd` + `vpackssdw` + `vpdpwssd` integer sums, a
+//! row-at-a-time path for decode and verification and a register-blocked one for prefill);
+//! their exact integer sums are spread over other lanes than the AVX2 kernel's, so results
+//! differ from the AVX2 backend's in f32 rounding only. Q4_0, Q4_1 and Q8_0 tiles are the AVX2
+//! kernels with one `vpdpbusd` in place of `maddubs` + `madd`, bit-identical to the AVX2
+//! backend's; every other kernel is the AVX2 backend's. Like every backend it is tested
+//! against the scalar reference in `tests/conformance.rs`, and its tiles are bit-identical to
+//! its single dot products (so a verification pass equals decode, and prefill batch splits
+//! do not change results).
 
 use half::{bf16, f16};
 
@@ -30,12 +33,13 @@ pub struct Avx512 {
 static AVX512: Avx512 = Avx512 { avx2: &AVX2 };
 
 impl Avx512 {
-    /// The backend if this CPU has avx512f, avx512bw, avx512vl, avx512vnni, avx2, fma and f16c
+    /// The backend if this CPU has avx512f, avx512bw, avx512dq, avx512vl, avx512vnni, avx2, fma and f16c
     /// (checked at run time).
     pub fn get() -> Option<&'static Avx512> {
         (Avx2::get().is_some()
             && is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512dq")
             && is_x86_feature_detected!("avx512vl")
             && is_x86_feature_detected!("avx512vnni"))
         .then_some(&AVX512)

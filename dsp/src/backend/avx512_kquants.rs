@@ -1,22 +1,23 @@
-//! AVX-512 (BW) Q4_K and Q6_K products against Q8_K activations, for any number of tokens.
+//! AVX-512 Q4_K and Q6_K products against Q8_K activations, for any number of tokens.
 //!
-//! Same blocking and accumulator order as [`super::avx2_kquants`] (a weight super-block is
-//! unpacked once per sweep of [`ROWS`] rows × up to [`TOKENS`] tokens and applied to every
-//! token), with the integer part on 512-bit registers: per pair of 32-weight groups one
-//! `_mm512_maddubs_epi16` (u8 × i8 → i16 pairs) and one `_mm512_madd_epi16` with the two
-//! groups' scales. Measured on this project's Xeon (`dsp/examples`-style interleaved A/B,
-//! 1 thread, 0.8B FFN shapes): 0.85× (Q4_K) and 0.80× (Q6_K) of the AVX2 kernel's time on a
-//! 64-token prefill tile, 0.7–0.9× for 1–4 columns; `vpdpbusd` + `vpdpwssd` (VNNI) was
-//! slower than this on the same machine (0.91× / 0.86× at 64 tokens), so it is not used here.
-//! Eight unpacked zmm registers (quants and scales) also leave room for the accumulators,
-//! where AVX2's sixteen ymm spill on Q6_K.
+//! A weight super-block (256 weights) is unpacked once per row and applied to every token of
+//! the tile: up to [`FEW`] tokens (decode, verification) row by row with all accumulators in
+//! registers ([`sweep_few`]), more in sweeps of [`ROWS`] rows × [`TOKENS`] tokens
+//! ([`sweep_tile`]). Per token and super-block ([`isum`]): one `vpdpbusd` per 64 weights (exact
+//! sums of four u8 × i8 products per i32 lane), two such results packed to i16 (`vpackssdw`,
+//! no saturation at these ranges) and one `vpdpwssd` against the sub-block scales: 6
+//! multiply instructions per 256 weights where `maddubs` + `madd` take 8 (512-bit integer
+//! multiplies issue on one port on this project's Xeon, so they bound the few-column case).
+//! Then the 16 lanes are converted to f32 and scaled by `d_w · d_x` without folding;
+//! Q4_K's min term is one FMA of `dmin · m_k` with `d_x · (bsum_2k + bsum_2k+1)` (computed once
+//! per tile and token, [`min_terms`]); Q6_K's `−32` offset is removed exactly in the integer
+//! domain (`32 · Σ sc_j · bsum_j`).
 //!
-//! The 16 i32 lanes are folded to 8 (exact integer adds): lane `l` then holds
-//! `Σ_groups scale · Σ of the products of bytes 4l..4l+3` of each group, exactly the AVX2
-//! kernel's lane `l` (`maddubs` cannot saturate at these ranges: Q4_K quants ≤ 15, Q6_K
-//! q + 32 ≤ 63, |q_x| ≤ 128), and the f32 tail (block scales, Q4_K mins, Q6_K's −32) is the
-//! AVX2 one. So results are bit-identical to the AVX2 backend's for every tile shape
-//! (`tests/conformance.rs`), and single dot products equal tiles.
+//! Every (row, token) product gets the same operations in every tile shape, so a batched
+//! verification pass equals one-token decode bit for bit; results differ from the AVX2
+//! backend's only in f32 rounding (the integer sums are spread over other lanes and the min
+//! term is summed in another order), tested against the scalar reference in
+//! `tests/conformance.rs`.
 //!
 //! Scheme of the integer sums: ggml's `ggml_vec_dot_q4_K_q8_K` / `..._q6_K_q8_K`
 //! (`ggml/src/ggml-cpu/arch/x86/quants.c`).
@@ -30,278 +31,495 @@ use super::avx2_kquants::KQuant;
 use super::DotTile;
 use crate::quant::blocks::{BlockQ4K, BlockQ6K, BlockQ8K};
 
-/// Tokens per sweep (activation blocks of one super-block column for this many tokens stay in
-/// L1: 64 × 292 B ≈ 18 KiB).
+/// Tokens per sweep of [`sweep_tile`] (activation blocks of one super-block column for this
+/// many tokens stay in L1: 64 × 292 B ≈ 18 KiB).
 const TOKENS: usize = 64;
-/// Weight rows per sweep.
+/// Weight rows per sweep of [`sweep_tile`].
 const ROWS: usize = 4;
-/// Super-blocks ahead of the one being unpacked that a few-column sweep prefetches.
+/// Tokens up to which [`dot_tile_kquant`] takes the row-at-a-time [`sweep_few`] path.
+const FEW: usize = 8;
+/// Super-blocks ahead of the one being unpacked that [`sweep_few`] prefetches.
 const PREFETCH_BLOCKS: usize = 12;
 
 /// One weight super-block ready for the token loop.
 /// `q[g]`: unsigned quants of weights `64g..64g+64` (Q4_K: 0..15, Q6_K: q + 32 in 0..63);
-/// `s[g]`: the scale of each weight's 4-weight lane group, in both i16 halves of its i32
-/// lane (for `madd`); `bias`: Q4_K mins `m_k` at lanes `2k` and `2k+1`, or Q6_K scales, to pair
-/// with the 16 `bsums` of the activation block.
+/// `s[h]`: i16 scales laid out for the packed pair `h` of [`isum`] ([`pair_scale_index`]);
+/// `d`: the block scale in all lanes; `min`: Q4_K `dmin · m_k` at lanes `k` and `8 + k` (for
+/// the min term of a token pair; the low half for one token); `offset`: Q6_K `32 · sc_j` as
+/// i16 in both halves (for the −32 offset).
+#[derive(Clone, Copy)]
 struct Unpacked {
     q: [__m512i; 4],
-    s: [__m512i; 4],
-    bias: __m256i,
-    d: f32,
-    dmin: f32,
+    s: [__m512i; 2],
+    d: __m512,
+    min: __m512,
+    offset: __m512i,
+}
+
+/// Index vector for `vpermw` that spreads per-sub-block i16 scales over the words of a packed
+/// pair (`_mm512_packs_epi32(d_a, d_b)` of the `vpdpbusd` results of registers `a` and `a + 1`
+/// of [`Unpacked::q`]): in 128-bit chunk `c`, words 0..4 come from i32 lanes 4c..4c+4 of `d_a`,
+/// words 4..8 from the same lanes of `d_b`. `SUB` sub-blocks per 64-weight register (2 for
+/// Q4_K's 32-weight sub-blocks, 4 for Q6_K's 16-weight ones); `first`: the sub-block of
+/// register `a`'s first weight.
+#[inline(always)]
+unsafe fn pair_scale_index<const SUB: usize>(first: usize) -> __m512i {
+    let mut idx = [0i16; 32];
+    for (w, v) in idx.iter_mut().enumerate() {
+        let (c, k) = (w / 8, w % 8);
+        let (reg, lane) = (k / 4, 4 * c + k % 4);
+        *v = (first + SUB * reg + lane * SUB / 16) as i16;
+    }
+    _mm512_loadu_si512(idx.as_ptr().cast())
 }
 
 /// Unpacks a [`BlockQ4K`].
 ///
 /// # Safety
-/// Needs avx512f, avx512bw, avx2, fma, f16c.
+/// Needs avx512f, avx512bw, avx512vl, avx2, fma, f16c.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn unpack_q4k(b: &BlockQ4K) -> Unpacked {
     let mask = _mm512_set1_epi8(0x0F);
     let (sc, mn) = b.scales_mins();
-    // All 8 sub-block scales as i32 lanes holding the scale in both i16 halves.
-    let sc32 = _mm512_cvtepu8_epi32(_mm_loadl_epi64(sc.as_ptr().cast()));
-    let sc32 = _mm512_or_si512(sc32, _mm512_slli_epi32(sc32, 16));
     let mut q = [_mm512_setzero_si512(); 4];
-    let mut s = [_mm512_setzero_si512(); 4];
-    for g in 0..4 {
-        let q4 = _mm256_loadu_si256(b.qs.as_ptr().add(32 * g).cast());
-        let both = _mm512_inserti64x4(_mm512_castsi256_si512(q4), _mm256_srli_epi16(q4, 4), 1);
-        q[g] = _mm512_and_si512(both, mask);
-        // Lanes 0..8 take scale 2g, lanes 8..16 scale 2g + 1.
-        let lo = 2 * g as i32;
-        let idx = _mm512_set_epi32(
-            lo + 1,
-            lo + 1,
-            lo + 1,
-            lo + 1,
-            lo + 1,
-            lo + 1,
-            lo + 1,
-            lo + 1,
-            lo,
-            lo,
-            lo,
-            lo,
-            lo,
-            lo,
-            lo,
-            lo,
-        );
-        s[g] = _mm512_permutexvar_epi32(idx, sc32);
+    for (g, qg) in q.iter_mut().enumerate() {
+        // The 32 bytes in both halves (a broadcast load), the high half shifted to its high
+        // nibbles: no cross-lane shuffle.
+        let q4 = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.qs.as_ptr().add(32 * g).cast()));
+        *qg = _mm512_and_si512(_mm512_mask_srli_epi16::<4>(q4, 0xFFFF_0000, q4), mask);
     }
-    let m8 = _mm_loadl_epi64(mn.as_ptr().cast());
+    let sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64(sc.as_ptr().cast())));
+    let dmin = load_f16((&b.dmin as *const f16).cast());
+    let m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_set1_epi64x(i64::from_le_bytes(mn))));
     Unpacked {
         q,
-        s,
-        bias: _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)),
-        d: load_f16((&b.d as *const f16).cast()),
-        dmin: load_f16((&b.dmin as *const f16).cast()),
+        s: [
+            _mm512_permutexvar_epi16(pair_scale_index::<2>(0), sc16),
+            _mm512_permutexvar_epi16(pair_scale_index::<2>(4), sc16),
+        ],
+        d: _mm512_set1_ps(load_f16((&b.d as *const f16).cast())),
+        min: _mm512_mul_ps(_mm512_set1_ps(dmin), m),
+        offset: _mm512_setzero_si512(),
     }
 }
 
 /// Unpacks a [`BlockQ6K`] (quants rebuilt from `ql`/`qh` as `q + 32`).
 ///
 /// # Safety
-/// Needs avx512f, avx512bw, avx2, fma, f16c.
+/// Needs avx512f, avx512bw, avx512vl, avx2, fma, f16c.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn unpack_q6k(b: &BlockQ6K) -> Unpacked {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m30 = _mm256_set1_epi8(0x30);
-    // Element order as ggml's dequantize_row_q6_K: 32-weight group j = 4h + k.
-    let mut g32 = [_mm256_setzero_si256(); 8];
-    for h in 0..2 {
-        let ql0 = _mm256_loadu_si256(b.ql.as_ptr().add(64 * h).cast());
-        let ql1 = _mm256_loadu_si256(b.ql.as_ptr().add(64 * h + 32).cast());
-        let qh = _mm256_loadu_si256(b.qh.as_ptr().add(32 * h).cast());
-        g32[4 * h] = _mm256_or_si256(
-            _mm256_and_si256(ql0, m4),
-            _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30),
-        );
-        g32[4 * h + 1] = _mm256_or_si256(
-            _mm256_and_si256(ql1, m4),
-            _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30),
-        );
-        g32[4 * h + 2] = _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-            _mm256_and_si256(qh, m30),
-        );
-        g32[4 * h + 3] = _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-            _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
-        );
-    }
-    // The 16 scales (one per 16 weights) as i32 lanes with the i16 scale in the low half.
-    let sc16 = _mm512_and_si512(
-        _mm512_cvtepi8_epi32(_mm_loadu_si128(b.scales.as_ptr().cast())),
-        _mm512_set1_epi32(0xFFFF),
-    );
-    let sc32 = _mm512_or_si512(sc16, _mm512_slli_epi32(sc16, 16));
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m30 = _mm512_set1_epi8(0x30);
+    // Element order as ggml's dequantize_row_q6_K: 32-weight group j = 4h + k takes the low
+    // (k = 0, 1) or high (k = 2, 3) nibbles of ql[64h + 32(k % 2)..][..32] and bits 2k, 2k + 1
+    // of qh[32h..][..32]. Register q[2h] holds groups 4h, 4h + 1, q[2h + 1] groups 4h + 2, 4h + 3:
+    // one 64-byte ql load covers both, the 32 qh bytes are broadcast to both halves and
+    // shifted per half (words 0..16 / 16..32) to bits 4..5.
+    let up_4_2 = _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(2));
+    let down_0_2 = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(2));
     let mut q = [_mm512_setzero_si512(); 4];
-    let mut s = [_mm512_setzero_si512(); 4];
-    for g in 0..4 {
-        q[g] = _mm512_inserti64x4(_mm512_castsi256_si512(g32[2 * g]), g32[2 * g + 1], 1);
-        // Lane l (4 weights) of the 64-weight pair lies in 16-weight sub-block 4g + l / 4.
-        let b0 = 4 * g as i32;
-        let idx = _mm512_set_epi32(
-            b0 + 3,
-            b0 + 3,
-            b0 + 3,
-            b0 + 3,
-            b0 + 2,
-            b0 + 2,
-            b0 + 2,
-            b0 + 2,
-            b0 + 1,
-            b0 + 1,
-            b0 + 1,
-            b0 + 1,
-            b0,
-            b0,
-            b0,
-            b0,
+    for h in 0..2 {
+        let ql = _mm512_loadu_si512(b.ql.as_ptr().add(64 * h).cast());
+        let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.qh.as_ptr().add(32 * h).cast()));
+        q[2 * h] = _mm512_or_si512(
+            _mm512_and_si512(ql, m4),
+            _mm512_and_si512(_mm512_sllv_epi16(qh, up_4_2), m30),
         );
-        s[g] = _mm512_permutexvar_epi32(idx, sc32);
+        q[2 * h + 1] = _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4),
+            _mm512_and_si512(_mm512_srlv_epi16(qh, down_0_2), m30),
+        );
     }
+    let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.scales.as_ptr().cast()));
+    let sc16 = _mm512_castsi256_si512(sc);
     Unpacked {
         q,
-        s,
-        bias: _mm256_cvtepi8_epi16(_mm_loadu_si128(b.scales.as_ptr().cast())),
-        d: load_f16((&b.d as *const f16).cast()),
-        dmin: 0.0,
+        s: [
+            _mm512_permutexvar_epi16(pair_scale_index::<4>(0), sc16),
+            _mm512_permutexvar_epi16(pair_scale_index::<4>(8), sc16),
+        ],
+        d: _mm512_set1_ps(load_f16((&b.d as *const f16).cast())),
+        min: _mm512_setzero_ps(),
+        offset: _mm512_broadcast_i64x4(_mm256_slli_epi16(sc, 5)),
     }
 }
 
-/// Adds one super-block product `w · x` to the 8-lane accumulator `acc`.
+/// Unpacks the super-block at `p` (of the kind `Q4K` names).
 ///
 /// # Safety
-/// Needs avx512f, avx512bw, avx2, fma, f16c.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-unsafe fn accumulate<const Q4K: bool>(u: &Unpacked, x: &BlockQ8K, acc: __m256) -> __m256 {
-    let zero = _mm512_setzero_si512();
-    // Two independent chains of two pairs each.
-    let mut s0 = zero;
-    let mut s1 = zero;
-    for g in 0..2 {
-        let x0 = _mm512_loadu_si512(x.qs.as_ptr().add(128 * g).cast());
-        let x1 = _mm512_loadu_si512(x.qs.as_ptr().add(128 * g + 64).cast());
-        s0 = _mm512_add_epi32(
-            s0,
-            _mm512_madd_epi16(_mm512_maddubs_epi16(u.q[2 * g], x0), u.s[2 * g]),
-        );
-        s1 = _mm512_add_epi32(
-            s1,
-            _mm512_madd_epi16(_mm512_maddubs_epi16(u.q[2 * g + 1], x1), u.s[2 * g + 1]),
-        );
-    }
-    let s = _mm512_add_epi32(s0, s1);
-    let sumi = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
-    let bs = _mm256_loadu_si256(x.bsums.as_ptr().cast());
-    let corr = _mm256_madd_epi16(bs, u.bias);
+/// Needs avx512f, avx512bw, avx512vl, avx2, fma, f16c; `p` points at an aligned block.
+#[inline(always)]
+unsafe fn unpack<const Q4K: bool>(p: *const u8) -> Unpacked {
     if Q4K {
-        let acc = _mm256_fmadd_ps(_mm256_set1_ps(x.d * u.d), _mm256_cvtepi32_ps(sumi), acc);
-        _mm256_fnmadd_ps(_mm256_set1_ps(x.d * u.dmin), _mm256_cvtepi32_ps(corr), acc)
+        unpack_q4k(&*p.cast::<BlockQ4K>())
     } else {
-        // The quants above are q + 32: remove 32 * Σ_k sc_k * bsum_k, exactly.
-        let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5));
-        _mm256_fmadd_ps(_mm256_set1_ps(x.d * u.d), _mm256_cvtepi32_ps(sumi), acc)
+        unpack_q6k(&*p.cast::<BlockQ6K>())
     }
 }
 
-/// `rows × n_tok` products for `rows ≤ ROWS` weight rows and `n_tok ≤ NT` tokens;
-/// `out[t * out_stride + r] = w_row(r) · x_row(t)`.
-///
-/// # Safety
-/// Needs avx512f, avx512bw, avx2, fma, f16c. `w + r*w_stride` (r < rows) must point at `nb`
-/// aligned weight blocks of the kind `Q4K` names, `x + t*x_stride` (t < n_tok) at `nb`
-/// aligned [`BlockQ8K`]; `out + t*out_stride + r` must be writable.
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn sweep<const Q4K: bool, const NT: usize>(
-    w: *const u8,
-    w_stride: usize,
-    rows: usize,
-    x: *const u8,
-    x_stride: usize,
-    n_tok: usize,
-    nb: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
-    debug_assert!(rows <= ROWS && n_tok <= NT);
-    let wb = if Q4K {
+/// Bytes of one weight super-block of the kind `Q4K` names.
+const fn block_bytes<const Q4K: bool>() -> usize {
+    if Q4K {
         size_of::<BlockQ4K>()
     } else {
         size_of::<BlockQ6K>()
-    };
-    let mut acc = [[_mm256_setzero_ps(); NT]; ROWS];
-    for ib in 0..nb {
-        for (r, acc_r) in acc.iter_mut().enumerate().take(rows) {
-            let p = w.add(r * w_stride + ib * wb);
-            // Few columns leave the weight stream memory-bound: fetch ahead within the row
-            // (`prefetcht0` never faults, so reading past the row's end is harmless).
-            if NT <= 8 {
-                for line in (0..wb).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(p.add(PREFETCH_BLOCKS * wb + line).cast());
-                }
-            }
-            let u = if Q4K {
-                unpack_q4k(&*p.cast::<BlockQ4K>())
-            } else {
-                unpack_q6k(&*p.cast::<BlockQ6K>())
-            };
-            for (t, a) in acc_r.iter_mut().enumerate().take(n_tok) {
-                let bx = &*x
-                    .add(t * x_stride + ib * size_of::<BlockQ8K>())
-                    .cast::<BlockQ8K>();
-                *a = accumulate::<Q4K>(&u, bx, *a);
-            }
-        }
-    }
-    for (r, acc_r) in acc.iter().enumerate().take(rows) {
-        for (t, a) in acc_r.iter().enumerate().take(n_tok) {
-            *out.add(t * out_stride + r) = hsum_ps(*a);
-        }
     }
 }
 
-/// [`sweep`] with the smallest accumulator capacity that holds `n_tok ≤ TOKENS` tokens.
+/// The integer part of one super-block product `w · x`: 16 i32 lanes whose sum is
+/// `Σ_k sc_k · Σ_{j in k} q_j · x_j` (exact). Per 64 weights one `vpdpbusd` (|lane| ≤
+/// 4·63·128 < 2^15), two of them packed to i16 with `vpackssdw`, then one `vpdpwssd` against
+/// the scales laid out by [`pair_scale_index`].
 ///
 /// # Safety
-/// As [`sweep`].
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+/// Needs avx512f, avx512bw, avx512vnni.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn isum(u: &Unpacked, x: &BlockQ8K) -> __m512i {
+    let zero = _mm512_setzero_si512();
+    let packed = |h: usize| {
+        let x0 = _mm512_loadu_si512(x.qs.as_ptr().add(128 * h).cast());
+        let x1 = _mm512_loadu_si512(x.qs.as_ptr().add(128 * h + 64).cast());
+        let d0 = _mm512_dpbusd_epi32(zero, u.q[2 * h], x0);
+        let d1 = _mm512_dpbusd_epi32(zero, u.q[2 * h + 1], x1);
+        _mm512_packs_epi32(d0, d1)
+    };
+    let mut s = _mm512_madd_epi16(packed(0), u.s[0]);
+    // `vpdpwssd` written out: LLVM otherwise splits it into `vpmaddwd` + `vpaddd` for generic
+    // x86-64 tuning, one more instruction on the busy vector ports.
+    std::arch::asm!(
+        "vpdpwssd {acc}, {a}, {b}",
+        acc = inout(zmm_reg) s,
+        a = in(zmm_reg) packed(1),
+        b = in(zmm_reg) u.s[1],
+        options(pure, nomem, nostack, preserves_flags)
+    );
+    s
+}
+
+/// Per-token activation terms of a tile, laid out so that tokens `t`, `t + 1` of one
+/// super-block are 16 consecutive floats: at `(ib · n_tok + t) · 8 + k`, `dx` holds `d_x`
+/// (eight copies) and `min` (Q4_K) `d_x · (bsum_2k + bsum_2k+1)`, the sums of the 16-weight
+/// activation sums over Q4_K's 32-weight sub-blocks.
+struct XTerms {
+    n_tok: usize,
+    dx: Vec<f32>,
+    min: Vec<f32>,
+}
+
+impl XTerms {
+    /// # Safety
+    /// `x + t*x_stride` (t < n_tok) must point at `nb` aligned [`BlockQ8K`].
+    unsafe fn new(q4k: bool, x: *const u8, x_stride: usize, n_tok: usize, nb: usize) -> XTerms {
+        let mut dx = vec![0f32; n_tok * nb * 8];
+        let mut min = vec![0f32; if q4k { n_tok * nb * 8 } else { 0 }];
+        for ib in 0..nb {
+            for t in 0..n_tok {
+                let b = x_block(x, x_stride, t, ib);
+                let at = (ib * n_tok + t) * 8;
+                dx[at..at + 8].fill(b.d);
+                if q4k {
+                    for k in 0..8 {
+                        let bs = i32::from(b.bsums[2 * k]) + i32::from(b.bsums[2 * k + 1]);
+                        min[at + k] = b.d * bs as f32;
+                    }
+                }
+            }
+        }
+        XTerms { n_tok, dx, min }
+    }
+
+    /// Offset of token `t`'s terms of super-block `ib`.
+    #[inline(always)]
+    fn at(&self, t: usize, ib: usize) -> usize {
+        (ib * self.n_tok + t) * 8
+    }
+}
+
+/// Adds one super-block product `w · x_t` to token `t`'s 8-lane accumulator: the 16 integer
+/// lanes of [`isum`] folded to 8 (`lo + hi`), Q6_K's offset removed, converted, times `d_w`,
+/// times `d_x` added, Q4_K's `dmin · m_k · d_x · bs_k` subtracted.
+///
+/// # Safety
+/// Needs avx512f, avx512bw, avx512dq, avx512vl, avx512vnni, avx2, fma, f16c; token `t` and
+/// super-block `ib` within `xt`.
+#[inline(always)]
+unsafe fn accumulate<const Q4K: bool>(u: &Unpacked, x: &BlockQ8K, xt: &XTerms, t: usize, ib: usize, acc: __m256) -> __m256 {
+    let s = isum(u, x);
+    let mut s = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s));
+    if !Q4K {
+        // The quants above are q + 32: remove 32 · Σ_j sc_j · bsum_j, exactly.
+        let bs = _mm256_loadu_si256(x.bsums.as_ptr().cast());
+        s = _mm256_sub_epi32(s, _mm256_madd_epi16(bs, _mm512_castsi512_si256(u.offset)));
+    }
+    let at = xt.at(t, ib);
+    let scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm512_castps512_ps256(u.d));
+    let acc = _mm256_fmadd_ps(scaled, _mm256_loadu_ps(xt.dx.as_ptr().add(at)), acc);
+    if Q4K {
+        _mm256_fnmadd_ps(_mm512_castps512_ps256(u.min), _mm256_loadu_ps(xt.min.as_ptr().add(at)), acc)
+    } else {
+        acc
+    }
+}
+
+/// [`accumulate`] for tokens `t` and `t + 1` at once (token `t` in the low 8 lanes of `acc`,
+/// `t + 1` in the high 8): every lane gets exactly [`accumulate`]'s operations, and the fold,
+/// conversion, scaling and min term of the two tokens share instructions.
+///
+/// # Safety
+/// As [`accumulate`], for tokens `t` and `t + 1`.
+#[inline(always)]
+unsafe fn accumulate_pair<const Q4K: bool>(
+    u: &Unpacked,
+    xa: &BlockQ8K,
+    xb: &BlockQ8K,
+    xt: &XTerms,
+    t: usize,
+    ib: usize,
+    acc: __m512,
+) -> __m512 {
+    let (sa, sb) = (isum(u, xa), isum(u, xb));
+    let lo = _mm512_shuffle_i64x2::<0b01_00_01_00>(sa, sb);
+    let hi = _mm512_shuffle_i64x2::<0b11_10_11_10>(sa, sb);
+    let mut s = _mm512_add_epi32(lo, hi);
+    if !Q4K {
+        let bs = _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_loadu_si256(xa.bsums.as_ptr().cast())),
+            _mm256_loadu_si256(xb.bsums.as_ptr().cast()),
+        );
+        s = _mm512_sub_epi32(s, _mm512_madd_epi16(bs, u.offset));
+    }
+    let at = xt.at(t, ib);
+    let scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(s), u.d);
+    let acc = _mm512_fmadd_ps(scaled, _mm512_loadu_ps(xt.dx.as_ptr().add(at)), acc);
+    if Q4K {
+        _mm512_fnmadd_ps(u.min, _mm512_loadu_ps(xt.min.as_ptr().add(at)), acc)
+    } else {
+        acc
+    }
+}
+
+/// The activation super-block `ib` of token `t`.
+///
+/// # Safety
+/// `x + t*x_stride + ib*292` must point at an aligned [`BlockQ8K`].
+#[inline(always)]
+unsafe fn x_block<'a>(x: *const u8, x_stride: usize, t: usize, ib: usize) -> &'a BlockQ8K {
+    &*x.add(t * x_stride + ib * size_of::<BlockQ8K>()).cast::<BlockQ8K>()
+}
+
+/// Few-column products (decode and verification: exactly `NT ≤ FEW` tokens) for `rows` weight
+/// rows, one row at a time: the row is streamed front to back (prefetched [`PREFETCH_BLOCKS`]
+/// super-blocks ahead), each super-block unpacked once and applied to every token (pairs
+/// through [`accumulate_pair`], an odd last one through [`accumulate`]), all accumulators in
+/// registers. `out[t * out_stride + r]`.
+///
+/// # Safety
+/// Needs avx512f, avx512bw, avx512dq, avx512vl, avx512vnni, avx2, fma, f16c. `w + r*w_stride`
+/// (r < rows) must point at `nb` aligned weight blocks of the kind `Q4K` names, `x + t*x_stride`
+/// (t < NT) at `nb` aligned [`BlockQ8K`]; `xt` holds the terms of those `NT` tokens;
+/// `out + t*out_stride + r` must be writable.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn sweep_any<const Q4K: bool>(
+unsafe fn sweep_few<const Q4K: bool, const NT: usize>(
     w: *const u8,
     w_stride: usize,
     rows: usize,
     x: *const u8,
     x_stride: usize,
+    xt: &XTerms,
+    nb: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let wb = block_bytes::<Q4K>();
+    let pairs = NT / 2;
+    for r in 0..rows {
+        let row = w.add(r * w_stride);
+        // Pair accumulators (at most FEW / 2 are used) and the odd token's.
+        let mut acc2 = [_mm512_setzero_ps(); FEW / 2];
+        let mut acc1 = _mm256_setzero_ps();
+        for ib in 0..nb {
+            let p = row.add(ib * wb);
+            // Few columns leave the weight stream memory-bound: fetch ahead (`prefetcht0`
+            // never faults, so reading past the matrix's end is harmless).
+            for line in (0..wb).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BLOCKS * wb + line).cast());
+            }
+            let u = unpack::<Q4K>(p);
+            for (i, a) in acc2.iter_mut().enumerate().take(pairs) {
+                let (xa, xb) = (x_block(x, x_stride, 2 * i, ib), x_block(x, x_stride, 2 * i + 1, ib));
+                *a = accumulate_pair::<Q4K>(&u, xa, xb, xt, 2 * i, ib, *a);
+            }
+            if NT % 2 == 1 {
+                acc1 = accumulate::<Q4K>(&u, x_block(x, x_stride, NT - 1, ib), xt, NT - 1, ib, acc1);
+            }
+        }
+        for (i, a) in acc2.iter().enumerate().take(pairs) {
+            let (lo, hi) = (_mm512_castps512_ps256(*a), _mm512_extractf32x8_ps::<1>(*a));
+            *out.add(2 * i * out_stride + r) = hsum_ps(lo);
+            *out.add((2 * i + 1) * out_stride + r) = hsum_ps(hi);
+        }
+        if NT % 2 == 1 {
+            *out.add((NT - 1) * out_stride + r) = hsum_ps(acc1);
+        }
+    }
+}
+
+/// Super-blocks per chunk of [`sweep_tile`]: the unpacked blocks of [`ROWS`] rows × this many
+/// super-blocks (≈ 9 KiB) stay in L1 while every token of the tile is applied to them.
+const CHUNK: usize = 4;
+
+/// Prefill products for `rows ≤ ROWS` weight rows and `n_tok ≤ TOKENS` tokens, as a blocked
+/// matrix product: per chunk of [`CHUNK`] super-blocks the rows' blocks are unpacked once into
+/// an L1 buffer, then [`micro_tile`] applies them to groups of 4 tokens with the accumulators
+/// in registers. Each (row, token) product gets exactly [`sweep_few`]'s operations in the
+/// same order. `out[t * out_stride + r]`.
+///
+/// # Safety
+/// As [`sweep_few`], with `rows ≤ ROWS` and `n_tok ≤ TOKENS` tokens.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn sweep_tile<const Q4K: bool>(
+    w: *const u8,
+    w_stride: usize,
+    rows: usize,
+    x: *const u8,
+    x_stride: usize,
+    xt: &XTerms,
     n_tok: usize,
     nb: usize,
     out: *mut f32,
     out_stride: usize,
 ) {
-    match n_tok {
-        1 => sweep::<Q4K, 1>(w, w_stride, rows, x, x_stride, n_tok, nb, out, out_stride),
-        2 => sweep::<Q4K, 2>(w, w_stride, rows, x, x_stride, n_tok, nb, out, out_stride),
-        3..=4 => sweep::<Q4K, 4>(w, w_stride, rows, x, x_stride, n_tok, nb, out, out_stride),
-        5..=8 => sweep::<Q4K, 8>(w, w_stride, rows, x, x_stride, n_tok, nb, out, out_stride),
-        _ => sweep::<Q4K, TOKENS>(w, w_stride, rows, x, x_stride, n_tok, nb, out, out_stride),
+    debug_assert!(rows <= ROWS && n_tok <= TOKENS);
+    let wb = block_bytes::<Q4K>();
+    // Pair accumulators (token 2i in the low half, 2i + 1 in the high half), and the last
+    // token's when `n_tok` is odd.
+    let mut acc2 = [[_mm512_setzero_ps(); TOKENS / 2]; ROWS];
+    let mut acc1 = [_mm256_setzero_ps(); ROWS];
+    // Rows past `rows` stay all-zero blocks: their products are computed and dropped.
+    let zero = Unpacked {
+        q: [_mm512_setzero_si512(); 4],
+        s: [_mm512_setzero_si512(); 2],
+        d: _mm512_setzero_ps(),
+        min: _mm512_setzero_ps(),
+        offset: _mm512_setzero_si512(),
+    };
+    let mut buf = [[zero; CHUNK]; ROWS];
+    let x = |t: usize, ib: usize| x_block(x, x_stride, t, ib);
+    for ib0 in (0..nb).step_by(CHUNK) {
+        let nc = CHUNK.min(nb - ib0);
+        for (r, buf_r) in buf.iter_mut().enumerate().take(rows) {
+            for (c, u) in buf_r.iter_mut().enumerate().take(nc) {
+                *u = unpack::<Q4K>(w.add(r * w_stride + (ib0 + c) * wb));
+            }
+        }
+        let mut t = 0;
+        while t + 4 <= n_tok {
+            micro_tile::<Q4K, 2>(&buf, nc, &x, xt, ib0, t, &mut acc2);
+            t += 4;
+        }
+        if t + 2 <= n_tok {
+            micro_tile::<Q4K, 1>(&buf, nc, &x, xt, ib0, t, &mut acc2);
+            t += 2;
+        }
+        if t < n_tok {
+            for (r, a) in acc1.iter_mut().enumerate() {
+                for c in 0..nc {
+                    *a = accumulate::<Q4K>(&buf[r][c], x(t, ib0 + c), xt, t, ib0 + c, *a);
+                }
+            }
+        }
+    }
+    for r in 0..rows {
+        for (i, a) in acc2[r].iter().enumerate().take(n_tok / 2) {
+            let (lo, hi) = (_mm512_castps512_ps256(*a), _mm512_extractf32x8_ps::<1>(*a));
+            *out.add(2 * i * out_stride + r) = hsum_ps(lo);
+            *out.add((2 * i + 1) * out_stride + r) = hsum_ps(hi);
+        }
+        if n_tok % 2 == 1 {
+            *out.add((n_tok - 1) * out_stride + r) = hsum_ps(acc1[r]);
+        }
     }
 }
 
-/// All products of a K-quant [`DotTile`] (`out[t * n_rows + r]`), in sweeps of [`ROWS`] rows ×
-/// [`TOKENS`] tokens.
+/// `ROWS × P` pair accumulators of [`sweep_tile`] (tokens `t0..t0 + 2P`) over the `nc`
+/// unpacked super-blocks `ib0..ib0 + nc` in `buf`, in registers.
 ///
 /// # Safety
-/// Needs avx512f, avx512bw, avx2, fma, f16c. The tile's weight and activation bytes must be aligned
-/// for [`BlockQ4K`]/[`BlockQ6K`] and [`BlockQ8K`] (the [`DotTile`] contract); the geometry is
-/// checked here.
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+/// As [`sweep_tile`]; `t0 + 2P ≤ n_tok`, `nc ≤ CHUNK`.
+#[inline(always)]
+unsafe fn micro_tile<'a, const Q4K: bool, const P: usize>(
+    buf: &[[Unpacked; CHUNK]; ROWS],
+    nc: usize,
+    x: &impl Fn(usize, usize) -> &'a BlockQ8K,
+    xt: &XTerms,
+    ib0: usize,
+    t0: usize,
+    acc2: &mut [[__m512; TOKENS / 2]; ROWS],
+) {
+    let mut a = [[_mm512_setzero_ps(); P]; ROWS];
+    for r in 0..ROWS {
+        a[r].copy_from_slice(&acc2[r][t0 / 2..t0 / 2 + P]);
+    }
+    for c in 0..nc {
+        let ib = ib0 + c;
+        for (r, a_r) in a.iter_mut().enumerate() {
+            let u = &buf[r][c];
+            for (i, a_ri) in a_r.iter_mut().enumerate() {
+                let t = t0 + 2 * i;
+                *a_ri = accumulate_pair::<Q4K>(u, x(t, ib), x(t + 1, ib), xt, t, ib, *a_ri);
+            }
+        }
+    }
+    for r in 0..ROWS {
+        acc2[r][t0 / 2..t0 / 2 + P].copy_from_slice(&a[r]);
+    }
+}
+
+/// [`sweep_few`] instantiated for `1 ≤ n_tok ≤ FEW` tokens.
+///
+/// # Safety
+/// As [`sweep_few`].
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn sweep_few_any<const Q4K: bool>(
+    w: *const u8,
+    w_stride: usize,
+    rows: usize,
+    x: *const u8,
+    x_stride: usize,
+    xt: &XTerms,
+    n_tok: usize,
+    nb: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let f = match n_tok {
+        1 => sweep_few::<Q4K, 1>,
+        2 => sweep_few::<Q4K, 2>,
+        3 => sweep_few::<Q4K, 3>,
+        4 => sweep_few::<Q4K, 4>,
+        5 => sweep_few::<Q4K, 5>,
+        6 => sweep_few::<Q4K, 6>,
+        7 => sweep_few::<Q4K, 7>,
+        _ => sweep_few::<Q4K, FEW>,
+    };
+    f(w, w_stride, rows, x, x_stride, xt, nb, out, out_stride)
+}
+
+/// All products of a K-quant [`DotTile`] (`out[t * n_rows + r]`): up to [`FEW`] tokens row by
+/// row ([`sweep_few`]), more in sweeps of [`ROWS`] rows × [`TOKENS`] tokens ([`sweep_tile`]).
+///
+/// # Safety
+/// Needs avx512f, avx512bw, avx512dq, avx512vl, avx512vnni, avx2, fma, f16c. The tile's weight
+/// and activation bytes must be aligned for [`BlockQ4K`]/[`BlockQ6K`] and [`BlockQ8K`] (the
+/// [`DotTile`] contract); the geometry is checked here.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn dot_tile_kquant(kind: KQuant, tile: &DotTile<'_>, out: &mut [f32]) {
     let (wb, xb) = (kind.block_bytes(), size_of::<BlockQ8K>());
     let (n_rows, n_tok) = (tile.n_rows(), tile.n_tok());
@@ -310,16 +528,30 @@ pub(super) unsafe fn dot_tile_kquant(kind: KQuant, tile: &DotTile<'_>, out: &mut
     assert!(tile.w_row_bytes == nb * wb && tile.x_row_bytes == nb * xb);
     assert!(tile.w.len() == n_rows * tile.w_row_bytes && tile.x.len() == n_tok * tile.x_row_bytes);
     assert_eq!(out.len(), n_rows * n_tok);
+    if n_tok == 0 {
+        return;
+    }
+    let q4k = matches!(kind, KQuant::Q4K);
     let (ws, xs) = (tile.w_row_bytes, tile.x_row_bytes);
     let (w, x, o) = (tile.w.as_ptr(), tile.x.as_ptr(), out.as_mut_ptr());
+    if n_tok <= FEW {
+        let xt = XTerms::new(q4k, x, xs, n_tok, nb);
+        match kind {
+            KQuant::Q4K => sweep_few_any::<true>(w, ws, n_rows, x, xs, &xt, n_tok, nb, o, n_rows),
+            KQuant::Q6K => sweep_few_any::<false>(w, ws, n_rows, x, xs, &xt, n_tok, nb, o, n_rows),
+        }
+        return;
+    }
     for t0 in (0..n_tok).step_by(TOKENS) {
         let nt = TOKENS.min(n_tok - t0);
+        let xp = x.add(t0 * xs);
+        let xt = XTerms::new(q4k, xp, xs, nt, nb);
         for r0 in (0..n_rows).step_by(ROWS) {
             let nr = ROWS.min(n_rows - r0);
-            let (wp, xp, op) = (w.add(r0 * ws), x.add(t0 * xs), o.add(t0 * n_rows + r0));
+            let (wp, op) = (w.add(r0 * ws), o.add(t0 * n_rows + r0));
             match kind {
-                KQuant::Q4K => sweep_any::<true>(wp, ws, nr, xp, xs, nt, nb, op, n_rows),
-                KQuant::Q6K => sweep_any::<false>(wp, ws, nr, xp, xs, nt, nb, op, n_rows),
+                KQuant::Q4K => sweep_tile::<true>(wp, ws, nr, xp, xs, &xt, nt, nb, op, n_rows),
+                KQuant::Q6K => sweep_tile::<false>(wp, ws, nr, xp, xs, &xt, nt, nb, op, n_rows),
             }
         }
     }
@@ -328,13 +560,15 @@ pub(super) unsafe fn dot_tile_kquant(kind: KQuant, tile: &DotTile<'_>, out: &mut
 /// One K-quant dot product through [`dot_tile_kquant`]'s arithmetic (bit-identical to tiles).
 ///
 /// # Safety
-/// Needs avx512f, avx512bw, avx2, fma, f16c; `w` and `x` point at `nb` aligned blocks each.
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+/// Needs avx512f, avx512bw, avx512dq, avx512vl, avx512vnni, avx2, fma, f16c; `w` and `x` point
+/// at `nb` aligned blocks each.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn dot_kquant(kind: KQuant, w: *const u8, x: *const u8, nb: usize) -> f32 {
     let mut out = 0f32;
+    let xt = XTerms::new(matches!(kind, KQuant::Q4K), x, 0, 1, nb);
     match kind {
-        KQuant::Q4K => sweep::<true, 1>(w, 0, 1, x, 0, 1, nb, &mut out, 0),
-        KQuant::Q6K => sweep::<false, 1>(w, 0, 1, x, 0, 1, nb, &mut out, 0),
+        KQuant::Q4K => sweep_few::<true, 1>(w, 0, 1, x, 0, &xt, nb, &mut out, 0),
+        KQuant::Q6K => sweep_few::<false, 1>(w, 0, 1, x, 0, &xt, nb, &mut out, 0),
     }
     out
 }

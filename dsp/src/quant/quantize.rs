@@ -89,6 +89,88 @@ pub fn quantize_row_q8_1(x: &[f32], y: &mut [BlockQ8_1]) -> Result<(), DspError>
 /// `NotBlockMultiple` / `LengthMismatch` on a bad `x` or `y` length.
 pub fn quantize_row_q8_k(x: &[f32], y: &mut [BlockQ8K]) -> Result<(), DspError> {
     check_blocks("quantize_row_q8_k", GgmlType::Q8_K, x.len(), y.len())?;
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        unsafe { quantize_q8_k_avx2(x, y) };
+        return Ok(());
+    }
+    quantize_q8_k_blocks(x, y);
+    Ok(())
+}
+
+/// [`quantize_q8_k_blocks`] on AVX2, bit-identical: the largest magnitude as a maximum of the
+/// `|x|` bit patterns (ordered as the values for non-NaN floats; NaN lanes masked out, as the
+/// reference's `>` skips them), the first element of that magnitude by compare + movemask,
+/// `round` to nearest-even (what the reference's magic-number rounding computes for these
+/// magnitudes), NaN products mapped to 0 (Rust's `NaN as i32`), `min(127)`.
+///
+/// # Safety
+/// Needs avx2; `x.len() == y.len() * QK_K`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_q8_k_avx2(x: &[f32], y: &mut [BlockQ8K]) {
+    use std::arch::x86_64::*;
+    debug_assert_eq!(x.len(), y.len() * QK_K);
+    let abs_mask = _mm256_set1_epi32(0x7fff_ffff);
+    let inf = _mm256_set1_epi32(0x7f80_0000);
+    let abs_bits = |p: *const f32| {
+        let b = _mm256_and_si256(_mm256_loadu_si256(p.cast()), abs_mask);
+        // NaN (|bits| > inf, compared as i32: both non-negative) counts as 0.
+        _mm256_andnot_si256(_mm256_cmpgt_epi32(b, inf), b)
+    };
+    for (xb, yb) in x.chunks_exact(QK_K).zip(y.iter_mut()) {
+        let p = xb.as_ptr();
+        let mut m = _mm256_setzero_si256();
+        for i in (0..QK_K).step_by(8) {
+            m = _mm256_max_epu32(m, abs_bits(p.add(i)));
+        }
+        let m4 = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+        let m2 = _mm_max_epu32(m4, _mm_shuffle_epi32(m4, 0b01_00_11_10));
+        let m1 = _mm_max_epu32(m2, _mm_shuffle_epi32(m2, 0b10_11_00_01));
+        let amax = _mm_cvtsi128_si32(m1) as u32;
+        if amax == 0 {
+            yb.d = 0.0;
+            yb.qs = [0; QK_K];
+            yb.bsums = [0; QK_K / 16];
+            continue;
+        }
+        let target = _mm256_set1_epi32(amax as i32);
+        let mut first = 0;
+        for i in (0..QK_K).step_by(8) {
+            let hit = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(abs_bits(p.add(i)), target)));
+            if hit != 0 {
+                first = i + hit.trailing_zeros() as usize;
+                break;
+            }
+        }
+        let iscale = -127.0 / xb[first];
+        let vs = _mm256_set1_ps(iscale);
+        let cap = _mm256_set1_epi32(127);
+        let q = yb.qs.as_mut_ptr();
+        for i in (0..QK_K).step_by(32) {
+            let mut v = [_mm256_setzero_si256(); 4];
+            for (k, vk) in v.iter_mut().enumerate() {
+                let prod = _mm256_mul_ps(_mm256_loadu_ps(p.add(i + 8 * k)), vs);
+                let r = _mm256_round_ps(prod, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                let ordered = _mm256_castps_si256(_mm256_cmp_ps(prod, prod, _CMP_ORD_Q));
+                *vk = _mm256_min_epi32(_mm256_and_si256(_mm256_cvtps_epi32(r), ordered), cap);
+            }
+            // packs work within 128-bit halves: restore element order with one permute.
+            let w = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+            let w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(q.add(i).cast(), w);
+        }
+        for (s, qs) in yb.bsums.iter_mut().zip(yb.qs.chunks_exact(16)) {
+            *s = qs.iter().map(|&q| q as i16).sum();
+        }
+        yb.d = 1.0 / iscale;
+    }
+}
+
+/// The body of [`quantize_row_q8_k`] (lengths checked by the caller): ggml's
+/// `quantize_row_q8_K_ref`.
+fn quantize_q8_k_blocks(x: &[f32], y: &mut [BlockQ8K]) {
     for (xb, yb) in x.chunks_exact(QK_K).zip(y.iter_mut()) {
         let (mut amax, mut max) = (0.0f32, 0.0f32);
         for &v in xb {
@@ -112,7 +194,6 @@ pub fn quantize_row_q8_k(x: &[f32], y: &mut [BlockQ8K]) -> Result<(), DspError> 
         }
         yb.d = 1.0 / iscale;
     }
-    Ok(())
 }
 
 /// `x` rounded to the nearest integer, ties to even, valid for `|x| < 2^22` (activation

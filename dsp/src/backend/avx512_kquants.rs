@@ -26,7 +26,7 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::avx2::{hsum_ps, load_f16};
+use super::avx2::load_f16;
 use super::avx2_kquants::KQuant;
 use super::DotTile;
 use crate::quant::blocks::{BlockQ4K, BlockQ6K, BlockQ8K};
@@ -302,6 +302,31 @@ unsafe fn accumulate_pair<const Q4K: bool>(
     }
 }
 
+/// The sums of the two 8-lane halves of a pair accumulator (token a: lanes 0..8, token b:
+/// 8..16), both reduced in the same order by shared shuffles; a single token's 8-lane
+/// accumulator goes through [`single_total`], which keeps that order.
+///
+/// # Safety
+/// Needs avx512f.
+#[inline(always)]
+unsafe fn pair_totals(acc: __m512) -> (f32, f32) {
+    // Within each 128-bit chunk: lanes i + (i ^ 2), then + (i ^ 1); then chunk 0 + 1, 2 + 3.
+    let s = _mm512_add_ps(acc, _mm512_permute_ps::<0b01_00_11_10>(acc));
+    let s = _mm512_add_ps(s, _mm512_permute_ps::<0b10_11_00_01>(s));
+    let s = _mm512_add_ps(s, _mm512_shuffle_f32x4::<0b10_11_00_01>(s, s));
+    (_mm512_cvtss_f32(s), _mm512_cvtss_f32(_mm512_shuffle_f32x4::<0b10_10_10_10>(s, s)))
+}
+
+/// [`pair_totals`] of a single token's 8-lane accumulator (bit-identical to its value in
+/// either half of a pair).
+///
+/// # Safety
+/// Needs avx512f.
+#[inline(always)]
+unsafe fn single_total(acc: __m256) -> f32 {
+    pair_totals(_mm512_zextps256_ps512(acc)).0
+}
+
 /// The activation super-block `ib` of token `t`.
 ///
 /// # Safety
@@ -359,12 +384,12 @@ unsafe fn sweep_few<const Q4K: bool, const NT: usize>(
             }
         }
         for (i, a) in acc2.iter().enumerate().take(pairs) {
-            let (lo, hi) = (_mm512_castps512_ps256(*a), _mm512_extractf32x8_ps::<1>(*a));
-            *out.add(2 * i * out_stride + r) = hsum_ps(lo);
-            *out.add((2 * i + 1) * out_stride + r) = hsum_ps(hi);
+            let (ta, tb) = pair_totals(*a);
+            *out.add(2 * i * out_stride + r) = ta;
+            *out.add((2 * i + 1) * out_stride + r) = tb;
         }
         if NT % 2 == 1 {
-            *out.add((NT - 1) * out_stride + r) = hsum_ps(acc1);
+            *out.add((NT - 1) * out_stride + r) = single_total(acc1);
         }
     }
 }
@@ -437,12 +462,12 @@ unsafe fn sweep_tile<const Q4K: bool>(
     }
     for r in 0..rows {
         for (i, a) in acc2[r].iter().enumerate().take(n_tok / 2) {
-            let (lo, hi) = (_mm512_castps512_ps256(*a), _mm512_extractf32x8_ps::<1>(*a));
-            *out.add(2 * i * out_stride + r) = hsum_ps(lo);
-            *out.add((2 * i + 1) * out_stride + r) = hsum_ps(hi);
+            let (ta, tb) = pair_totals(*a);
+            *out.add(2 * i * out_stride + r) = ta;
+            *out.add((2 * i + 1) * out_stride + r) = tb;
         }
         if n_tok % 2 == 1 {
-            *out.add((n_tok - 1) * out_stride + r) = hsum_ps(acc1[r]);
+            *out.add((n_tok - 1) * out_stride + r) = single_total(acc1[r]);
         }
     }
 }

@@ -2,16 +2,19 @@
 //!
 //! A weight super-block (256 weights) is unpacked once per row and applied to every token of
 //! the tile: up to [`FEW`] tokens (decode, verification) row by row with all accumulators in
-//! registers ([`sweep_few`]), more in sweeps of [`ROWS`] rows × [`TOKENS`] tokens
-//! ([`sweep_tile`]). Per token and super-block ([`isum`]): one `vpdpbusd` per 64 weights (exact
-//! sums of four u8 × i8 products per i32 lane), two such results packed to i16 (`vpackssdw`,
-//! no saturation at these ranges) and one `vpdpwssd` against the sub-block scales: 6
-//! multiply instructions per 256 weights where `maddubs` + `madd` take 8 (512-bit integer
-//! multiplies issue on one port on this project's Xeon, so they bound the few-column case).
-//! Then the 16 lanes are converted to f32 and scaled by `d_w · d_x` without folding;
-//! Q4_K's min term is one FMA of `dmin · m_k` with `d_x · (bsum_2k + bsum_2k+1)` (computed once
-//! per tile and token, [`min_terms`]); Q6_K's `−32` offset is removed exactly in the integer
-//! domain (`32 · Σ sc_j · bsum_j`).
+//! registers ([`sweep_few`]), more as a blocked product of [`ROWS`] rows × groups of 4 tokens
+//! over an L1 buffer of unpacked blocks ([`sweep_tile`], [`micro_tile`]). Integer part per
+//! token and super-block ([`isum`]): one `vpdpbusd` per 64 weights (exact sums of four u8 × i8
+//! products per i32 lane), two such results packed to i16 (`vpackssdw`, no saturation at these
+//! ranges) and one `vpmaddwd`/`vpdpwssd` against the sub-block scales: 6 multiply instructions
+//! per 256 weights where `maddubs` + `madd` take 8 (512-bit integer multiplies issue on one
+//! port on this project's Xeon, so they bound the few-column case). Its 16 lanes are folded
+//! to 8, converted, scaled by `d_w` and `d_x`; Q4_K's min term is one FMA of `dmin · m_k` with
+//! `d_x · (bsum_2k + bsum_2k+1)` (computed once per tile, [`XTerms`]); Q6_K's `−32` offset is
+//! removed exactly in the integer domain (`32 · Σ sc_j · bsum_j`). Tokens go in pairs that
+//! share the fold, conversion, scaling and final reduction ([`accumulate_pair`],
+//! [`pair_totals`]); a lone token gets the same operations per lane ([`accumulate`],
+//! [`single_total`]).
 //!
 //! Every (row, token) product gets the same operations in every tile shape, so a batched
 //! verification pass equals one-token decode bit for bit; results differ from the AVX2
@@ -43,7 +46,8 @@ const PREFETCH_BLOCKS: usize = 12;
 
 /// One weight super-block ready for the token loop.
 /// `q[g]`: unsigned quants of weights `64g..64g+64` (Q4_K: 0..15, Q6_K: q + 32 in 0..63);
-/// `s[h]`: i16 scales laid out for the packed pair `h` of [`isum`] ([`pair_scale_index`]);
+/// `s[h]`: i16 scales laid out for the packed register pair `h` of [`isum`]
+/// ([`pair_scale_index`]);
 /// `d`: the block scale in all lanes; `min`: Q4_K `dmin · m_k` at lanes `k` and `8 + k` (for
 /// the min term of a token pair; the low half for one token); `offset`: Q6_K `32 · sc_j` as
 /// i16 in both halves (for the −32 offset).

@@ -160,6 +160,12 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
             })
         );
     } else {
+        if let Some(wanted) = dsp::backend::unknown_requested() {
+            eprintln!(
+                "warning: TANDEM_KERNELS={wanted} names no kernel backend this CPU has (scalar, avx2, avx512-vnni, neon); using {}",
+                dsp::backend::select().name()
+            );
+        }
         println!(
             "model {}  threads {}  kernels {}",
             path.display(),

@@ -274,6 +274,13 @@ impl Engine {
             engine = inst.id,
             "model loaded"
         );
+        if let Some(wanted) = dsp::backend::unknown_requested() {
+            tracing::warn!(
+                requested = %wanted,
+                using = dsp::backend::select().name(),
+                "TANDEM_KERNELS names no kernel backend this CPU has (scalar, avx2, avx512-vnni, neon); using the best available"
+            );
+        }
         let served = {
             let mut s = ctx
                 .status

@@ -199,3 +199,15 @@ pub fn select() -> &'static dyn KernelBackend {
             .unwrap_or(scalar())
     })
 }
+
+/// The `TANDEM_KERNELS` value when it names no backend available on this CPU, so that
+/// [`select`] fell back to the best one; `None` when the variable is unset, empty or honoured.
+/// For callers to warn about (a typo otherwise silently benchmarks the default backend).
+pub fn unknown_requested() -> Option<String> {
+    let wanted = std::env::var(KERNELS_ENV).ok()?;
+    let wanted = wanted.trim();
+    let known = available()
+        .iter()
+        .any(|b| b.name().eq_ignore_ascii_case(wanted));
+    (!wanted.is_empty() && !known).then(|| wanted.to_string())
+}

@@ -18,19 +18,19 @@ pub struct BenchConfig {
     #[arg(long, env = "TANDEM_MODEL")]
     pub model: Option<PathBuf>,
     /// Compute threads.
-    #[arg(long, short = 't', default_value_t = 2)]
+    #[arg(long, short = 't', default_value_t = 2, value_parser = at_least_one)]
     pub threads: usize,
     /// Prompt tokens for the prefill test (pp).
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = at_least_one)]
     pub prompt_tokens: usize,
     /// Tokens for the decode test (tg).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = at_least_one)]
     pub gen_tokens: usize,
     /// Micro-batch size.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = at_least_one)]
     pub micro_batch: usize,
     /// Repetitions (the mean is reported).
-    #[arg(long, short = 'r', default_value_t = 3)]
+    #[arg(long, short = 'r', default_value_t = 3, value_parser = at_least_one)]
     pub repetitions: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]
@@ -57,6 +57,15 @@ pub struct BenchConfig {
     /// Drafts per verification pass in --mtp-overhead.
     #[arg(long, default_value_t = 3)]
     pub n_draft: usize,
+}
+
+/// Parses a count that must be at least 1 (threads, tokens, repetitions, micro-batch).
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Runs the benchmark and prints the result.
@@ -162,7 +171,8 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
     } else {
         if let Some(wanted) = dsp::backend::unknown_requested() {
             eprintln!(
-                "warning: TANDEM_KERNELS={wanted} names no kernel backend this CPU has (scalar, avx2, avx512-vnni, neon); using {}",
+                "warning: TANDEM_KERNELS={wanted} names no kernel backend this CPU has ({}); using {}",
+                dsp::backend::available_names(),
                 dsp::backend::select().name()
             );
         }

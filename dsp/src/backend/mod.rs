@@ -190,30 +190,34 @@ pub fn available() -> Vec<&'static dyn KernelBackend> {
 pub fn select() -> &'static dyn KernelBackend {
     static SELECTED: OnceLock<&'static dyn KernelBackend> = OnceLock::new();
     *SELECTED.get_or_init(|| {
-        let all = available();
         let wanted = std::env::var(KERNELS_ENV).unwrap_or_default();
-        all.iter()
-            .find(|b| b.name().eq_ignore_ascii_case(wanted.trim()))
-            .or(all.last())
-            .copied()
+        named(&wanted)
+            .or(available().last().copied())
             .unwrap_or(scalar())
     })
 }
 
-/// The `TANDEM_KERNELS` value when it names no backend available on this CPU, so that
-/// [`select`] fell back to the best one; `None` when the variable is unset, empty or honoured.
-/// For callers to warn about (a typo otherwise silently benchmarks the default backend).
-pub fn unknown_requested() -> Option<String> {
-    let wanted = std::env::var(KERNELS_ENV).ok()?;
-    let wanted = wanted.trim();
-    let known = available()
-        .iter()
-        .any(|b| b.name().eq_ignore_ascii_case(wanted));
-    (!wanted.is_empty() && !known).then(|| wanted.to_string())
+/// The available backend called `name` (case and surrounding spaces ignored).
+fn named(name: &str) -> Option<&'static dyn KernelBackend> {
+    available()
+        .into_iter()
+        .find(|b| b.name().eq_ignore_ascii_case(name.trim()))
 }
 
-/// The names of the backends this CPU can run, comma-separated (`"scalar, avx2, avx512-vnni"`),
-/// for messages.
-pub fn available_names() -> String {
-    available().iter().map(|b| b.name()).collect::<Vec<_>>().join(", ")
+/// A warning for when `TANDEM_KERNELS` names no backend available on this CPU, so that
+/// [`select`] fell back to the best one (naming the backends it has and the one in use);
+/// `None` when the variable is unset, empty or honoured. For callers to print or log (a typo
+/// otherwise silently benchmarks the default backend).
+pub fn kernels_env_warning() -> Option<String> {
+    let wanted = std::env::var(KERNELS_ENV).ok()?;
+    let wanted = wanted.trim();
+    if wanted.is_empty() || named(wanted).is_some() {
+        return None;
+    }
+    let names: Vec<_> = available().iter().map(|b| b.name()).collect();
+    Some(format!(
+        "{KERNELS_ENV}={wanted} names no kernel backend this CPU has ({}); using {}",
+        names.join(", "),
+        select().name()
+    ))
 }

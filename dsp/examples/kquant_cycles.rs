@@ -1,6 +1,8 @@
 //! Fixed-work K-quant matrix products for cycle counting on a busy machine, where wall-clock
 //! benchmarks are unreliable: `perf stat -e cycles:u,instructions:u target/release/examples/kquant_cycles q4_K 64 200`
-//! (type, columns, repetitions, optional weight rows (default 3584; 1024 columns); one thread).
+//! (type, columns, repetitions, optional weight rows (default 3584; 1024 columns), optional
+//! threads (default 1): with ~250000 rows the weights stream from memory, as in a decode or
+//! verification pass).
 //! Prints multiply-accumulates performed, so
 //! MAC/cycle = printed / perf's cycles.
 
@@ -16,6 +18,7 @@ fn main() {
     let n: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(64);
     let reps: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(100);
     let rows: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(3584);
+    let threads: usize = args.get(5).and_then(|s| s.parse().ok()).unwrap_or(1);
     let cols = 1024;
     let mut seed = 7u32;
     let mut rnd = |k: usize| -> Vec<f32> {
@@ -41,7 +44,7 @@ fn main() {
     let w = QMatRef::new(gty, rows, cols, &data).expect("weights");
     let x = rnd(n * cols);
     let mut y = vec![0f32; n * rows];
-    let pool = ThreadPool::new(1).expect("pool");
+    let pool = ThreadPool::new(threads).expect("pool");
     let be = backend::select();
     for _ in 0..reps {
         matmul_with(be, &pool, &w, &x, n, &mut y).expect("matmul");

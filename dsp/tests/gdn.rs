@@ -7,7 +7,7 @@ mod common;
 
 use common::Rng;
 use dsp::gdn::{
-    conv1d_silu, conv1d_silu_step, gdn_chunked, gdn_chunked_pooled, gdn_recurrent,
+    conv1d_silu, conv1d_silu_pooled, conv1d_silu_step, gdn_chunked, gdn_chunked_pooled, gdn_recurrent,
     gdn_recurrent_pooled, GdnShape, DEFAULT_CHUNK,
 };
 use dsp::{DspError, ThreadPool};
@@ -562,6 +562,26 @@ fn conv_two_batches_equal_one() {
         conv1d_silu(&x[split * ch..], n - split, ch, &w, &mut st, ob).expect("conv b");
         assert_eq!(o, out, "split {split}");
         assert_eq!(st, state, "split {split}");
+    }
+}
+
+#[test]
+fn conv_pooled_is_bit_identical_to_serial() {
+    let ch = 24;
+    let mut rng = Rng(67);
+    for threads in [2, 3] {
+        let pool = ThreadPool::new(threads).expect("pool");
+        // Fewer tokens than threads, uneven splits, one token.
+        for n in [1, 2, 5, 9, 64] {
+            let (w, x, state0) = (rng.vec(ch * 4), rng.vec(n * ch), rng.vec(3 * ch));
+            let (mut st_a, mut out_a) = (state0.clone(), vec![0f32; n * ch]);
+            conv1d_silu(&x, n, ch, &w, &mut st_a, &mut out_a).expect("serial");
+            let (mut st_b, mut out_b) = (state0.clone(), vec![f32::NAN; n * ch]);
+            conv1d_silu_pooled(Some(&pool), &x, n, ch, &w, &mut st_b, &mut out_b).expect("pooled");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&out_b), bits(&out_a), "threads {threads} n {n}");
+            assert_eq!(bits(&st_b), bits(&st_a), "threads {threads} n {n}");
+        }
     }
 }
 

@@ -36,3 +36,12 @@ impl<'a, T> DisjointMut<'a, T> {
         std::slice::from_raw_parts_mut(self.ptr.add(start), len)
     }
 }
+
+/// Runs `f` on contiguous token ranges covering `0..n`, one per thread of `pool` (the calling
+/// thread alone for a single token or a one-thread pool). For per-token work whose outputs are
+/// rows of the token: each task writes only its range's rows (through [`DisjointMut`]).
+pub fn for_token_ranges(pool: &dsp::ThreadPool, n: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
+    let tasks = pool.n_threads().min(n).max(1);
+    let per = n.div_ceil(tasks).max(1);
+    pool.run(n.div_ceil(per), &|i| f(i * per..((i + 1) * per).min(n)));
+}

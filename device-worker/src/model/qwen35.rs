@@ -27,6 +27,8 @@ use dsp::gdn::{self, GdnShape};
 use dsp::ops;
 use dsp::pool::ThreadPool;
 
+use crate::model::parallel::{for_token_ranges, DisjointMut};
+
 use crate::error::ModelError;
 use crate::model::gguf::{GgufFile, MetaValue};
 use crate::model::op_profile::{Laps, OpProfile};
@@ -778,7 +780,8 @@ impl Qwen35Model {
             );
         }
         let mut rb_ms = ms_since(t_rb);
-        gdn::conv1d_silu(
+        gdn::conv1d_silu_pooled(
+            Some(pool),
             &s.qkv[..n * ch],
             n,
             ch,
@@ -788,18 +791,29 @@ impl Qwen35Model {
         )
         .map_err(kernel("ssm_conv1d"))?;
         laps.lap("gdn conv1d + silu");
-        for t in 0..n {
-            let row = &s.conv_out[t * ch..(t + 1) * ch];
-            let (q, rest) = row.split_at(kd);
-            let (k, v) = rest.split_at(kd);
-            l2_normalize_heads(q, g.d_k, &mut s.gq[t * kd..(t + 1) * kd]);
-            l2_normalize_heads(k, g.d_k, &mut s.gk[t * kd..(t + 1) * kd]);
-            s.gv[t * vd..(t + 1) * vd].copy_from_slice(v);
-            for h in 0..hv {
-                let i = t * hv + h;
-                s.alpha[i] = w.a[h] * softplus(s.alpha[i] + w.dt_bias[h]);
-                s.beta[i] = sigmoid(s.beta[i]);
-            }
+        {
+            let (gq, gk) = (DisjointMut::new(&mut s.gq[..n * kd]), DisjointMut::new(&mut s.gk[..n * kd]));
+            let gv = DisjointMut::new(&mut s.gv[..n * vd]);
+            let (alpha, beta) = (DisjointMut::new(&mut s.alpha[..n * hv]), DisjointMut::new(&mut s.beta[..n * hv]));
+            let conv_out = &s.conv_out[..n * ch];
+            for_token_ranges(pool, n, &|r| {
+                for t in r {
+                    let row = &conv_out[t * ch..(t + 1) * ch];
+                    let (q, rest) = row.split_at(kd);
+                    let (k, v) = rest.split_at(kd);
+                    // SAFETY: token t's rows; the ranges of the tasks are disjoint.
+                    let (gq, gk, gv, alpha, beta) = unsafe {
+                        (gq.chunk(t * kd, kd), gk.chunk(t * kd, kd), gv.chunk(t * vd, vd), alpha.chunk(t * hv, hv), beta.chunk(t * hv, hv))
+                    };
+                    l2_normalize_heads(q, g.d_k, gq);
+                    l2_normalize_heads(k, g.d_k, gk);
+                    gv.copy_from_slice(v);
+                    for h in 0..hv {
+                        alpha[h] = w.a[h] * softplus(alpha[h] + w.dt_bias[h]);
+                        beta[h] = sigmoid(beta[h]);
+                    }
+                }
+            });
         }
         laps.lap("gdn l2norm + gates");
         let (q, k, v) = (&s.gq[..n * kd], &s.gk[..n * kd], &s.gv[..n * vd]);
@@ -849,11 +863,26 @@ impl Qwen35Model {
         s.rollback_ms += rb_ms;
         laps.lap("gdn delta rule (chunked / recurrent)");
         // Gated RMSNorm per value head (weights shared by all heads), into `gv` (free now).
-        ops::rms_norm(&s.gout[..n * vd], &w.norm, c.rms_eps, &mut s.gv[..n * vd])
-            .map_err(kernel("ssm_norm"))?;
-        ops::silu_inplace(&mut s.z[..n * vd]);
-        for (o, &zi) in s.gv[..n * vd].iter_mut().zip(&s.z[..n * vd]) {
-            *o *= zi;
+        {
+            let (gout, norm) = (&s.gout[..n * vd], &w.norm[..]);
+            let (gv, z) = (DisjointMut::new(&mut s.gv[..n * vd]), DisjointMut::new(&mut s.z[..n * vd]));
+            let failed = std::sync::Mutex::new(None);
+            for_token_ranges(pool, n, &|r| {
+                let (a, len) = (r.start * vd, r.len() * vd);
+                // SAFETY: the rows of this task's tokens; the ranges are disjoint.
+                let (gv, z) = unsafe { (gv.chunk(a, len), z.chunk(a, len)) };
+                if let Err(e) = ops::rms_norm(&gout[a..a + len], norm, c.rms_eps, gv) {
+                    *failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e);
+                    return;
+                }
+                ops::silu_inplace(z);
+                for (o, &zi) in gv.iter_mut().zip(z.iter()) {
+                    *o *= zi;
+                }
+            });
+            if let Some(e) = failed.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner) {
+                return Err(kernel("ssm_norm")(e));
+            }
         }
         laps.lap("gdn gated norm");
         let r = mm(pool, &w.wout, bytes, &s.gv[..n * vd], n, &mut s.o[..n * e]);

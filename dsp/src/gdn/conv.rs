@@ -21,8 +21,11 @@
 //!   latest input). Zeros at the start of a sequence.
 //! - `x`, `out`: `[n, ch]`.
 
+use std::sync::{Mutex, PoisonError};
+
 use crate::error::DspError;
 use crate::ops::silu_inplace;
+use crate::ThreadPool;
 
 /// Kernel length from `weight [ch, K]`, and the conv-state length check.
 fn kernel_len(
@@ -69,19 +72,30 @@ pub fn conv1d_silu(
     conv_state: &mut [f32],
     out: &mut [f32],
 ) -> Result<(), DspError> {
+    conv1d_silu_pooled(None, x, n, ch, weight, conv_state, out)
+}
+
+/// [`conv1d_silu`] with the tokens spread over `pool` (contiguous ranges of output rows, one
+/// per thread); `None` runs on the calling thread. Bit-identical to the serial call: every
+/// row is computed by the same loop. The convolution was single-threaded and ~6 % of a
+/// Qwen3.5 prefill's wall time on 2 threads.
+///
+/// # Errors
+/// As [`conv1d_silu`].
+pub fn conv1d_silu_pooled(
+    pool: Option<&ThreadPool>,
+    x: &[f32],
+    n: usize,
+    ch: usize,
+    weight: &[f32],
+    conv_state: &mut [f32],
+    out: &mut [f32],
+) -> Result<(), DspError> {
     const OP: &str = "conv1d_silu";
     let kernel = kernel_len(OP, ch, weight, conv_state)?;
     DspError::check_len(OP, "x [n, ch]", n * ch, x.len())?;
     DspError::check_len(OP, "out [n, ch]", n * ch, out.len())?;
     let hist = kernel - 1;
-    // Row r of x_ext = conv_state ++ x.
-    let ext = |r: usize| -> &[f32] {
-        if r < hist {
-            &conv_state[r * ch..][..ch]
-        } else {
-            &x[(r - hist) * ch..][..ch]
-        }
-    };
     // Taps as rows, `[K, ch]`, so the channel loop below reads both operands contiguously.
     let mut taps = vec![0f32; kernel * ch];
     for (c, wc) in weight.chunks_exact(kernel).enumerate() {
@@ -89,14 +103,40 @@ pub fn conv1d_silu(
             taps[j * ch + c] = wj;
         }
     }
-    for (t, o) in out.chunks_exact_mut(ch).enumerate() {
-        o.fill(0.0);
-        for (j, tap) in taps.chunks_exact(ch).enumerate() {
-            for ((oc, &xc), &wc) in o.iter_mut().zip(ext(t + j)).zip(tap) {
-                *oc += wc * xc;
+    {
+        let state: &[f32] = conv_state;
+        // Row r of x_ext = conv_state ++ x.
+        let ext = |r: usize| -> &[f32] {
+            if r < hist {
+                &state[r * ch..][..ch]
+            } else {
+                &x[(r - hist) * ch..][..ch]
             }
+        };
+        // Output rows `t0..`, one token at a time.
+        let rows = |t0: usize, o_rows: &mut [f32]| {
+            for (i, o) in o_rows.chunks_exact_mut(ch).enumerate() {
+                o.fill(0.0);
+                for (j, tap) in taps.chunks_exact(ch).enumerate() {
+                    for ((oc, &xc), &wc) in o.iter_mut().zip(ext(t0 + i + j)).zip(tap) {
+                        *oc += wc * xc;
+                    }
+                }
+                silu_inplace(o);
+            }
+        };
+        let tasks = pool.map_or(1, |p| p.n_threads()).min(n).max(1);
+        match pool.filter(|_| tasks > 1) {
+            Some(pool) => {
+                let per = n.div_ceil(tasks);
+                let cells: Vec<Mutex<&mut [f32]>> = out.chunks_mut(per * ch).map(Mutex::new).collect();
+                pool.run(cells.len(), &|i| {
+                    let mut o = cells[i].lock().unwrap_or_else(PoisonError::into_inner);
+                    rows(i * per, &mut o);
+                });
+            }
+            None => rows(0, out),
         }
-        silu_inplace(o);
     }
     // New state: the last `hist` rows of x_ext.
     if n >= hist {

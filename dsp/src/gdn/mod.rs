@@ -30,6 +30,6 @@ pub mod shape;
 mod tile;
 
 pub use chunked::{gdn_chunked, gdn_chunked_pooled, DEFAULT_CHUNK};
-pub use conv::{conv1d_silu, conv1d_silu_step};
+pub use conv::{conv1d_silu, conv1d_silu_pooled, conv1d_silu_step};
 pub use recurrent::{gdn_recurrent, gdn_recurrent_pooled};
 pub use shape::GdnShape;

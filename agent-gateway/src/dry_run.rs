@@ -57,6 +57,9 @@ pub struct DryRunArgs {
     /// Checkpoints per slot.
     #[arg(long, default_value_t = 8)]
     pub checkpoints: usize,
+    /// Divergence policy's minimum L − R for a save (the worker's --checkpoint-min-gap).
+    #[arg(long, default_value_t = 32)]
+    pub checkpoint_min_gap: usize,
     /// Also print a line per step.
     #[arg(long)]
     pub per_step: bool,
@@ -69,6 +72,7 @@ impl Default for DryRunArgs {
             format: PromptFormat::Both,
             micro_batch: 512,
             checkpoints: 8,
+            checkpoint_min_gap: 32,
             per_step: false,
         }
     }
@@ -133,11 +137,13 @@ pub fn run(
     };
     println!(
         "dry run: {} episodes, tokenizer and template of {}, planned as a hybrid model \
-         (micro-batch {}, {} checkpoints per slot, one slot, 512 MiB prompt cache)",
+         (micro-batch {}, {} checkpoints per slot, divergence min gap {}, one slot, 512 MiB \
+         prompt cache)",
         episodes.len(),
         path.display(),
         args.micro_batch,
-        args.checkpoints
+        args.checkpoints,
+        args.checkpoint_min_gap
     );
     let mut out = Vec::new();
     for &format in formats {
@@ -164,6 +170,7 @@ fn plan_format(
             consolidate,
             n_batch: args.micro_batch.max(1),
             n_checkpoints: args.checkpoints.max(1),
+            min_gap: args.checkpoint_min_gap,
             // Qwen3.5-0.8B shapes (../shared/PEER.md: 19.3 MiB per checkpoint) and its KV
             // cache (6 attention layers × 2 × 512 × f16) per token, for the prompt cache.
             checkpoint_bytes: 20_201_472,

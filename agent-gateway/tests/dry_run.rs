@@ -14,6 +14,7 @@ fn divergence_with_consolidation_stays_within_5_percent_of_the_kv_bound() {
         format: PromptFormat::Both,
         micro_batch: 512,
         checkpoints: 8,
+        checkpoint_min_gap: 32,
         per_step: std::env::var_os("DRY_RUN_PER_STEP").is_some(),
     };
     let summaries = run(&corpus, &[], &args).expect("dry run");

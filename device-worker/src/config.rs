@@ -79,6 +79,12 @@ pub struct EngineConfig {
     /// Recurrent-state checkpoints kept per slot.
     #[arg(long, default_value_t = 8, value_parser = at_least_one)]
     pub checkpoints: usize,
+    /// Divergence policy: save at the divergence point L only when L − R ≥ this many tokens
+    /// (R: where the request resumed). 32 is Tandem §4.2's value, calibrated to a phone NPU's
+    /// prefill and checkpoint costs; a smaller gap saves more often (see `agent-gateway replay
+    /// --dry-run --checkpoint-min-gap`).
+    #[arg(long, default_value_t = 32)]
+    pub checkpoint_min_gap: usize,
     /// Host prompt cache for earlier slot contents, in MiB (0 disables it).
     #[arg(long, default_value_t = 512)]
     pub prompt_cache_mib: usize,
@@ -227,6 +233,7 @@ impl Default for EngineConfig {
             cache_policy: crate::cache::Policy::Divergence,
             consolidate: true,
             checkpoints: 8,
+            checkpoint_min_gap: 32,
             prompt_cache_mib: 512,
             max_queue: 32,
             default_max_tokens: 256,

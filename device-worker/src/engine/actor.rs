@@ -168,6 +168,7 @@ impl Compute {
             consolidate: cfg.consolidate,
             n_batch,
             n_checkpoints: cfg.checkpoints.max(1),
+            min_gap: cfg.checkpoint_min_gap,
             hybrid: seq.recurrent.is_some(),
             checkpoint_bytes: seq.recurrent.as_ref().map_or(0, |r| r.bytes()),
             kv_bytes_per_token: seq.kv.bytes_allocated() / seq.n_ctx().max(1),

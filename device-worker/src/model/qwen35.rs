@@ -27,11 +27,10 @@ use dsp::gdn::{self, GdnShape};
 use dsp::ops;
 use dsp::pool::ThreadPool;
 
-use crate::model::parallel::{for_token_ranges, DisjointMut};
-
 use crate::error::ModelError;
 use crate::model::gguf::{GgufFile, MetaValue};
 use crate::model::op_profile::{Laps, OpProfile};
+use crate::model::parallel::{for_token_ranges, DisjointMut};
 use crate::model::project::{
     causal_attention, kernel, mm, mm_shared, output_head, AttnShape, Mlp, MlpBuffers, Outputs,
 };

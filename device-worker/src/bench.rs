@@ -84,7 +84,9 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
     let n_ctx = cfg.prompt_tokens + 2 * cfg.gen_tokens + cfg.n_draft + 8;
     let mut seq = model.new_sequence_state(n_ctx);
     let n_batch = cfg.micro_batch.clamp(1, cfg.prompt_tokens.max(1));
-    let mut scratch = model.new_scratch(n_batch);
+    // Buffers for a prefill micro-batch, the warm-up below and a verification pass of
+    // 1 + n_draft tokens (--mtp-overhead), whichever is largest.
+    let mut scratch = model.new_scratch(n_batch.max(8).max(cfg.n_draft + 1));
     // Deterministic pseudo-random token ids, as llama-bench uses random tokens.
     let n_vocab = model.n_vocab() as u64;
     let mut x = 0x2545_F491_4F6C_DD1Du64;

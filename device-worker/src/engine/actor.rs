@@ -156,7 +156,10 @@ impl Compute {
             })
             .collect();
         let n_batch = cfg.micro_batch.clamp(1, n_ctx);
-        let mut scratch = model.new_scratch(n_batch);
+        // A verification pass (1 + n_draft tokens) is one pass whatever the prefill
+        // micro-batch: the buffers hold at least that many rows.
+        let rows = if cfg.drafters.0.is_empty() { n_batch } else { n_batch.max(cfg.n_draft as usize + 1) };
+        let mut scratch = model.new_scratch(rows);
         if !cfg.drafters.0.is_empty() {
             // Every pass keeps what a rollback of its last n_draft tokens needs.
             model.set_rollback(&mut scratch, cfg.n_draft as usize + 1, cfg.rollback_prefill);

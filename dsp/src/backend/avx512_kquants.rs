@@ -7,11 +7,12 @@
 //! token and super-block ([`isum`]): one `vpdpbusd` per 64 weights (exact sums of four u8 × i8
 //! products per i32 lane), two such results packed to i16 (`vpackssdw`, no saturation at these
 //! ranges) and one `vpmaddwd`/`vpdpwssd` against the sub-block scales: 6 multiply instructions
-//! per 256 weights where `maddubs` + `madd` take 8 (512-bit integer multiplies issue on one
-//! port on this project's Xeon, so they bound the few-column case). Its 16 lanes are folded
+//! per 256 weights where `maddubs` + `madd` take 8 (measured on this project's Xeon with
+//! independent 512-bit instructions: `vpmaddwd` ~2 per cycle, `vpackssdw` and `vpermw` 1, so
+//! the multiplies and the packs share the two 512-bit ports that bound the few-column case). Its 16 lanes are folded
 //! to 8, converted, scaled by `d_w` and `d_x`; Q4_K's min term is one FMA of `dmin · m_k` with
 //! `d_x · (bsum_2k + bsum_2k+1)` (computed once per tile, [`XTerms`]); Q6_K's `−32` offset is
-//! removed exactly in the integer domain (`32 · Σ sc_j · bsum_j`). Tokens go in pairs that
+//! removed exactly in the integer domain (one more `vpdpwssd` of `−32 · sc_j` with `bsum_j`). Tokens go in pairs that
 //! share the fold, conversion, scaling and final reduction ([`accumulate_pair`],
 //! [`pair_totals`]); a lone token gets the same operations per lane ([`accumulate`],
 //! [`single_total`]).
@@ -50,8 +51,8 @@ const PREFETCH_BLOCKS: usize = 12;
 /// `s[h]`: i16 scales laid out for the packed register pair `h` of [`isum`]
 /// ([`pair_scale_index`]);
 /// `d`: the block scale in all lanes; `min`: Q4_K `dmin · m_k` at lanes `k` and `8 + k` (for
-/// the min term of a token pair; the low half for one token); `offset`: Q6_K `32 · sc_j` as
-/// i16 in both halves (for the −32 offset).
+/// the min term of a token pair; the low half for one token); `offset`: Q6_K `−32 · sc_j` as
+/// i16 (words 0..16; for the −32 offset, applied in [`isum`]).
 #[derive(Clone, Copy)]
 struct Unpacked {
     q: [__m512i; 4],
@@ -175,7 +176,7 @@ unsafe fn unpack_q6k(b: &BlockQ6K) -> Unpacked {
         ],
         d: _mm512_set1_ps(load_f16((&b.d as *const f16).cast())),
         min: _mm512_setzero_ps(),
-        offset: _mm512_broadcast_i64x4(_mm256_slli_epi16(sc, 5)),
+        offset: _mm512_zextsi256_si512(_mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc, 5))),
     }
 }
 
@@ -204,13 +205,14 @@ const fn block_bytes<const Q4K: bool>() -> usize {
 /// The integer part of one super-block product `w · x`: 16 i32 lanes whose sum is
 /// `Σ_k sc_k · Σ_{j in k} q_j · x_j` (exact). Per 64 weights one `vpdpbusd` (|lane| ≤
 /// 4·63·128 < 2^15), two of them packed to i16 with `vpackssdw`, then one `vpdpwssd` against
-/// the scales laid out by [`pair_scale_index`].
+/// the scales laid out by [`pair_scale_index`]. Q6_K's quants are stored `+ 32`: one more
+/// `vpdpwssd` adds `−32 · Σ_j sc_j · bsum_j` (lanes 0..8: sub-blocks `2i, 2i + 1`; exact).
 ///
 /// # Safety
 /// Needs avx512f, avx512bw, avx512vnni.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn isum(u: &Unpacked, x: &BlockQ8K) -> __m512i {
+unsafe fn isum<const Q4K: bool>(u: &Unpacked, x: &BlockQ8K) -> __m512i {
     let zero = _mm512_setzero_si512();
     let packed = |h: usize| {
         let x0 = _mm512_loadu_si512(x.qs.as_ptr().add(128 * h).cast());
@@ -229,6 +231,17 @@ unsafe fn isum(u: &Unpacked, x: &BlockQ8K) -> __m512i {
         b = in(zmm_reg) u.s[1],
         options(pure, nomem, nostack, preserves_flags)
     );
+    if !Q4K {
+        // A 256-bit load leaves words 16..32 zero.
+        let bs = _mm512_zextsi256_si512(_mm256_loadu_si256(x.bsums.as_ptr().cast()));
+        std::arch::asm!(
+            "vpdpwssd {acc}, {a}, {b}",
+            acc = inout(zmm_reg) s,
+            a = in(zmm_reg) bs,
+            b = in(zmm_reg) u.offset,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
     s
 }
 
@@ -272,7 +285,7 @@ impl XTerms {
 }
 
 /// Adds one super-block product `w · x_t` to token `t`'s 8-lane accumulator: the 16 integer
-/// lanes of [`isum`] folded to 8 (`lo + hi`), Q6_K's offset removed, converted, times `d_w`,
+/// lanes of [`isum`] folded to 8 (`lo + hi`), converted, times `d_w`,
 /// times `d_x` added, Q4_K's `dmin · m_k · d_x · bs_k` subtracted.
 ///
 /// # Safety
@@ -280,13 +293,8 @@ impl XTerms {
 /// super-block `ib` within `xt`.
 #[inline(always)]
 unsafe fn accumulate<const Q4K: bool>(u: &Unpacked, x: &BlockQ8K, xt: &XTerms, t: usize, ib: usize, acc: __m256) -> __m256 {
-    let s = isum(u, x);
-    let mut s = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s));
-    if !Q4K {
-        // The quants above are q + 32: remove 32 · Σ_j sc_j · bsum_j, exactly.
-        let bs = _mm256_loadu_si256(x.bsums.as_ptr().cast());
-        s = _mm256_sub_epi32(s, _mm256_madd_epi16(bs, _mm512_castsi512_si256(u.offset)));
-    }
+    let s = isum::<Q4K>(u, x);
+    let s = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s));
     let at = xt.at(t, ib);
     let scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm512_castps512_ps256(u.d));
     let acc = _mm256_fmadd_ps(scaled, _mm256_loadu_ps(xt.dx.as_ptr().add(at)), acc);
@@ -313,17 +321,10 @@ unsafe fn accumulate_pair<const Q4K: bool>(
     ib: usize,
     acc: __m512,
 ) -> __m512 {
-    let (sa, sb) = (isum(u, xa), isum(u, xb));
+    let (sa, sb) = (isum::<Q4K>(u, xa), isum::<Q4K>(u, xb));
     let lo = _mm512_shuffle_i64x2::<0b01_00_01_00>(sa, sb);
     let hi = _mm512_shuffle_i64x2::<0b11_10_11_10>(sa, sb);
-    let mut s = _mm512_add_epi32(lo, hi);
-    if !Q4K {
-        let bs = _mm512_inserti64x4::<1>(
-            _mm512_castsi256_si512(_mm256_loadu_si256(xa.bsums.as_ptr().cast())),
-            _mm256_loadu_si256(xb.bsums.as_ptr().cast()),
-        );
-        s = _mm512_sub_epi32(s, _mm512_madd_epi16(bs, u.offset));
-    }
+    let s = _mm512_add_epi32(lo, hi);
     let at = xt.at(t, ib);
     let scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(s), u.d);
     let acc = _mm512_fmadd_ps(scaled, _mm512_loadu_ps(xt.dx.as_ptr().add(at)), acc);

@@ -176,7 +176,6 @@ impl Compute {
             checkpoint_bytes: seq.recurrent.as_ref().map_or(0, |r| r.bytes()),
             kv_bytes_per_token: seq.kv.bytes_allocated() / seq.n_ctx().max(1),
             prompt_cache_bytes: cfg.prompt_cache_mib << 20,
-            ..PlanConfig::default()
         };
         Ok(Self {
             model,

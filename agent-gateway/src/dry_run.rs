@@ -52,10 +52,10 @@ pub struct DryRunArgs {
     #[arg(long, value_enum, default_value = "both")]
     pub format: PromptFormat,
     /// Micro-batch limit of the planned worker.
-    #[arg(long, default_value_t = 512, value_parser = at_least_one)]
+    #[arg(long, default_value_t = 512, value_parser = device_worker::config::at_least_one)]
     pub micro_batch: usize,
     /// Checkpoints per slot.
-    #[arg(long, default_value_t = 8, value_parser = at_least_one)]
+    #[arg(long, default_value_t = 8, value_parser = device_worker::config::at_least_one)]
     pub checkpoints: usize,
     /// Divergence policy's minimum L − R for a save (the worker's --checkpoint-min-gap).
     #[arg(long, default_value_t = 32)]
@@ -154,16 +154,6 @@ pub fn run(
     }
     println!("dry run took {:.0} ms", t0.elapsed().as_secs_f64() * 1e3);
     Ok(out)
-}
-
-/// Clap parser for counts the worker also requires to be positive (`--micro-batch`,
-/// `--checkpoints`), with the worker's wording.
-fn at_least_one(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
-    }
 }
 
 fn plan_format(

@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::Context;
 use dsp::pool::ThreadPool;
 
+use crate::config::at_least_one;
 use crate::model::gguf::GgufFile;
 use crate::model::Model;
 
@@ -57,15 +58,6 @@ pub struct BenchConfig {
     /// Drafts per verification pass in --mtp-overhead.
     #[arg(long, default_value_t = 3)]
     pub n_draft: usize,
-}
-
-/// Parses a count that must be at least 1 (threads, tokens, repetitions, micro-batch).
-fn at_least_one(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
-    }
 }
 
 /// Runs the benchmark and prints the result.

@@ -12,8 +12,9 @@ pub fn default_model_path() -> PathBuf {
     cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 
-/// Parses a count that must be at least 1.
-fn at_least_one(s: &str) -> Result<usize, String> {
+/// Clap value parser for counts that must be at least 1 (`must be at least 1` for 0); also
+/// used by the gateway's `replay --dry-run`.
+pub fn at_least_one(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(0) => Err("must be at least 1".into()),
         Ok(n) => Ok(n),

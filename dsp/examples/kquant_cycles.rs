@@ -3,8 +3,8 @@
 //! (type, columns, repetitions, optional weight rows (default 3584; 1024 columns), optional
 //! threads (default 1): with ~250000 rows the weights stream from memory, as in a decode or
 //! verification pass).
-//! Prints multiply-accumulates performed, so
-//! MAC/cycle = printed / perf's cycles.
+//! Prints multiply-accumulates performed (MAC/cycle = printed / perf's cycles) and the
+//! minimum and median wall time of one product.
 
 use dsp::matmul::{matmul_with, QMatRef};
 use dsp::quant::blocks::{blocks_as_bytes, BlockQ4K, BlockQ6K};
@@ -46,8 +46,18 @@ fn main() {
     let mut y = vec![0f32; n * rows];
     let pool = ThreadPool::new(threads).expect("pool");
     let be = backend::select();
+    let mut ms = Vec::with_capacity(reps);
     for _ in 0..reps {
+        let t = std::time::Instant::now();
         matmul_with(be, &pool, &w, &x, n, &mut y).expect("matmul");
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
-    println!("{} MAC ({} {ty} n={n} x{reps}), checksum {}", rows * cols * n * reps, be.name(), y.iter().sum::<f32>());
+    ms.sort_by(f64::total_cmp);
+    let (min, median) = (ms.first().copied().unwrap_or(0.0), ms.get(reps / 2).copied().unwrap_or(0.0));
+    println!(
+        "{} MAC ({} {ty} n={n} x{reps}), per product: min {min:.3} ms, median {median:.3} ms, checksum {}",
+        rows * cols * n * reps,
+        be.name(),
+        y.iter().sum::<f32>()
+    );
 }

@@ -18,7 +18,7 @@ pub struct ServeConfig {
     pub http_listen: HttpListen,
     /// OTLP span export (`--otlp-endpoint`, env `OTEL_EXPORTER_OTLP_ENDPOINT`).
     #[command(flatten)]
-    pub otel: device_worker::telemetry::otel::OtelArgs,
+    pub otel: tandem_telemetry::otel::OtelArgs,
 }
 
 /// `--http-listen`: an address, or `off` (no HTTP endpoint).

@@ -10,8 +10,6 @@
 pub mod action;
 pub mod config;
 pub mod corpus;
-pub mod draft_vocab;
-pub mod dry_run;
 pub mod episode;
 pub mod error;
 pub mod health;

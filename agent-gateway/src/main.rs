@@ -23,15 +23,12 @@ enum Command {
     /// Print the chat messages the gateway would send for one step of a corpus episode, as
     /// JSON `{"messages": [...]}` (history: the episode's recorded earlier actions).
     Prompt(agent_gateway::prompt_dump::PromptArgs),
-    /// Add a trimmed draft vocabulary to a GGUF with MTP layers (for the `mtp-trimmed` drafter).
-    ///
-    /// Ranks the token ids (control and byte tokens first, then tokens by frequency in the
-    /// corpus's recorded agent actions, then by id), keeps the first --top, and writes the
-    /// model to --out with two additions: tensor `blk.{L}.nextn.draft_output.weight` (those
-    /// rows of the LM head, byte for byte; L = the first MTP layer) and metadata
-    /// `{arch}.nextn_draft_token_ids` (their original token ids). The drafter scores only
-    /// these rows and maps its choice back to the original id. Everything else is unchanged.
-    DraftVocab(agent_gateway::draft_vocab::DraftVocabArgs),
+    /// Moved to `tandem-tools draft-vocab` (kept, hidden, to say so).
+    #[command(hide = true, disable_help_flag = true)]
+    DraftVocab {
+        #[arg(allow_hyphen_values = true, trailing_var_arg = true)]
+        _args: Vec<String>,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -45,7 +42,7 @@ fn main() -> anyhow::Result<()> {
     };
     let _tracing = {
         let _rt = rt.enter();
-        device_worker::telemetry::otel::init("agent-gateway", otlp.as_deref())?
+        tandem_telemetry::otel::init("agent-gateway", otlp.as_deref())?
     };
     rt.block_on(async move {
         match cli.command {
@@ -53,7 +50,7 @@ fn main() -> anyhow::Result<()> {
                 // One SIGINT/SIGTERM stops both servers; listen for it before anything else
                 // starts (a second one, or 30 s of draining, exits at once).
                 let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-                let interrupted = device_worker::shutdown::signal().context("cannot install the signal handlers")?;
+                let interrupted = tandem_telemetry::shutdown::signal().context("cannot install the signal handlers")?;
                 tokio::spawn(async move {
                     interrupted.await;
                     let _ = stop_tx.send(true);
@@ -89,9 +86,11 @@ fn main() -> anyhow::Result<()> {
             }
             Command::Health(args) => agent_gateway::health::run(&args).await?,
             Command::Prompt(args) => println!("{}", agent_gateway::prompt_dump::messages_json(&args)?),
-            Command::DraftVocab(args) => println!("{}", agent_gateway::draft_vocab::run(&args)?),
+            Command::DraftVocab { .. } => {
+                anyhow::bail!("draft-vocab moved to `tandem-tools draft-vocab` (same options)")
+            }
             Command::Replay(cfg) if cfg.dry_run => {
-                agent_gateway::dry_run::run(&cfg.corpus, &cfg.episodes, &cfg.dry)?;
+                anyhow::bail!("the dry run moved to `tandem-tools dry-run` (same options; --episode, --corpus, --model, --format, --per-step, ...)")
             }
             Command::Replay(cfg) => {
                 let (_records, summary) = agent_gateway::replay::run(&cfg).await?;

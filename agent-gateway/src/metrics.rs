@@ -1,9 +1,9 @@
 //! Prometheus metrics of the gateway: installing the recorder, recording one step's figures,
 //! the in-flight gauge guard, and rendering the text exposition format for `GET /metrics`.
 //!
-//! Names and buckets live in [`tandem_proto::metric_names`] (shared with the worker and the
+//! Names and buckets live in [`tandem_telemetry::metric_names`] (shared with the worker and the
 //! dashboards under `observability/`). The recorder is `metrics-exporter-prometheus`'s, without
-//! its own HTTP listener, installed by [`device_worker::telemetry::prometheus::install`] (one
+//! its own HTTP listener, installed by [`tandem_telemetry::prometheus::install`] (one
 //! per process, shared with an in-process worker): [`crate::http`] serves [`render`] on the
 //! gateway's axum router.
 
@@ -11,24 +11,24 @@ use std::sync::Once;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use tandem_proto::agent::v1 as apb;
-use tandem_proto::metric_names as m;
+use tandem_telemetry::metric_names as m;
 
 use crate::error::GatewayError;
 
 /// The `Content-Type` of the Prometheus text exposition format, version 0.0.4.
-pub const CONTENT_TYPE: &str = device_worker::telemetry::prometheus::CONTENT_TYPE;
+pub const CONTENT_TYPE: &str = tandem_telemetry::prometheus::CONTENT_TYPE;
 
 static GATEWAY_SERIES: Once = Once::new();
 
 /// Installs the process-wide Prometheus recorder (shared with the worker when both run in one
-/// process: [`device_worker::telemetry::prometheus::install`], buckets of [`m::HISTOGRAMS`])
+/// process: [`tandem_telemetry::prometheus::install`], buckets of [`m::HISTOGRAMS`])
 /// once, and the gateway's HELP lines and zero-valued series once; later calls return the same
 /// handle.
 ///
 /// Errors: [`GatewayError::Config`] when another recorder (not the shared one) is already
 /// installed in the process, or a bucket list is empty.
 pub fn install() -> Result<PrometheusHandle, GatewayError> {
-    let handle = device_worker::telemetry::prometheus::install().map_err(|e| GatewayError::Config(e.to_string()))?;
+    let handle = tandem_telemetry::prometheus::install().map_err(|e| GatewayError::Config(e.to_string()))?;
     // Series that may stay at zero for a long time exist from the start, so dashboards and
     // rate() see 0 rather than nothing.
     GATEWAY_SERIES.call_once(|| {
@@ -57,7 +57,7 @@ fn describe() {
 /// The text exposition of every metric recorded so far (runs the exporter's upkeep first so
 /// histograms are drained).
 pub fn render(handle: &PrometheusHandle) -> String {
-    device_worker::telemetry::prometheus::render(handle)
+    tandem_telemetry::prometheus::render(handle)
 }
 
 /// Which API a step came through: the `kind` label of `agent_*` step metrics.

@@ -41,13 +41,10 @@ pub struct ReplayConfig {
     /// List the episodes found in the corpus and exit.
     #[arg(long)]
     pub list: bool,
-    /// Plan the episodes with the worker's checkpoint planner alone (no gateway, no worker,
-    /// no model run): new prompt tokens and passes per step for each policy beside the
-    /// KV-cache bound. All corpus episodes unless --episode is given.
-    #[arg(long)]
+    /// Moved: the dry-run planner is `tandem-tools dry-run` (same options). Kept, hidden, to
+    /// say so instead of clap's "unexpected argument".
+    #[arg(long, hide = true)]
     pub dry_run: bool,
-    #[command(flatten)]
-    pub dry: crate::dry_run::DryRunArgs,
 }
 
 /// One replayed step, as written to the JSONL file.

@@ -1,7 +1,7 @@
 //! Tracing around a step: the gateway runs each step in a `step` span (fields `episode`,
 //! `step`, `kind`) with children `route` and `generate` (see [`crate::step`]). With
 //! `--otlp-endpoint` they are exported over OTLP/gRPC
-//! ([`device_worker::telemetry::otel::init`]), and each worker request carries the W3C
+//! ([`tandem_telemetry::otel::init`]), and each worker request carries the W3C
 //! `traceparent` of the current span, so the worker's `request` → `prefill` → `decode` spans
 //! join the step's trace as children of `generate`.
 
@@ -10,6 +10,6 @@
 /// OpenTelemetry layer.
 pub fn with_trace_context<T>(message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
-    device_worker::telemetry::otel::inject(&tracing::Span::current(), request.metadata_mut());
+    tandem_telemetry::otel::inject(&tracing::Span::current(), request.metadata_mut());
     request
 }

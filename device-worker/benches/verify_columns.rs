@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use device_worker::model::gguf::GgufFile;
+use gguf::reader::GgufFile;
 use dsp::matmul::{matmul, QMatRef};
 use dsp::quant::GgmlType;
 use dsp::ThreadPool;

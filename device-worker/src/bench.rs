@@ -10,7 +10,7 @@ use anyhow::Context;
 use dsp::pool::ThreadPool;
 
 use crate::config::at_least_one;
-use crate::model::gguf::GgufFile;
+use gguf::reader::GgufFile;
 use crate::model::Model;
 
 #[derive(Clone, Debug, clap::Args)]

@@ -25,7 +25,7 @@ use llguidance::{Matcher, ParserFactory};
 use toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 
 pub use crate::error::ConstraintError;
-use crate::tokenizer::{token_type, Tokenizer};
+use gguf::tokenizer::{token_type, Tokenizer};
 
 // === token environment ===
 

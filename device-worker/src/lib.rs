@@ -11,7 +11,6 @@
 //! - [`telemetry`]: Prometheus metrics, energy sampling, OpenTelemetry tracing.
 pub mod bench;
 pub mod cache;
-pub mod chat_template;
 pub mod config;
 pub mod constraint;
 pub mod energy;
@@ -20,9 +19,7 @@ pub mod error;
 pub mod model;
 pub mod power;
 pub mod service;
-pub mod shutdown;
 pub mod spec;
 pub mod state;
 pub mod telemetry;
-pub mod tokenizer;
 pub mod watchdog;

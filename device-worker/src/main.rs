@@ -62,7 +62,7 @@ struct ServeArgs {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let Command::Serve(ServeArgs { cfg, telemetry }) = cli.command else {
-        let _tracing = device_worker::telemetry::otel::init("device-worker", None)?;
+        let _tracing = tandem_telemetry::otel::init("device-worker", None)?;
         return run_tool(cli.command);
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -72,7 +72,7 @@ fn main() -> anyhow::Result<()> {
     // The OTLP exporter's gRPC channel lives on this runtime; the guard flushes spans on exit.
     let _tracing = {
         let _rt = rt.enter();
-        device_worker::telemetry::otel::init(
+        tandem_telemetry::otel::init(
             "device-worker",
             telemetry.otel.otlp_endpoint.as_deref(),
         )?
@@ -95,7 +95,7 @@ fn main() -> anyhow::Result<()> {
                     .await
                     .with_context(|| format!("cannot listen on {addr} (--metrics-listen)"))?;
                 tracing::info!(addr = %l.local_addr()?, "Prometheus /metrics listening");
-                Some(tokio::spawn(device_worker::telemetry::prometheus::serve(
+                Some(tokio::spawn(device_worker::service::metrics::serve(
                     engine.clone(),
                     l,
                     async {
@@ -130,7 +130,7 @@ fn main() -> anyhow::Result<()> {
         let load_error = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
         let le = load_error.clone();
         let interrupted =
-            device_worker::shutdown::signal().context("cannot install the signal handlers")?;
+            tandem_telemetry::shutdown::signal().context("cannot install the signal handlers")?;
         let shutdown = async move {
             tokio::select! {
                 _ = interrupted => {}
@@ -178,13 +178,13 @@ fn run_tool(command: Command) -> anyhow::Result<()> {
         Command::Render { model } => {
             use std::io::Read;
             let path = model.unwrap_or_else(device_worker::config::default_model_path);
-            let file = device_worker::model::gguf::GgufFile::open(&path)?;
-            let template = device_worker::chat_template::ChatTemplate::from_gguf(&file)?;
+            let file = gguf::reader::GgufFile::open(&path)?;
+            let template = gguf::chat_template::ChatTemplate::from_gguf(&file)?;
             let mut input = String::new();
             std::io::stdin().read_to_string(&mut input)?;
             #[derive(serde::Deserialize)]
             struct Messages {
-                messages: Vec<device_worker::chat_template::ChatMessage>,
+                messages: Vec<gguf::chat_template::ChatMessage>,
             }
             let m: Messages = serde_json::from_str(&input)
                 .context("stdin must be {\"messages\": [{\"role\": .., \"content\": ..}]}")?;

@@ -1,13 +1,12 @@
 //! JSON-schema constraints over the SmolLM2 vocabulary: driving the grammar to completion,
 //! rejecting disallowed tokens, and reporting invalid schemas.
 
-mod gguf_support;
 
 use device_worker::constraint::{Constraint, ConstraintFactory};
 use device_worker::error::ConstraintError;
-use device_worker::model::gguf::GgufFile;
-use device_worker::tokenizer::Tokenizer;
-use gguf_support::model_path;
+use gguf::reader::GgufFile;
+use gguf::tokenizer::Tokenizer;
+use test_support::model_path;
 
 const CLICK_SCHEMA: &str = r#"{"type":"object","properties":{"action_type":{"const":"click"},"index":{"type":"integer"}},"required":["action_type","index"],"additionalProperties":false}"#;
 

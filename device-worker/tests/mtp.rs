@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use device_worker::engine::sampling::argmax;
 use device_worker::engine::speculative::{mtp_fill, ModelMtp};
-use device_worker::model::gguf::GgufFile;
+use gguf::reader::GgufFile;
 use device_worker::model::{Model, MtpHead, Scratch};
 use device_worker::spec::mtp;
 use device_worker::state::mtp::MtpCache;
@@ -272,8 +272,8 @@ fn the_fixture_has_no_trimmed_head_and_asking_for_it_names_the_tool() {
 /// A copy of the f32 fixture with a trimmed draft head over `ids` (rows of the tied LM
 /// head, the layout `agent-gateway draft-vocab` writes).
 fn trimmed_copy(dir: &Path, ids: &[u32]) -> PathBuf {
-    use device_worker::model::gguf::MetaValue;
-    use device_worker::model::gguf_write::{write_with_additions, Additions, NewTensor};
+    use gguf::reader::MetaValue;
+    use gguf::writer::{write_with_additions, Additions, NewTensor};
     let src = GgufFile::open(&fixture("tiny-qwen35-f32.gguf")).expect("fixture opens");
     let lm = src.tensor_opt("token_embd.weight").expect("tied LM head");
     let (n_embd, n_vocab) = (lm.dims[0], lm.dims[1] as usize);

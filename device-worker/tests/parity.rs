@@ -124,8 +124,8 @@ async fn greedy_tokens_equal_llama_cpp_on_corpus_prompts() {
 #[test]
 fn our_tokenizer_matches_llama_cpp_prompt_tokens() {
     let Some(model) = model_path() else { return };
-    let file = device_worker::model::gguf::GgufFile::open(&model).unwrap();
-    let tok = device_worker::tokenizer::Tokenizer::from_gguf(&file).unwrap();
+    let file = gguf::reader::GgufFile::open(&model).unwrap();
+    let tok = gguf::tokenizer::Tokenizer::from_gguf(&file).unwrap();
     for (name, f) in fixtures() {
         assert_eq!(
             tok.encode(&f.prompt, true).unwrap(),

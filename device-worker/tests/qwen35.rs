@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use common::*;
 use device_worker::engine::sampling::argmax;
-use device_worker::model::gguf::GgufFile;
+use gguf::reader::GgufFile;
 use device_worker::model::{Model, Scratch};
 use device_worker::state::sequence::SequenceState;
 use dsp::pool::ThreadPool;

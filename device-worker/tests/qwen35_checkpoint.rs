@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use device_worker::engine::sampling::argmax;
 use device_worker::error::CheckpointError;
-use device_worker::model::gguf::GgufFile;
+use gguf::reader::GgufFile;
 use device_worker::model::prefill::{micro_batches, prefill_with_checkpoints};
 use device_worker::model::{Model, Scratch};
 use device_worker::state::checkpoint::Checkpoint;

@@ -23,7 +23,6 @@ async fn replay_gives_a_schema_valid_action_per_step_and_reuses_the_prefix() {
         out: out.path().join("replay.jsonl"),
         list: false,
         dry_run: false,
-        dry: Default::default(),
     };
     let (records, summary) = replay::run(&cfg).await.expect("replay");
     assert_eq!(summary.steps, 3);

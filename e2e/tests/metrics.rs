@@ -28,7 +28,6 @@ async fn metrics_agree_with_the_replay_jsonl() {
         out: out.path().join("replay.jsonl"),
         list: false,
         dry_run: false,
-        dry: Default::default(),
     };
     replay::run(&cfg).await.expect("replay");
     // Read the figures back from the JSONL file, as a dashboard user would compare them.

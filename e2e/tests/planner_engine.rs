@@ -9,10 +9,10 @@ use std::path::PathBuf;
 
 use agent_gateway::corpus::load_episodes;
 use device_worker::cache::{chat_tokens, plan, CacheState, PlanConfig, PlanRequest, Policy};
-use device_worker::chat_template::{ChatMessage, ChatTemplate};
+use gguf::chat_template::{ChatMessage, ChatTemplate};
 use device_worker::config::EngineConfig;
-use device_worker::model::gguf::GgufFile;
-use device_worker::tokenizer::Tokenizer;
+use gguf::reader::GgufFile;
+use gguf::tokenizer::Tokenizer;
 use tandem_proto::step::v1 as pb;
 use tandem_proto::step::v1::step_service_client::StepServiceClient;
 

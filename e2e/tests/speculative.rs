@@ -320,7 +320,7 @@ async fn default_model_outputs_equal_plain_greedy_with_every_drafter() {
 /// their own label.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tiny_hybrid_outputs_equal_plain_greedy_with_the_trimmed_mtp_head() {
-    use agent_gateway::draft_vocab::{run as draft_vocab, DraftVocabArgs};
+    use model_tools::draft_vocab::{run as draft_vocab, DraftVocabArgs};
     let dir = tempfile::tempdir().expect("temp dir");
     let out = dir.path().join("tiny-qwen35-q8_0-trimmed.gguf");
     let summary = draft_vocab(&DraftVocabArgs {

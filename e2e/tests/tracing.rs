@@ -1,6 +1,6 @@
 //! OpenTelemetry across the gRPC hop, exported over OTLP: one real step (gateway and worker in
 //! this process, the real model) with the spans going through the product's OTLP/gRPC exporter
-//! (`device_worker::telemetry::otel::otlp_provider`, the path `--otlp-endpoint` sets up) to an
+//! (`tandem_telemetry::otel::otlp_provider`, the path `--otlp-endpoint` sets up) to an
 //! in-process OTLP `TraceService` receiver. The received spans form one trace in which the
 //! worker's `request` span is the child of the gateway's `generate` span (W3C `traceparent` in
 //! the Generate call's metadata, flagged remote in OTLP), itself under `step`; `prefill` and
@@ -95,12 +95,12 @@ async fn worker_spans_are_children_of_the_gateway_step_span_over_otlp() {
     let receiver = Receiver::default();
     let (stop_receiver, stopped) = tokio::sync::oneshot::channel();
     let endpoint = receiver.serve(stopped).await;
-    let provider = device_worker::telemetry::otel::otlp_provider(SERVICE, &endpoint).expect("the product's OTLP exporter");
+    let provider = tandem_telemetry::otel::otlp_provider(SERVICE, &endpoint).expect("the product's OTLP exporter");
     let targets = tracing_subscriber::filter::Targets::new()
         .with_target("agent_gateway", tracing::Level::INFO)
         .with_target("device_worker", tracing::Level::INFO);
     let subscriber = tracing_subscriber::registry()
-        .with(device_worker::telemetry::otel::layer(&provider, SERVICE).with_filter(targets));
+        .with(tandem_telemetry::otel::layer(&provider, SERVICE).with_filter(targets));
     // Global: the servers' tasks and the engine thread run on other threads.
     tracing::subscriber::set_global_default(subscriber).expect("the only subscriber of this test binary");
 

@@ -2,9 +2,9 @@
 //! position where the last user message starts (llama.cpp's stock server checkpoints there;
 //! the divergence policy's first save in a cold slot goes there too).
 
-use crate::chat_template::{ChatMessage, ChatTemplate};
+use gguf::chat_template::{ChatMessage, ChatTemplate};
 use crate::error::WorkerError;
-use crate::tokenizer::Tokenizer;
+use gguf::tokenizer::Tokenizer;
 
 /// A rendered, tokenized chat prompt.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -19,16 +19,16 @@ use super::sampling::{argmax, sample, Rng, SamplingMode};
 use super::speculative::{mtp_fill, DraftTally, MtpSource, Round, Speculator};
 use super::EngineState;
 use crate::cache::{self, PlanConfig, PlanRequest};
-use crate::chat_template::ChatTemplate;
+use gguf::chat_template::ChatTemplate;
 use crate::config::EngineConfig;
 use crate::constraint::ConstraintFactory;
 use crate::error::WorkerError;
-use crate::model::gguf::GgufFile;
+use gguf::reader::GgufFile;
 use crate::model::{Model, Scratch};
 use crate::power::{IdleController, TickAction};
 use crate::spec::DraftContext;
 use crate::state::slot::{choose_slot, common_prefix, Slot};
-use crate::tokenizer::{IncrementalDecoder, Tokenizer};
+use gguf::tokenizer::{IncrementalDecoder, Tokenizer};
 use crate::watchdog::Watchdog;
 
 /// What every engine instance of one handle shares (survives watchdog restarts).
@@ -165,16 +165,16 @@ impl Compute {
             model.set_rollback(&mut scratch, cfg.n_draft as usize + 1, cfg.rollback_prefill);
         }
         model.set_hidden_rows(&mut scratch, mtp);
-        let seq = &slots[0].seq;
+        let shape = model.sequence_shape();
         let plan_cfg = PlanConfig {
             policy: cfg.cache_policy,
             consolidate: cfg.consolidate,
             n_batch,
             n_checkpoints: cfg.checkpoints.max(1),
             min_gap: cfg.checkpoint_min_gap,
-            hybrid: seq.recurrent.is_some(),
-            checkpoint_bytes: seq.recurrent.as_ref().map_or(0, |r| r.bytes()),
-            kv_bytes_per_token: seq.kv.bytes_allocated() / seq.n_ctx().max(1),
+            hybrid: shape.hybrid(),
+            checkpoint_bytes: shape.checkpoint_bytes(),
+            kv_bytes_per_token: shape.kv_bytes_per_token(),
             prompt_cache_bytes: cfg.prompt_cache_mib << 20,
         };
         Ok(Self {

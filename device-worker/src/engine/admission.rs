@@ -10,10 +10,10 @@ use tokio::sync::mpsc;
 use super::request::{EngineEvent, EngineRequest};
 use super::sampling::SamplingMode;
 use crate::cache::chat_tokens::{chat_tokens, line_starts};
-use crate::chat_template::{ChatMessage, ChatTemplate};
+use gguf::chat_template::{ChatMessage, ChatTemplate};
 use crate::constraint::ConstraintFactory;
 use crate::error::WorkerError;
-use crate::tokenizer::Tokenizer;
+use gguf::tokenizer::Tokenizer;
 
 /// Everything needed to validate and tokenize requests; shared by all handlers.
 pub struct Admission {

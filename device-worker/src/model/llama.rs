@@ -12,12 +12,13 @@ use dsp::ops;
 use dsp::pool::ThreadPool;
 
 use crate::error::ModelError;
-use crate::model::gguf::GgufFile;
+use gguf::reader::GgufFile;
 use crate::model::project::{
     causal_attention, kernel, mm, mm_shared, output_head, AttnShape, Mlp, MlpBuffers, Outputs,
 };
 use crate::model::weights::{load_vector, Linear};
 use crate::state::kv::KvCache;
+use crate::state::sequence::SequenceShape;
 
 /// Hyperparameters read once from GGUF metadata (`{arch}.*` keys).
 #[derive(Clone, Debug)]
@@ -38,6 +39,16 @@ pub struct LlamaConfig {
 }
 
 impl LlamaConfig {
+    /// A KV cache for every layer, no recurrent state.
+    pub fn sequence_shape(&self) -> SequenceShape {
+        SequenceShape {
+            kv_layers: self.n_layer,
+            n_kv_head: self.n_head_kv,
+            head_dim: self.head_dim,
+            recurrent: None,
+        }
+    }
+
     /// Errors: [`ModelError::Metadata`] for a missing or mistyped key.
     pub fn from_gguf(file: &GgufFile) -> Result<Self, ModelError> {
         let arch = file.architecture()?.to_string();
@@ -197,12 +208,7 @@ impl LlamaModel {
 
     /// A KV cache for `n_ctx` positions.
     pub fn new_kv_cache(&self, n_ctx: usize) -> KvCache {
-        KvCache::new(
-            self.cfg.n_layer,
-            self.cfg.n_head_kv,
-            self.cfg.head_dim,
-            n_ctx,
-        )
+        self.cfg.sequence_shape().new_state(n_ctx).kv
     }
 
     /// Buffers for micro-batches of up to `n_batch` tokens.

@@ -1,7 +1,5 @@
 //! Model files and forward passes. Loading (GGUF names and metadata) stays in each
 //! architecture's `from_gguf`; `forward` never sees tensor names.
-pub mod gguf;
-pub mod gguf_write;
 pub mod llama;
 pub mod op_profile;
 pub mod parallel;
@@ -17,7 +15,7 @@ use dsp::pool::ThreadPool;
 use crate::error::ModelError;
 use crate::state::mtp::MtpCache;
 use crate::state::rollback::RollbackPrefill;
-use crate::state::sequence::SequenceState;
+use crate::state::sequence::{SequenceShape, SequenceState};
 use gguf::GgufFile;
 pub use llama::LlamaModel;
 pub use project::Outputs;
@@ -71,9 +69,33 @@ impl Scratch {
     }
 }
 
+/// The sequence-state shapes of the model in `file`, from its metadata alone (no tensor is
+/// read): what the worker allocates per slot and the checkpoint planner counts.
+///
+/// Errors: [`ModelError::UnsupportedArchitecture`]; a missing or inconsistent hyperparameter.
+pub fn sequence_shape(file: &GgufFile) -> Result<SequenceShape, ModelError> {
+    let arch = file.architecture()?.to_string();
+    match arch.as_str() {
+        "llama" => Ok(llama::LlamaConfig::from_gguf(file)?.sequence_shape()),
+        "qwen35" => Ok(qwen35::Qwen35Config::from_gguf(file)?.sequence_shape()),
+        _ => Err(ModelError::UnsupportedArchitecture {
+            arch,
+            supported: Model::SUPPORTED.join(", "),
+        }),
+    }
+}
+
 impl Model {
     /// Architectures this build runs (`general.architecture`).
     pub const SUPPORTED: &'static [&'static str] = &["llama", "qwen35"];
+
+    /// The shapes of one sequence's state (see [`sequence_shape`]).
+    pub fn sequence_shape(&self) -> SequenceShape {
+        match self {
+            Self::Llama(m) => m.cfg.sequence_shape(),
+            Self::Qwen35(m) => m.cfg.sequence_shape(),
+        }
+    }
 
     /// Binds the weights of `file` for its architecture.
     ///
@@ -128,10 +150,7 @@ impl Model {
     /// Per-sequence state (KV cache, and recurrent state for hybrid models) for `n_ctx`
     /// positions.
     pub fn new_sequence_state(&self, n_ctx: usize) -> SequenceState {
-        match self {
-            Self::Llama(m) => SequenceState::attention_only(m.new_kv_cache(n_ctx)),
-            Self::Qwen35(m) => m.new_sequence_state(n_ctx),
-        }
+        self.sequence_shape().new_state(n_ctx)
     }
 
     /// Buffers for micro-batches of up to `n_batch` tokens.

@@ -163,7 +163,7 @@ impl Mlp {
     ///
     /// Errors: missing tensors, wrong shapes.
     pub fn load(
-        file: &crate::model::gguf::GgufFile,
+        file: &gguf::reader::GgufFile,
         n: &dyn Fn(&str) -> String,
         n_embd: usize,
         n_ff: usize,

@@ -28,7 +28,7 @@ use dsp::ops;
 use dsp::pool::ThreadPool;
 
 use crate::error::ModelError;
-use crate::model::gguf::{GgufFile, MetaValue};
+use gguf::reader::{GgufFile, MetaValue};
 use crate::model::op_profile::{Laps, OpProfile};
 use crate::model::parallel::{for_token_ranges, DisjointMut};
 use crate::model::project::{
@@ -36,9 +36,9 @@ use crate::model::project::{
 };
 use crate::model::weights::{load_vector, Linear};
 use crate::state::kv::KvCache;
-use crate::state::recurrent::{GdnLayerState, RecurrentState};
+use crate::state::recurrent::GdnLayerState;
 use crate::state::rollback::{RollbackPrefill, RollbackStates};
-use crate::state::sequence::SequenceState;
+use crate::state::sequence::{RecurrentShape, SequenceShape, SequenceState};
 
 /// Micro-batches of at least this many tokens run the chunked GDN form
 /// ([`gdn::gdn_chunked_pooled`]); shorter ones (decode) the per-token recurrence. Both give
@@ -179,6 +179,20 @@ impl Qwen35Config {
     /// Number of full-attention layers (the KV cache holds only these).
     pub fn n_attn_layers(&self) -> usize {
         self.n_layer - self.n_gdn_layers()
+    }
+
+    /// KV cache of the attention layers, conv and delta-rule state of the GDN layers.
+    pub fn sequence_shape(&self) -> SequenceShape {
+        SequenceShape {
+            kv_layers: self.n_attn_layers(),
+            n_kv_head: self.n_head_kv,
+            head_dim: self.head_dim,
+            recurrent: Some(RecurrentShape {
+                n_layers: self.n_gdn_layers(),
+                conv_len: (self.conv_kernel - 1) * self.conv_channels(),
+                ssm_len: self.gdn.state_len(),
+            }),
+        }
     }
 }
 
@@ -501,15 +515,7 @@ impl Qwen35Model {
     /// a zeroed [`RecurrentState`] of the GDN layers (conv state `[K−1, conv_channels]`,
     /// delta-rule state `[n_v_heads, d_k, d_v]`).
     pub fn new_sequence_state(&self, n_ctx: usize) -> SequenceState {
-        let c = &self.cfg;
-        SequenceState {
-            kv: KvCache::new(c.n_attn_layers(), c.n_head_kv, c.head_dim, n_ctx),
-            recurrent: Some(RecurrentState::new(
-                c.n_gdn_layers(),
-                (c.conv_kernel - 1) * c.conv_channels(),
-                c.gdn.state_len(),
-            )),
-        }
+        self.cfg.sequence_shape().new_state(n_ctx)
     }
 
     /// Buffers for micro-batches of up to `n_batch` tokens.

@@ -10,7 +10,7 @@ use dsp::matmul::QMatRef;
 use dsp::GgmlType;
 
 use crate::error::ModelError;
-use crate::model::gguf::GgufFile;
+use gguf::reader::GgufFile;
 
 /// A 2-D weight `[rows, cols]` in GGUF order (each of the `rows` output features is a
 /// contiguous row of `cols` input features), as used by `y = W x`.

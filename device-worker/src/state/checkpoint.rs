@@ -11,7 +11,8 @@
 //! decided elsewhere).
 //!
 //! Size: `bytes = n_gdn_layers · 4 · ((K − 1) · conv_channels + n_v_heads · d_k · d_v)`
-//! (f32 conv state plus f32 delta-rule state per layer; see [`recurrent_state_bytes`]). It does
+//! (f32 conv state plus f32 delta-rule state per layer; see
+//! [`SequenceShape::checkpoint_bytes`](super::sequence::SequenceShape::checkpoint_bytes)). It does
 //! not depend on the position. For the tiny test fixture (3 GDN layers, conv `[3, 128]`, state
 //! `[4, 16, 16]`) that is 16 896 bytes; for Qwen3.5-0.8B shapes (18 GDN layers, conv
 //! `[3, 6144]`, state `[16, 128, 128]`) 1 122 304 bytes per layer, 20 201 472 bytes
@@ -20,8 +21,6 @@
 //! Exactness: restoring copies every float, so processing the same tokens with the same
 //! micro-batch boundaries after a restore gives bit-identical states and logits to the run
 //! that saved the checkpoint (tested in `tests/qwen35_checkpoint.rs`).
-
-use dsp::gdn::GdnShape;
 
 use super::recurrent::RecurrentState;
 use super::sequence::SequenceState;
@@ -98,19 +97,6 @@ impl SequenceState {
     }
 }
 
-/// Bytes of one sequence's recurrent state (= one checkpoint): `n_gdn_layers` layers of an f32
-/// conv state `[conv_kernel − 1, conv_channels]` and an f32 delta-rule state
-/// `[n_v_heads, d_k, d_v]` (the layout of [`RecurrentState`]).
-pub fn recurrent_state_bytes(
-    n_gdn_layers: usize,
-    conv_kernel: usize,
-    conv_channels: usize,
-    gdn: GdnShape,
-) -> usize {
-    let per_layer = conv_kernel.saturating_sub(1) * conv_channels + gdn.state_len();
-    n_gdn_layers * per_layer * std::mem::size_of::<f32>()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,6 +160,8 @@ mod tests {
 
     #[test]
     fn byte_formula_matches_the_allocated_state() {
+        use crate::state::sequence::{RecurrentShape, SequenceShape};
+        use dsp::gdn::GdnShape;
         // Qwen3.5-0.8B GDN shapes: 16 key and 16 value heads of 128, conv kernel 4,
         // conv channels q | k | v = 2·16·128 + 16·128; 18 of its 24 layers are GDN.
         let gdn = GdnShape {
@@ -183,8 +171,20 @@ mod tests {
             d_v: 128,
         };
         let ch = 2 * 16 * 128 + 16 * 128;
+        let shape = SequenceShape {
+            kv_layers: 6,
+            n_kv_head: 2,
+            head_dim: 256,
+            recurrent: Some(RecurrentShape {
+                n_layers: 18,
+                conv_len: 3 * ch,
+                ssm_len: gdn.state_len(),
+            }),
+        };
         let allocated = RecurrentState::new(18, 3 * ch, gdn.state_len()).bytes();
-        assert_eq!(recurrent_state_bytes(18, 4, ch, gdn), allocated);
+        assert_eq!(shape.checkpoint_bytes(), allocated);
+        assert_eq!(shape.new_state(8).recurrent.map(|r| r.bytes()), Some(allocated));
+        assert_eq!(shape.kv_bytes_per_token() * 8, shape.new_state(8).kv.bytes_allocated());
         eprintln!(
             "Qwen3.5-0.8B shapes: {} bytes per GDN layer, {allocated} bytes per checkpoint",
             allocated / 18

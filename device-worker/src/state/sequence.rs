@@ -4,6 +4,58 @@
 use super::kv::KvCache;
 use super::recurrent::RecurrentState;
 
+/// The shapes of one sequence's state, from the model's hyperparameters alone: what
+/// [`SequenceShape::new_state`] allocates, and the sizes the checkpoint planner counts (a
+/// dry run computes them from GGUF metadata without loading weights).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SequenceShape {
+    /// Attention layers (the KV cache holds only these), KV heads, head dimension.
+    pub kv_layers: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    /// Recurrent layers (`None` for attention-only models).
+    pub recurrent: Option<RecurrentShape>,
+}
+
+/// The recurrent (GDN) part of a [`SequenceShape`]: per layer a `conv_len`-float conv state
+/// and an `ssm_len`-float delta-rule state (layouts in [`super::recurrent`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecurrentShape {
+    pub n_layers: usize,
+    pub conv_len: usize,
+    pub ssm_len: usize,
+}
+
+impl SequenceShape {
+    /// A zeroed state with room for `n_ctx` positions.
+    pub fn new_state(&self, n_ctx: usize) -> SequenceState {
+        SequenceState {
+            kv: KvCache::new(self.kv_layers, self.n_kv_head, self.head_dim, n_ctx),
+            recurrent: self
+                .recurrent
+                .map(|r| RecurrentState::new(r.n_layers, r.conv_len, r.ssm_len)),
+        }
+    }
+
+    /// Whether the model has recurrent layers (resumes only from checkpoints).
+    pub fn hybrid(&self) -> bool {
+        self.recurrent.is_some()
+    }
+
+    /// Bytes of one checkpoint: the whole recurrent state (f32), 0 for attention-only models;
+    /// equals [`RecurrentState::bytes`] of a state this shape made.
+    pub fn checkpoint_bytes(&self) -> usize {
+        self.recurrent
+            .map_or(0, |r| r.n_layers * (r.conv_len + r.ssm_len) * 4)
+    }
+
+    /// KV-cache bytes per position (f16 keys and values of every attention layer); equals
+    /// [`KvCache::bytes_allocated`] / `n_ctx` of a state this shape made.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        2 * 2 * self.kv_layers * self.n_kv_head * self.head_dim
+    }
+}
+
 /// Per-sequence model state. `kv.len()` is the number of positions processed; the recurrent
 /// state (when present) belongs to exactly that position.
 #[derive(Clone)]

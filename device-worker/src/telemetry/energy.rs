@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-use tandem_proto::metric_names as m;
+use tandem_telemetry::metric_names as m;
 
 use crate::energy::{detect, EnergyMeter, StepEnergy, StepMark};
 

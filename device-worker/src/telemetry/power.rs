@@ -3,19 +3,12 @@
 //! the state as a 0/1 gauge per state). Wake-up latencies are recorded per request from
 //! `FinalStats.wake_ms` by [`super::request`], with the shared latency buckets.
 
-use tandem_proto::metric_names as m;
+use tandem_telemetry::metric_names as m;
 
-use crate::engine::{EngineHandle, EngineState};
 use crate::power::PowerFigures;
 
 /// Every value of the `state` label of [`m::WORKER_POWER_STATE`].
 pub const STATES: [&str; 4] = ["active", "released", "unloaded", "loading"];
-
-/// Whether the engine is loading the model (at start or after a watchdog restart); the
-/// power state then reads `"loading"`.
-pub fn is_loading(engine: &EngineHandle) -> bool {
-    matches!(&*engine.state().borrow(), EngineState::Loading | EngineState::Restarting(_))
-}
 
 /// Sets the power series from `f`: state gauge (1 for `f.state`, or for `"loading"` when
 /// `loading`; 0 for the others), cold starts, release cycles and watchdog restarts (absolute

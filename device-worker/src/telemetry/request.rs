@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use tandem_proto::metric_names as m;
+use tandem_telemetry::metric_names as m;
 use tandem_proto::step::v1 as pb;
 
 /// How a request ended: the `outcome` label of [`m::WORKER_REQUESTS_TOTAL`].

@@ -105,7 +105,7 @@ pub async fn start_worker_metrics(servers: &mut Servers) -> String {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     // Installed before the server task starts, so the first scrape finds the worker's series.
     device_worker::telemetry::prometheus::install_worker().expect("install the Prometheus recorder");
-    tokio::spawn(device_worker::telemetry::prometheus::serve(servers.engine.clone(), l, async {
+    tokio::spawn(device_worker::service::metrics::serve(servers.engine.clone(), l, async {
         let _ = rx.await;
     }));
     servers._stop.push(tx);

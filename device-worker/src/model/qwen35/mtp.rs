@@ -26,7 +26,7 @@ use dsp::pool::ThreadPool;
 
 use super::{load_attn, Layer, LayerKind, Qwen35Config, Qwen35Model, Scratch};
 use crate::error::ModelError;
-use crate::model::gguf::{GgufFile, MetaValue};
+use gguf::reader::{GgufFile, MetaValue};
 use crate::model::op_profile::Laps;
 use crate::model::project::{kernel, mm, Mlp, MlpBuffers};
 use crate::model::weights::{load_vector, Linear};

@@ -1,27 +1,5 @@
-//! Test support shared by the GGUF, tokenizer, template and constraint tests: a minimal GGUF
-//! writer for synthetic files and the location of the real model.
-#![allow(dead_code)]
-
-use std::path::PathBuf;
-
-/// The real SmolLM2 model: `$TANDEM_MODEL` or the default cache path. `None` (with a loud
-/// message) when absent, so model-backed tests skip on machines without it.
-pub fn model_path(test: &str) -> Option<PathBuf> {
-    let p = std::env::var_os("TANDEM_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from("/root/.cache/tandem/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    if p.is_file() {
-        Some(p)
-    } else {
-        eprintln!(
-            "!!!!! SKIPPING {test}: model file {} not found (set TANDEM_MODEL) !!!!!",
-            p.display()
-        );
-        None
-    }
-}
+//! A minimal GGUF writer for synthetic test files (every value type, tensors of any type,
+//! and deliberately broken layouts for the reader's error paths).
 
 /// A metadata value to write.
 #[derive(Clone, Debug)]

@@ -1,11 +1,11 @@
-//! `agent-gateway draft-vocab`: adds a trimmed draft vocabulary to a GGUF model, the input of
+//! `tandem-tools draft-vocab`: adds a trimmed draft vocabulary to a GGUF model, the input of
 //! the `mtp-trimmed` drafter (issue 5; DESIGN.md "Within-request: speculative decoding";
 //! Tandem §3.3, §4.3).
 //!
 //! The MTP drafter scores every vocabulary row on each draft; a trimmed head scores only the
 //! top N rows (default 32,768), which the agent's short JSON actions almost never leave. The
 //! tool ranks the token ids, keeps the first N and writes, with
-//! [`device_worker::model::gguf_write`]:
+//! [`gguf::writer`]:
 //!
 //! - tensor `blk.{L}.nextn.draft_output.weight` ([`draft_tensor_name`]), L = the first MTP
 //!   layer = `{arch}.block_count − {arch}.nextn_predict_layers`: the selected rows of the LM
@@ -29,14 +29,11 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use device_worker::model::gguf::{GgufError, GgufFile, MetaValue};
-use device_worker::model::gguf_write::{
-    write_with_additions, Additions, GgufWriteError, NewTensor,
-};
-use device_worker::tokenizer::{token_type, Tokenizer, TokenizerError};
-
-use crate::corpus::{load_episodes, Episode};
-use crate::error::CorpusError;
+use agent_gateway::corpus::{load_episodes, Episode};
+use agent_gateway::error::CorpusError;
+use gguf::reader::{GgufError, GgufFile, MetaValue};
+use gguf::tokenizer::{token_type, Tokenizer, TokenizerError};
+use gguf::writer::{write_with_additions, Additions, GgufWriteError, NewTensor};
 
 /// Default number of draft rows (Tandem's trimmed head).
 pub const DEFAULT_TOP: usize = 32_768;
@@ -51,7 +48,7 @@ pub fn draft_ids_key(arch: &str) -> String {
     format!("{arch}.nextn_draft_token_ids")
 }
 
-/// Options of `agent-gateway draft-vocab`.
+/// Options of `tandem-tools draft-vocab`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct DraftVocabArgs {
     /// GGUF model with MTP (nextn) layers, e.g. a Qwen3.5 GGUF.
@@ -232,8 +229,8 @@ pub struct OutputCounts {
 }
 
 /// Counts the tokens of every recorded action of every episode, rendered as the agent emits
-/// it (the compact AndroidWorld JSON of [`crate::action::Action::to_compact_json`], stored in
-/// [`crate::corpus::EpisodeStepData::recorded_action`]), tokenized with `tok` without special
+/// it (the compact AndroidWorld JSON of [`agent_gateway::action::Action::to_compact_json`], stored in
+/// [`agent_gateway::corpus::EpisodeStepData::recorded_action`]), tokenized with `tok` without special
 /// tokens and without the BOS that `tok` may prepend. Ids ≥ `n_vocab` are not counted.
 ///
 /// Errors: [`TokenizerError::Encode`] if the tokenizer fails.
@@ -327,7 +324,7 @@ pub fn write_draft_vocab(
     ids: &[u32],
     out: &Path,
     force: bool,
-) -> Result<device_worker::model::gguf_write::WriteSummary, DraftVocabError> {
+) -> Result<gguf::writer::WriteSummary, DraftVocabError> {
     if !force {
         check_no_draft(file, path, head)?;
     }

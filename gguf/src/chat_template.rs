@@ -11,7 +11,7 @@ use minijinja::{Environment, ErrorKind, Value};
 use serde::Serialize;
 
 pub use crate::error::TemplateError;
-use crate::model::gguf::GgufFile;
+use crate::reader::GgufFile;
 
 /// ChatML, used when the GGUF has no `tokenizer.chat_template`.
 pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";

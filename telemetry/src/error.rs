@@ -1,9 +1,9 @@
-//! Errors of [`crate::telemetry`].
+//! Errors of the telemetry crate.
 
 /// What went wrong setting up telemetry.
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
-    /// A recorder other than [`super::prometheus::install`]'s is already installed.
+    /// A recorder other than [`crate::prometheus::install`]'s is already installed.
     #[error("a metrics recorder is already installed in this process: {0}")]
     RecorderTaken(String),
     /// The histogram bucket list of a metric was rejected (expected a non-empty list).

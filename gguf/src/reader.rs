@@ -156,7 +156,7 @@ pub struct GgufFile {
     alignment: u64,
     metadata: BTreeMap<String, MetaValue>,
     /// Each metadata entry's key and byte range (key, type, value) in the file, in file order;
-    /// what [`crate::model::gguf_write`] copies verbatim.
+    /// what [`crate::writer`] copies verbatim.
     kv_spans: Vec<(String, std::ops::Range<usize>)>,
     tensors: Vec<TensorInfo>,
     by_name: HashMap<String, usize>,
@@ -347,7 +347,7 @@ impl GgufFile {
     }
 
     /// Every metadata entry in file order: its key and its raw bytes (key string, type id and
-    /// value, exactly as stored), for rewriting the file ([`crate::model::gguf_write`]).
+    /// value, exactly as stored), for rewriting the file ([`crate::writer`]).
     pub(crate) fn raw_kvs(&self) -> impl Iterator<Item = (&str, &[u8])> {
         self.kv_spans
             .iter()

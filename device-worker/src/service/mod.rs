@@ -1,4 +1,8 @@
-//! The gRPC `StepService`: handlers only admit (validate, tokenize), enqueue and stream.
+//! The worker's servers: the gRPC `StepService` (handlers only admit — validate, tokenize —,
+//! enqueue and stream), gRPC health and reflection, and the Prometheus `GET /metrics`
+//! endpoint ([`metrics`]).
+
+pub mod metrics;
 
 use std::pin::Pin;
 
@@ -44,7 +48,7 @@ impl StepService for StepServiceImpl {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         // The request's span: a child of the caller's (W3C traceparent in the metadata).
         let span = tracing::info_span!("request", session = tracing::field::Empty);
-        crate::telemetry::otel::set_remote_parent(&span, request.metadata());
+        tandem_telemetry::otel::set_remote_parent(&span, request.metadata());
         let req = request.into_inner();
         span.record("session", req.session_id.as_str());
         // Tokenizing and compiling a schema take milliseconds: keep them off the async workers.

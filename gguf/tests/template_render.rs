@@ -1,12 +1,11 @@
 //! Chat templates: the SmolLM2 GGUF's own template, a Qwen3-style template with tools and
 //! namespaces, and the ChatML fallback for files without a template.
 
-mod gguf_support;
 
-use device_worker::chat_template::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
-use device_worker::error::TemplateError;
-use device_worker::model::gguf::GgufFile;
-use gguf_support::{model_path, GgufBuilder, Val};
+use gguf::chat_template::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
+use gguf::TemplateError;
+use gguf::reader::GgufFile;
+use test_support::{model_path, GgufBuilder, Val};
 
 const SMOL_SYSTEM: &str = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n";
 

@@ -1,12 +1,11 @@
 //! GGUF reader: the real SmolLM2 file loads; synthetic and damaged files give the right error
 //! and never panic.
 
-mod gguf_support;
 
-use device_worker::error::GgufError;
-use device_worker::model::gguf::{GgufFile, MetaValue};
+use gguf::GgufError;
+use gguf::reader::{GgufFile, MetaValue};
 use dsp::GgmlType;
-use gguf_support::{model_path, write_temp_bytes, GgufBuilder, RawTensor, Val};
+use test_support::{model_path, write_temp_bytes, GgufBuilder, RawTensor, Val};
 
 fn open_bytes(bytes: &[u8]) -> Result<GgufFile, GgufError> {
     let f = write_temp_bytes(bytes);

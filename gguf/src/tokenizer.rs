@@ -22,7 +22,7 @@ use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
 
 pub use crate::error::TokenizerError;
-use crate::model::gguf::GgufFile;
+use crate::reader::GgufFile;
 
 /// GGUF `tokenizer.ggml.token_type` values (llama.cpp `llama_token_type`).
 pub mod token_type {

@@ -13,7 +13,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-use super::TelemetryError;
+use crate::error::TelemetryError;
 
 /// The OpenTelemetry options of `serve` (worker and gateway).
 #[derive(clap::Args, Clone, Debug, Default)]

@@ -1,14 +1,13 @@
 //! Tokenizer built from the SmolLM2 GGUF: hand-derived ids, special tokens, round trips over
 //! the corpus, streaming decode, and llama.cpp parity fixtures when present.
 
-mod gguf_support;
 
 use std::path::{Path, PathBuf};
 
-use device_worker::error::TokenizerError;
-use device_worker::model::gguf::GgufFile;
-use device_worker::tokenizer::{IncrementalDecoder, Tokenizer};
-use gguf_support::{model_path, GgufBuilder, Val};
+use gguf::TokenizerError;
+use gguf::reader::GgufFile;
+use gguf::tokenizer::{IncrementalDecoder, Tokenizer};
+use test_support::{model_path, GgufBuilder, Val};
 
 fn load(test: &str) -> Option<Tokenizer> {
     let path = model_path(test)?;

@@ -1,9 +1,11 @@
-//! `agent-gateway replay --dry-run`: the corpus through the checkpoint planner alone — no
-//! worker, no model run, milliseconds. Every step's prompt is built exactly as the gateway
+//! `tandem-tools dry-run`: the corpus through the checkpoint planner alone — no worker, no
+//! model run, milliseconds. Every step's prompt is built exactly as the gateway
 //! builds it (history: the episode's recorded actions), rendered and tokenized with the
 //! model's own chat template and tokenizer (the worker's admission path), then planned under
 //! each policy with the worker's planner (`device_worker::cache`), one slot serving the
-//! episodes in order (a host prompt cache keeps earlier episodes). Prints new prompt tokens
+//! episodes in order (a host prompt cache keeps earlier episodes), with the state sizes
+//! (hybrid or not, checkpoint bytes, KV bytes per token) the worker would have for the model
+//! (`--state-shapes`, default `--model`; [`device_worker::model::sequence_shape`]). Prints new prompt tokens
 //! per step beside the KV-cache bound (LCP-only reuse) and the forward passes per step.
 //!
 //! Two prompt formats: `system-user` (the rules as a system message, as the gateway sends)
@@ -12,13 +14,12 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use agent_gateway::corpus::{load_episode, load_episodes, Episode};
 use device_worker::cache::{chat_tokens, plan, CacheState, PlanConfig, PlanRequest, Policy};
-use device_worker::chat_template::{ChatMessage, ChatTemplate};
-use device_worker::model::gguf::GgufFile;
-use device_worker::tokenizer::Tokenizer;
+use device_worker::state::sequence::SequenceShape;
+use gguf::{ChatMessage, ChatTemplate, GgufFile, Tokenizer};
 
-use crate::corpus::{load_episode, load_episodes, Episode};
-use crate::error::GatewayError;
+use crate::error::ToolsError;
 
 /// The planner configurations compared, in table order.
 pub const CONFIGS: [(&str, Policy, bool); 5] = [
@@ -41,13 +42,20 @@ pub enum PromptFormat {
     Both,
 }
 
-/// Options of the dry run (shared with `replay`).
+/// Options of the dry run.
 #[derive(Clone, Debug, clap::Args)]
 pub struct DryRunArgs {
     /// GGUF whose tokenizer and chat template tokenize the prompts (default: $TANDEM_MODEL,
     /// else the fetched SmolLM2). Only metadata is read.
     #[arg(long, env = "TANDEM_MODEL")]
     pub model: Option<PathBuf>,
+    /// GGUF whose hyperparameters give the planned state sizes: recurrent layers or not, bytes
+    /// per checkpoint, KV bytes per token (default: --model). Only metadata is read, so a
+    /// metadata-only file of a model's shapes will do (e.g. the committed
+    /// `device-worker/tests/fixtures/qwen35/qwen35-0.8b-shapes.gguf`, to plan the Qwen3.5-0.8B
+    /// hybrid with another model's tokenizer).
+    #[arg(long, value_name = "GGUF")]
+    pub state_shapes: Option<PathBuf>,
     /// Prompt format(s) to plan.
     #[arg(long, value_enum, default_value = "both")]
     pub format: PromptFormat,
@@ -69,6 +77,7 @@ impl Default for DryRunArgs {
     fn default() -> Self {
         Self {
             model: None,
+            state_shapes: None,
             format: PromptFormat::Both,
             micro_batch: 512,
             checkpoints: 8,
@@ -104,24 +113,33 @@ pub struct FormatSummary {
 /// Runs the dry run over the episodes with the given ids (empty: every corpus episode) and
 /// prints the tables.
 ///
-/// Errors: corpus or model-metadata problems, a prompt that cannot be rendered/tokenized.
+/// Errors: corpus or model-metadata problems (a missing file, an unsupported architecture),
+/// a prompt that cannot be rendered/tokenized.
 pub fn run(
     corpus: &std::path::Path,
     episode_ids: &[String],
     args: &DryRunArgs,
-) -> Result<Vec<FormatSummary>, GatewayError> {
+) -> Result<Vec<FormatSummary>, ToolsError> {
     let t0 = std::time::Instant::now();
     let path = args
         .model
         .clone()
         .unwrap_or_else(device_worker::config::default_model_path);
-    let file = Arc::new(GgufFile::open(&path).map_err(|e| {
-        GatewayError::Config(format!("dry run: cannot read {}: {e}", path.display()))
-    })?);
-    let tokenizer = Tokenizer::from_gguf(&file)
-        .map_err(|e| GatewayError::Config(format!("dry run: tokenizer: {e}")))?;
-    let template = ChatTemplate::from_gguf(&file)
-        .map_err(|e| GatewayError::Config(format!("dry run: chat template: {e}")))?;
+    let model_err = |path: &std::path::Path, what: &str, e: &dyn std::fmt::Display| {
+        ToolsError::Model { path: path.to_path_buf(), reason: format!("{what}: {e}") }
+    };
+    let file = Arc::new(GgufFile::open(&path).map_err(|e| model_err(&path, "cannot read", &e))?);
+    let tokenizer = Tokenizer::from_gguf(&file).map_err(|e| model_err(&path, "tokenizer", &e))?;
+    let template =
+        ChatTemplate::from_gguf(&file).map_err(|e| model_err(&path, "chat template", &e))?;
+    let shapes_path = args.state_shapes.clone().unwrap_or_else(|| path.clone());
+    let shape = if shapes_path == path {
+        device_worker::model::sequence_shape(&file)
+    } else {
+        let f = GgufFile::open(&shapes_path).map_err(|e| model_err(&shapes_path, "cannot read", &e))?;
+        device_worker::model::sequence_shape(&f)
+    }
+    .map_err(|e| model_err(&shapes_path, "state shapes", &e))?;
     let episodes: Vec<Episode> = if episode_ids.is_empty() {
         load_episodes(corpus)?
     } else {
@@ -136,18 +154,22 @@ pub fn run(
         PromptFormat::SingleUser => &[PromptFormat::SingleUser],
     };
     println!(
-        "dry run: {} episodes, tokenizer and template of {}, planned as a hybrid model \
-         (micro-batch {}, {} checkpoints per slot, divergence min gap {}, one slot, 512 MiB \
-         prompt cache)",
+        "dry run: {} episodes, tokenizer and template of {}, planned as {} with the state \
+         sizes of {} ({} bytes per checkpoint, {} KV bytes per token; micro-batch {}, {} \
+         checkpoints per slot, divergence min gap {}, one slot, 512 MiB prompt cache)",
         episodes.len(),
         path.display(),
+        if shape.hybrid() { "a hybrid model" } else { "an attention-only model" },
+        shapes_path.display(),
+        shape.checkpoint_bytes(),
+        shape.kv_bytes_per_token(),
         args.micro_batch,
         args.checkpoints,
         args.checkpoint_min_gap
     );
     let mut out = Vec::new();
     for &format in formats {
-        let steps = plan_format(&episodes, format, &tokenizer, &template, args)?;
+        let steps = plan_format(&episodes, format, &tokenizer, &template, &shape, args)?;
         let summary = summarize(format, &steps);
         print_summary(&summary, &steps, args.per_step);
         out.push(summary);
@@ -161,8 +183,9 @@ fn plan_format(
     format: PromptFormat,
     tokenizer: &Tokenizer,
     template: &ChatTemplate,
+    shape: &SequenceShape,
     args: &DryRunArgs,
-) -> Result<Vec<StepPlan>, GatewayError> {
+) -> Result<Vec<StepPlan>, ToolsError> {
     let cfgs: Vec<PlanConfig> = CONFIGS
         .iter()
         .map(|&(_, policy, consolidate)| PlanConfig {
@@ -171,10 +194,9 @@ fn plan_format(
             n_batch: args.micro_batch.max(1),
             n_checkpoints: args.checkpoints.max(1),
             min_gap: args.checkpoint_min_gap,
-            // Qwen3.5-0.8B shapes (../shared/PEER.md: 19.3 MiB per checkpoint) and its KV
-            // cache (6 attention layers × 2 × 512 × f16) per token, for the prompt cache.
-            checkpoint_bytes: 20_201_472,
-            kv_bytes_per_token: 6 * 2 * 512 * 2,
+            hybrid: shape.hybrid(),
+            checkpoint_bytes: shape.checkpoint_bytes(),
+            kv_bytes_per_token: shape.kv_bytes_per_token(),
             ..PlanConfig::default()
         })
         .collect();
@@ -192,8 +214,9 @@ fn plan_format(
                     ChatMessage::new("user", p.user),
                 ],
             };
-            let ct = chat_tokens(tokenizer, template, &messages)
-                .map_err(|e| GatewayError::Config(format!("dry run: {} step {i}: {e}", ep.id)))?;
+            let ct = chat_tokens(tokenizer, template, &messages).map_err(|e| {
+                ToolsError::Prompt { episode: ep.id.clone(), step: i, reason: e.to_string() }
+            })?;
             let output: Vec<u32> = step
                 .recorded_action
                 .as_deref()

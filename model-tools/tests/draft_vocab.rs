@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use agent_gateway::corpus::{default_corpus_root, load_episodes};
-use agent_gateway::draft_vocab::{run, DraftVocabArgs, DraftVocabError, DraftVocabSummary};
-use device_worker::model::gguf::GgufFile;
-use device_worker::tokenizer::{token_type, Tokenizer};
+use model_tools::draft_vocab::{run, DraftVocabArgs, DraftVocabError, DraftVocabSummary};
+use gguf::reader::GgufFile;
+use gguf::tokenizer::{token_type, Tokenizer};
 
 const FIXTURES: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -241,7 +241,7 @@ fn a_truncated_model_is_refused_and_nothing_is_written() {
         matches!(
             &err,
             DraftVocabError::Model {
-                source: device_worker::model::gguf::GgufError::Truncated { .. },
+                source: gguf::reader::GgufError::Truncated { .. },
                 ..
             }
         ),

@@ -2,7 +2,7 @@
 //! appended (used by `agent-gateway draft-vocab` to add a trimmed draft output matrix).
 //!
 //! Output layout (ggml `docs/gguf.md`, little-endian; the same as the reader's, see
-//! [`crate::model::gguf`]):
+//! [`crate::reader`]):
 //!
 //! ```text
 //! magic "GGUF" | version 3 | tensor_count u64 | kv_count u64
@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use dsp::GgmlType;
 
 use crate::error::GgufError;
-use crate::model::gguf::{align_up, tensor_bytes, GgufFile, MetaValue, MAX_DIMS};
+use crate::reader::{align_up, tensor_bytes, GgufFile, MetaValue, MAX_DIMS};
 
 /// Written GGUF version.
 const VERSION: u32 = 3;

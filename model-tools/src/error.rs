@@ -1,0 +1,23 @@
+//! Errors of the model tools (the dry run; `draft-vocab` has its own
+//! [`crate::draft_vocab::DraftVocabError`]).
+
+use std::path::PathBuf;
+
+use agent_gateway::error::{CorpusError, GatewayError};
+
+/// What can stop a dry run.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolsError {
+    /// The corpus folder or an episode in it cannot be read.
+    #[error("corpus: {0}")]
+    Corpus(#[from] CorpusError),
+    /// A step's prompt cannot be built (an observation that does not parse, a missing step).
+    #[error(transparent)]
+    Step(#[from] GatewayError),
+    /// A model file cannot be read, or has no tokenizer, template or known architecture.
+    #[error("model {path}: {reason}")]
+    Model { path: PathBuf, reason: String },
+    /// A step's prompt cannot be rendered or tokenized.
+    #[error("episode {episode} step {step}: {reason}")]
+    Prompt { episode: String, step: usize, reason: String },
+}

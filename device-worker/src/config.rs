@@ -70,8 +70,8 @@ pub struct EngineConfig {
     /// Where recurrent-state checkpoints are saved (hybrid models): `divergence` (where
     /// consecutive prompts diverge), `stock` (llama.cpp's server) or `marconi` (every branch
     /// point); compare them on the corpus with `agent-gateway replay --dry-run`.
-    #[arg(long, value_enum, default_value_t = crate::cache::Policy::Divergence)]
-    pub cache_policy: crate::cache::Policy,
+    #[arg(long, value_enum, default_value_t = crate::state::planner::Policy::Divergence)]
+    pub cache_policy: crate::state::planner::Policy,
     /// Batch consolidation: one batch boundary `--micro-batch` tokens before the prompt's end
     /// instead of llama.cpp's at end − 516 and end − 4 (`--consolidate false` for the stock
     /// boundaries).
@@ -231,7 +231,7 @@ impl Default for EngineConfig {
             ctx_size: 4096,
             slots: 2,
             micro_batch: 512,
-            cache_policy: crate::cache::Policy::Divergence,
+            cache_policy: crate::state::planner::Policy::Divergence,
             consolidate: true,
             checkpoints: 8,
             checkpoint_min_gap: 32,

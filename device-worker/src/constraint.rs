@@ -24,8 +24,22 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 
-pub use crate::error::ConstraintError;
 use gguf::tokenizer::{token_type, Tokenizer};
+
+// === errors ===
+
+/// Errors building or driving a grammar constraint (`constraint`).
+#[derive(Debug, thiserror::Error)]
+pub enum ConstraintError {
+    #[error("building the token trie / parser factory failed: {0}")]
+    Setup(String),
+    #[error("invalid JSON schema: {0}")]
+    InvalidSchema(String),
+    #[error("token {token} is not allowed by the grammar here: {reason}")]
+    TokenRejected { token: u32, reason: String },
+    #[error("grammar parser error: {0}")]
+    Parser(String),
+}
 
 // === token environment ===
 

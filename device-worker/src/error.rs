@@ -1,9 +1,14 @@
 //! Error types of the device-worker library.
 //!
-//! Each concern has its own enum (`GgufError` for the model file, `TokenizerError`,
-//! `TemplateError`, `ConstraintError`); [`WorkerError`] wraps them for callers that cross
-//! concerns (engine, gRPC service).
+//! Each concern has its own enum beside its code (`GgufError`, `TokenizerError` and
+//! `TemplateError` in the gguf crate, [`ModelError`] in `model`, [`CheckpointError`] in
+//! `state`, [`ConstraintError`] in `constraint`, `SpecError` in `spec`), re-exported here;
+//! [`WorkerError`] wraps them for callers that cross concerns (engine, gRPC service). Lower
+//! modules never name `WorkerError`, so this module sits above them.
 
+pub use crate::constraint::ConstraintError;
+pub use crate::model::ModelError;
+pub use crate::state::CheckpointError;
 pub use gguf::{GgufError, TemplateError, TokenizerError};
 
 /// Everything that can go wrong in the worker.
@@ -87,82 +92,3 @@ impl WorkerError {
     }
 }
 
-// === Model ===
-
-/// Errors binding weights or running a forward pass (`model`).
-#[derive(Debug, thiserror::Error)]
-pub enum ModelError {
-    #[error(transparent)]
-    Gguf(#[from] GgufError),
-    #[error("architecture {arch:?} is not supported (supported: {supported})")]
-    UnsupportedArchitecture { arch: String, supported: String },
-    #[error("tensor {name:?} is missing from the model file")]
-    MissingTensor { name: String },
-    #[error("tensor {name:?} has GGUF dims {actual:?}, expected {expected:?}")]
-    TensorShape {
-        name: String,
-        expected: Vec<u64>,
-        actual: Vec<u64>,
-    },
-    #[error("kernel failed on {name}: {source}")]
-    Kernel {
-        name: String,
-        #[source]
-        source: dsp::DspError,
-    },
-    #[error("micro-batch of {n} tokens exceeds the scratch size {max}")]
-    BatchTooLarge { n: usize, max: usize },
-    #[error("context full: {needed} positions needed, {n_ctx} available")]
-    ContextFull { needed: usize, n_ctx: usize },
-    #[error("token id {id} is outside the vocabulary ({n_vocab})")]
-    TokenOutOfRange { id: u32, n_vocab: usize },
-    #[error("invalid model: {0}")]
-    Invalid(String),
-}
-
-// === Checkpoint ===
-
-/// Errors saving, restoring or placing recurrent-state checkpoints (`state::checkpoint`,
-/// `model::prefill`).
-#[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
-    #[error("checkpoint at position {pos} cannot be restored: the KV cache holds only {kv_len} positions")]
-    BeyondKv { pos: usize, kv_len: usize },
-    #[error("checkpoint has {actual_layers} recurrent layers / {actual_bytes} bytes; the sequence state has {expected_layers} layers / {expected_bytes} bytes")]
-    ShapeMismatch {
-        expected_layers: usize,
-        expected_bytes: usize,
-        actual_layers: usize,
-        actual_bytes: usize,
-    },
-    #[error(
-        "the sequence state has no recurrent state (attention-only model): nothing to restore"
-    )]
-    NotRecurrent,
-    #[error("checkpoint position {pos} is outside {start}..={end} of this prefill or not after the previous one ({prev:?})")]
-    SavePosition {
-        pos: usize,
-        start: usize,
-        end: usize,
-        prev: Option<usize>,
-    },
-    #[error("KV prefix of {n} positions cannot be copied: {reason}")]
-    KvPrefix { n: usize, reason: String },
-    #[error(transparent)]
-    Model(#[from] ModelError),
-}
-
-// === Constraint ===
-
-/// Errors building or driving a grammar constraint (`constraint`).
-#[derive(Debug, thiserror::Error)]
-pub enum ConstraintError {
-    #[error("building the token trie / parser factory failed: {0}")]
-    Setup(String),
-    #[error("invalid JSON schema: {0}")]
-    InvalidSchema(String),
-    #[error("token {token} is not allowed by the grammar here: {reason}")]
-    TokenRejected { token: u32, reason: String },
-    #[error("grammar parser error: {0}")]
-    Parser(String),
-}

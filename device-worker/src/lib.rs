@@ -10,7 +10,6 @@
 //! - [`service`]: the tonic handlers.
 //! - [`telemetry`]: Prometheus metrics, energy sampling, OpenTelemetry tracing.
 pub mod bench;
-pub mod cache;
 pub mod config;
 pub mod constraint;
 pub mod energy;
@@ -18,6 +17,7 @@ pub mod engine;
 pub mod error;
 pub mod model;
 pub mod power;
+pub mod prompt;
 pub mod service;
 pub mod spec;
 pub mod state;

@@ -2,7 +2,7 @@
 //! not log lines) and a property test of the store's invariants over random request
 //! sequences (sorted positions, limits, and every resume from a state of this prompt's prefix).
 
-use device_worker::cache::{plan, CacheState, PlanConfig, PlanRequest, Policy, Source, Start};
+use device_worker::state::planner::{plan, CacheState, PlanConfig, PlanRequest, Policy, Source, Start};
 use proptest::prelude::*;
 
 fn cfg(policy: Policy) -> PlanConfig {
@@ -19,7 +19,7 @@ fn seq(start: u32, n: usize) -> Vec<u32> {
 }
 
 /// Plans and applies one request whose output is `out` tokens (fed back except the last).
-fn run(state: &mut CacheState, c: &PlanConfig, prompt: &[u32], last_user: Option<usize>, out: usize) -> device_worker::cache::Plan {
+fn run(state: &mut CacheState, c: &PlanConfig, prompt: &[u32], last_user: Option<usize>, out: usize) -> device_worker::state::planner::Plan {
     let req = PlanRequest { prompt, last_user_start: last_user, image_start: None, line_starts: &[] };
     let p = plan(state, &req, c);
     let mut processed = prompt.to_vec();
@@ -96,7 +96,7 @@ fn two_480_token_chat_prompts_sharing_450_reuse_at_least_418() {
 
 #[test]
 fn consolidation_runs_600_tokens_as_88_plus_512_and_stock_as_84_512_4() {
-    let lens = |p: &device_worker::cache::Plan| -> Vec<usize> { p.batches.iter().map(|b| b.end - b.start).collect() };
+    let lens = |p: &device_worker::state::planner::Plan| -> Vec<usize> { p.batches.iter().map(|b| b.end - b.start).collect() };
     let a = seq(0, 600);
     let mut c = cfg(Policy::Stock);
     c.consolidate = false;

@@ -14,13 +14,15 @@
 //!   the per-token recurrence; they agree only up to rounding (`SPLIT_LOGIT_TOL`, as in
 //!   `tests/qwen35.rs`), and the greedy tokens are the reference ones.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use device_worker::engine::sampling::argmax;
 use device_worker::error::CheckpointError;
 use gguf::reader::GgufFile;
-use device_worker::model::prefill::{micro_batches, prefill_with_checkpoints};
+use support::prefill::{micro_batches, prefill_with_checkpoints, PrefillError};
 use device_worker::model::{Model, Scratch};
 use device_worker::state::checkpoint::Checkpoint;
 use device_worker::state::kv::KvCache;
@@ -376,7 +378,7 @@ fn checkpoint_errors() {
             bad,
         );
         assert!(
-            matches!(e, Err(CheckpointError::SavePosition { .. })),
+            matches!(e, Err(PrefillError::SavePosition { .. })),
             "{bad:?}"
         );
         assert!(fresh.is_empty());
@@ -393,7 +395,7 @@ fn checkpoint_errors() {
     );
     assert!(matches!(
         e,
-        Err(CheckpointError::SavePosition {
+        Err(PrefillError::SavePosition {
             pos: 30,
             start: 40,
             end: 60,

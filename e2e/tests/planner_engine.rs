@@ -8,7 +8,8 @@
 use std::path::PathBuf;
 
 use agent_gateway::corpus::load_episodes;
-use device_worker::cache::{chat_tokens, plan, CacheState, PlanConfig, PlanRequest, Policy};
+use device_worker::prompt::chat_tokens;
+use device_worker::state::planner::{plan, CacheState, PlanConfig, PlanRequest, Policy};
 use gguf::chat_template::{ChatMessage, ChatTemplate};
 use device_worker::config::EngineConfig;
 use gguf::reader::GgufFile;

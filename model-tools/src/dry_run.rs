@@ -2,7 +2,7 @@
 //! model run, milliseconds. Every step's prompt is built exactly as the gateway
 //! builds it (history: the episode's recorded actions), rendered and tokenized with the
 //! model's own chat template and tokenizer (the worker's admission path), then planned under
-//! each policy with the worker's planner (`device_worker::cache`), one slot serving the
+//! each policy with the worker's planner (`device_worker::state::planner`), one slot serving the
 //! episodes in order (a host prompt cache keeps earlier episodes), with the state sizes
 //! (hybrid or not, checkpoint bytes, KV bytes per token) the worker would have for the model
 //! (`--state-shapes`, default `--model`; [`device_worker::model::sequence_shape`]). Prints new prompt tokens
@@ -15,7 +15,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use agent_gateway::corpus::{load_episode, load_episodes, Episode};
-use device_worker::cache::{chat_tokens, plan, CacheState, PlanConfig, PlanRequest, Policy};
+use device_worker::prompt::chat_tokens;
+use device_worker::state::planner::{plan, CacheState, PlanConfig, PlanRequest, Policy};
 use device_worker::state::sequence::SequenceShape;
 use gguf::{ChatMessage, ChatTemplate, GgufFile, Tokenizer};
 

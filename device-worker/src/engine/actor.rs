@@ -18,7 +18,7 @@ use super::request::{EngineEvent, EngineRequest};
 use super::sampling::{argmax, sample, Rng, SamplingMode};
 use super::speculative::{mtp_fill, DraftTally, MtpSource, Round, Speculator};
 use super::EngineState;
-use crate::cache::{self, PlanConfig, PlanRequest};
+use crate::state::planner::{self, PlanConfig, PlanRequest};
 use gguf::chat_template::ChatTemplate;
 use crate::config::EngineConfig;
 use crate::constraint::ConstraintFactory;
@@ -458,7 +458,7 @@ impl Engine {
         // Cross-request reuse: the planner decides where processing resumes (the live state,
         // a checkpoint, a prompt-cache entry, or nothing), the batches, and the checkpoints
         // saved and evicted; the slot's cache executes exactly that (device-worker/src/cache).
-        let plan = cache::plan(
+        let plan = planner::plan(
             &c.slots[si].cache.meta,
             &PlanRequest {
                 prompt: &req.prompt,
@@ -477,7 +477,7 @@ impl Engine {
             let mtp_keep = common_prefix(&slot.tokens, &req.prompt);
             if let Err(e) = slot.cache.begin(&plan, &mut slot.seq) {
                 reset_slot(slot);
-                return Err(e);
+                return Err(WorkerError::Internal(e.to_string()));
             }
             slot.tokens.clear();
             slot.tokens.extend_from_slice(&req.prompt[..reused]);

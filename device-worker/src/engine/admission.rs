@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 
 use super::request::{EngineEvent, EngineRequest};
 use super::sampling::SamplingMode;
-use crate::cache::chat_tokens::{chat_tokens, line_starts};
+use crate::prompt::{chat_tokens, line_starts};
 use gguf::chat_template::{ChatMessage, ChatTemplate};
 use crate::constraint::ConstraintFactory;
 use crate::error::WorkerError;

@@ -16,7 +16,7 @@ pub struct EngineRequest {
     /// Where the last user message starts in `prompt` (chat prompts), for the checkpoint
     /// planner.
     pub last_user_start: Option<usize>,
-    /// Line starts of `prompt` (see [`crate::cache::PlanRequest::line_starts`]).
+    /// Line starts of `prompt` (see [`crate::state::planner::PlanRequest::line_starts`]).
     pub line_starts: Vec<usize>,
     pub max_tokens: u32,
     pub stop: Vec<String>,

@@ -1,9 +1,9 @@
 //! Model files and forward passes. Loading (GGUF names and metadata) stays in each
 //! architecture's `from_gguf`; `forward` never sees tensor names.
+pub mod error;
 pub mod llama;
 pub mod op_profile;
 pub mod parallel;
-pub mod prefill;
 pub(crate) mod project;
 pub mod qwen35;
 pub mod weights;
@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use dsp::pool::ThreadPool;
 
-use crate::error::ModelError;
+pub use error::ModelError;
 use crate::state::mtp::MtpCache;
 use crate::state::rollback::RollbackPrefill;
 use crate::state::sequence::{SequenceShape, SequenceState};
@@ -266,7 +266,7 @@ impl Model {
         }
         match (self, scratch) {
             (Self::Qwen35(_), Scratch::Qwen35(s)) => match &s.rollback {
-                Some(rb) => rb.rollback(seq, len),
+                Some(rb) => Ok(rb.rollback(seq, len)?),
                 None if len == seq.len() => Ok(()),
                 None => Err(ModelError::Invalid(
                     "rollback of a hybrid model needs rollback states (set_rollback)".into(),

@@ -20,7 +20,7 @@
 //!    entries of those draft steps are dropped before [`draft`] returns, so after a round
 //!    the cache holds verified entries only.
 
-use crate::error::ModelError;
+use crate::model::ModelError;
 use crate::model::MtpHead;
 use crate::state::mtp::MtpCache;
 

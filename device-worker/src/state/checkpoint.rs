@@ -24,7 +24,7 @@
 
 use super::recurrent::RecurrentState;
 use super::sequence::SequenceState;
-use crate::error::CheckpointError;
+use super::error::CheckpointError;
 
 /// The recurrent state of a sequence after its first `pos` tokens.
 #[derive(Clone, Debug, PartialEq)]

@@ -6,7 +6,7 @@
 
 use half::f16;
 
-use crate::error::CheckpointError;
+use super::error::CheckpointError;
 
 /// KV cache sized for `n_ctx` positions of `n_layer` layers with `n_kv_head` heads of
 /// `head_dim`. Holds `len` valid positions (`0..len`).

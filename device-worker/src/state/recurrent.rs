@@ -11,7 +11,7 @@
 //! it was computed for. Checkpoints are whole copies ([`Clone`], or [`RecurrentState::copy_from`]
 //! into a preallocated one, which does not allocate).
 
-use crate::error::ModelError;
+use super::error::CheckpointError;
 
 /// Conv and delta-rule state of one GDN layer (shapes in the module docs).
 #[derive(Clone, Debug, PartialEq)]
@@ -76,8 +76,9 @@ impl RecurrentState {
     /// Overwrites this state with `src` without allocating (restore a checkpoint, or save one
     /// into a preallocated buffer).
     ///
-    /// Errors: [`ModelError::Invalid`] if `src` has another layer count or buffer sizes.
-    pub fn copy_from(&mut self, src: &Self) -> Result<(), ModelError> {
+    /// Errors: [`CheckpointError::ShapeMismatch`] if `src` has another layer count or buffer
+    /// sizes.
+    pub fn copy_from(&mut self, src: &Self) -> Result<(), CheckpointError> {
         let same = self.layers.len() == src.layers.len()
             && self
                 .layers
@@ -85,13 +86,12 @@ impl RecurrentState {
                 .zip(&src.layers)
                 .all(|(a, b)| a.conv.len() == b.conv.len() && a.ssm.len() == b.ssm.len());
         if !same {
-            return Err(ModelError::Invalid(format!(
-                "recurrent state shapes differ: {} layers / {} bytes into {} layers / {} bytes",
-                src.layers.len(),
-                src.bytes(),
-                self.layers.len(),
-                self.bytes()
-            )));
+            return Err(CheckpointError::ShapeMismatch {
+                expected_layers: self.layers.len(),
+                expected_bytes: self.bytes(),
+                actual_layers: src.layers.len(),
+                actual_bytes: src.bytes(),
+            });
         }
         for (d, s) in self.layers.iter_mut().zip(&src.layers) {
             d.conv.copy_from_slice(&s.conv);

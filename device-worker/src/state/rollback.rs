@@ -13,8 +13,16 @@
 //! state. One set lives in the engine's scratch buffers: it describes the last pass of
 //! whichever sequence ran it, so a rollback must follow that pass before any other.
 
-use crate::error::ModelError;
-use crate::state::sequence::SequenceState;
+use super::sequence::SequenceState;
+
+/// A rollback the last pass's rollback states cannot serve.
+#[derive(Debug, thiserror::Error)]
+#[error("rollback to {len}: {reason}")]
+pub struct RollbackError {
+    /// The length asked for.
+    pub len: usize,
+    pub reason: String,
+}
 
 /// How a forward pass of `n ≥ K` tokens produces its `K` rollback states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -142,22 +150,20 @@ impl RollbackStates {
     /// every GDN layer's conv and delta-rule state is restored from the slot of token
     /// `len − 1`. `len` equal to the current length is a no-op.
     ///
-    /// Errors: [`ModelError::Invalid`] when `seq` is not at the end of the recorded pass or
-    /// `len` is outside [`Self::reachable`].
-    pub fn rollback(&self, seq: &mut SequenceState, len: usize) -> Result<(), ModelError> {
+    /// Errors: [`RollbackError`] when `seq` is not at the end of the recorded pass or `len`
+    /// is outside [`Self::reachable`].
+    pub fn rollback(&self, seq: &mut SequenceState, len: usize) -> Result<(), RollbackError> {
         let end = self.pos0 + self.n;
+        let fail = |reason: String| Err(RollbackError { len, reason });
         if seq.len() != end || self.m == 0 {
-            return Err(ModelError::Invalid(format!(
-                "rollback to {len}: the sequence is at {} but the rollback states describe a pass ending at {end} ({} kept)",
+            return fail(format!(
+                "the sequence is at {} but the rollback states describe a pass ending at {end} ({} kept)",
                 seq.len(),
                 self.m
-            )));
+            ));
         }
         if !self.reachable().is_some_and(|r| r.contains(&len)) {
-            return Err(ModelError::Invalid(format!(
-                "rollback to {len}: only positions {:?} are reachable",
-                self.reachable()
-            )));
+            return fail(format!("only positions {:?} are reachable", self.reachable()));
         }
         if len == end {
             return Ok(());
@@ -165,11 +171,11 @@ impl RollbackStates {
         let slot = len - 1 - (end - self.m);
         if let Some(rec) = seq.recurrent.as_mut() {
             if rec.n_layers() != self.layers.len() {
-                return Err(ModelError::Invalid(format!(
+                return fail(format!(
                     "rollback states of {} GDN layers for a sequence of {}",
                     self.layers.len(),
                     rec.n_layers()
-                )));
+                ));
             }
             for (i, l) in self.layers.iter().enumerate() {
                 let st = rec.layer_mut(i);

@@ -6,7 +6,7 @@
 
 use super::mtp::MtpCache;
 use super::sequence::SequenceState;
-use crate::cache::SlotCache;
+use super::planner::SlotCache;
 
 pub struct Slot {
     pub id: u32,

@@ -16,7 +16,7 @@
 //!   ends a batch; no batch exceeds `n_batch`.
 
 use super::policy::{PlanConfig, Policy, STOCK_FAR, STOCK_NEAR};
-use super::store::{CacheState, CachedSequence, CheckpointMeta};
+use super::meta::{CacheState, CachedSequence, CheckpointMeta};
 use crate::state::slot::common_prefix;
 
 /// The request as the planner sees it.

@@ -1,4 +1,6 @@
-//! Prefill that saves recurrent-state checkpoints at chosen positions.
+//! Test support: a prefill that saves recurrent-state checkpoints at chosen positions (the
+//! engine's own prefill runs the planner's batches, `state::planner`; this one lets the
+//! checkpoint tests pick arbitrary positions).
 //!
 //! A hybrid model's recurrent state exists only at micro-batch ends, so saving at position `p`
 //! means ending a micro-batch at `p`: [`micro_batches`] cuts the prompt into micro-batches of
@@ -16,24 +18,37 @@ use std::ops::Range;
 
 use dsp::pool::ThreadPool;
 
-use super::{Model, Scratch};
-use crate::error::{CheckpointError, ModelError};
-use crate::state::checkpoint::Checkpoint;
-use crate::state::sequence::SequenceState;
+use device_worker::model::{Model, ModelError, Scratch};
+use device_worker::state::checkpoint::Checkpoint;
+use device_worker::state::sequence::SequenceState;
+
+/// Why a checkpointed prefill cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum PrefillError {
+    #[error("checkpoint position {pos} is outside {start}..={end} of this prefill or not after the previous one ({prev:?})")]
+    SavePosition {
+        pos: usize,
+        start: usize,
+        end: usize,
+        prev: Option<usize>,
+    },
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}
 
 /// Micro-batches (absolute position ranges) for `n_tokens` tokens starting at position `start`:
 /// consecutive runs of at most `n_batch` tokens, restarting at every position of `save_at`, so
 /// that each such position is the end of a micro-batch (or `start` itself).
 ///
-/// Errors: [`CheckpointError::SavePosition`] unless `save_at` is strictly increasing within
-/// `start..=start + n_tokens`; [`CheckpointError::Model`] ([`ModelError::Invalid`]) for
+/// Errors: [`PrefillError::SavePosition`] unless `save_at` is strictly increasing within
+/// `start..=start + n_tokens`; [`PrefillError::Model`] ([`ModelError::Invalid`]) for
 /// `n_batch == 0` or `n_tokens == 0`.
 pub fn micro_batches(
     start: usize,
     n_tokens: usize,
     n_batch: usize,
     save_at: &[usize],
-) -> Result<Vec<Range<usize>>, CheckpointError> {
+) -> Result<Vec<Range<usize>>, PrefillError> {
     if n_batch == 0 || n_tokens == 0 {
         return Err(ModelError::Invalid(format!(
             "prefill of {n_tokens} tokens in micro-batches of {n_batch}: both must be positive"
@@ -44,7 +59,7 @@ pub fn micro_batches(
     let mut prev: Option<usize> = None;
     for &pos in save_at {
         if pos < start || pos > end || prev.is_some_and(|p| pos <= p) {
-            return Err(CheckpointError::SavePosition {
+            return Err(PrefillError::SavePosition {
                 pos,
                 start,
                 end,
@@ -81,7 +96,7 @@ pub fn prefill_with_checkpoints<'s>(
     scratch: &'s mut Scratch,
     n_batch: usize,
     save_at: &[usize],
-) -> Result<(Vec<Checkpoint>, &'s [f32]), CheckpointError> {
+) -> Result<(Vec<Checkpoint>, &'s [f32]), PrefillError> {
     let start = seq.len();
     let batches = micro_batches(start, tokens.len(), n_batch, save_at)?;
     let mut want = save_at.iter().copied().peekable();
@@ -137,13 +152,13 @@ mod tests {
         for bad in [&[3, 3][..], &[4, 2], &[1], &[5, 31]] {
             let e = micro_batches(2, 28, 8, bad);
             assert!(
-                matches!(e, Err(CheckpointError::SavePosition { .. })),
+                matches!(e, Err(PrefillError::SavePosition { .. })),
                 "{bad:?}: {e:?}"
             );
         }
         assert!(matches!(
             micro_batches(0, 5, 0, &[]),
-            Err(CheckpointError::Model(_))
+            Err(PrefillError::Model(_))
         ));
         assert!(micro_batches(0, 0, 4, &[]).is_err());
     }

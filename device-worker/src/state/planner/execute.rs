@@ -1,25 +1,17 @@
 //! The engine side of a [`Plan`]: a slot's saved recurrent states and its prompt-cache
 //! entries, moved exactly as the plan says, with the planner's metadata ([`CacheState`])
 //! advanced by the same [`CacheState::apply`] the dry run uses — so the engine and
-//! `replay --dry-run` cannot disagree on which tokens a request processes.
+//! `tandem-tools dry-run` cannot disagree on which tokens a request processes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
+use super::meta::CacheState;
 use super::plan::{Plan, Source, Start};
 use super::policy::PlanConfig;
-use super::store::CacheState;
-use crate::error::WorkerError;
 use crate::state::checkpoint::Checkpoint;
-use crate::state::kv::KvCache;
-use crate::state::recurrent::RecurrentState;
+use crate::state::error::CheckpointError;
+use crate::state::prompt_cache::{PromptCache, Stashed};
 use crate::state::sequence::SequenceState;
-
-/// A slot's content parked in the host prompt cache.
-struct Stashed {
-    kv: KvCache,
-    recurrent: Option<RecurrentState>,
-    checkpoints: BTreeMap<usize, Checkpoint>,
-}
 
 /// Planner metadata plus the states it describes, for one slot.
 #[derive(Default)]
@@ -27,8 +19,8 @@ pub struct SlotCache {
     /// What the planner sees (tokens, checkpoint positions, prompt-cache entries).
     pub meta: CacheState,
     checkpoints: BTreeMap<usize, Checkpoint>,
-    /// Prompt-cache entries by [`super::store::PromptCacheEntry::stored`] (unique per entry).
-    stash: HashMap<u64, Stashed>,
+    /// The states of the prompt-cache entries in `meta`.
+    prompt_cache: PromptCache,
 }
 
 /// Checkpoint activity of one request, for the per-step figures.
@@ -46,20 +38,14 @@ impl SlotCache {
     /// or loads an entry from it, drops checkpoints past the divergence point, then continues,
     /// restores a checkpoint or resets, so that `seq.len() == plan.resume` on return.
     ///
-    /// Errors: [`WorkerError::Internal`] when the saved states do not match the plan (a bug,
-    /// reported instead of computing from a wrong state), and checkpoint restore errors.
-    pub fn begin(&mut self, plan: &Plan, seq: &mut SequenceState) -> Result<(), WorkerError> {
+    /// Errors: [`CheckpointError::PlanMismatch`] when the saved states do not match the plan
+    /// (a bug, reported instead of computing from a wrong state), and checkpoint restore
+    /// errors (reported as a mismatch too).
+    pub fn begin(&mut self, plan: &Plan, seq: &mut SequenceState) -> Result<(), CheckpointError> {
         let stash_id = self.meta.clock + 1;
         if plan.stash_slot && !self.meta.slot.tokens.is_empty() {
-            let n = seq.len();
-            let mut kv = KvCache::like(&seq.kv, n);
-            kv.copy_prefix_from(&seq.kv, n).map_err(cp_err)?;
-            let st = Stashed {
-                kv,
-                recurrent: seq.recurrent.clone(),
-                checkpoints: std::mem::take(&mut self.checkpoints),
-            };
-            self.stash.insert(stash_id, st);
+            let st = Stashed::copy_of(seq, std::mem::take(&mut self.checkpoints)).map_err(cp_err)?;
+            self.prompt_cache.insert(stash_id, st);
         }
         match plan.source {
             Source::PromptCache(i) => {
@@ -70,18 +56,10 @@ impl SlotCache {
                     .map(|e| e.stored)
                     .ok_or_else(|| mismatch("prompt-cache entry planned but absent"))?;
                 let st = self
-                    .stash
-                    .remove(&id)
+                    .prompt_cache
+                    .take(id)
                     .ok_or_else(|| mismatch("prompt-cache state missing"))?;
-                let n = st.kv.len();
-                if seq.kv.n_ctx() < n {
-                    return Err(mismatch("prompt-cache entry longer than the slot"));
-                }
-                seq.kv.copy_prefix_from(&st.kv, n).map_err(cp_err)?;
-                if let (Some(dst), Some(src)) = (seq.recurrent.as_mut(), st.recurrent.as_ref()) {
-                    dst.copy_from(src).map_err(|_| mismatch("recurrent state shape"))?;
-                }
-                self.checkpoints = st.checkpoints;
+                self.checkpoints = st.load_into(seq).map_err(cp_err)?;
             }
             Source::Slot if plan.stash_slot => seq.reset(),
             Source::Slot => {}
@@ -135,7 +113,7 @@ impl SlotCache {
         let held = &self.checkpoints;
         self.meta.slot.checkpoints.retain(|c| held.contains_key(&c.pos));
         let live: Vec<u64> = self.meta.prompt_cache.iter().map(|e| e.stored).collect();
-        self.stash.retain(|id, _| live.contains(id));
+        self.prompt_cache.retain(&live);
         CacheEvents {
             saved: plan.saved.iter().filter(|p| held.contains_key(p)).count() as u32,
             restored: plan.restored.is_some() as u32,
@@ -151,13 +129,7 @@ impl SlotCache {
 
     /// Bytes of saved states: the slot's checkpoints and the prompt cache.
     pub fn bytes_held(&self) -> usize {
-        let cps = |m: &BTreeMap<usize, Checkpoint>| m.values().map(|c| c.bytes()).sum::<usize>();
-        cps(&self.checkpoints)
-            + self
-                .stash
-                .values()
-                .map(|s| s.kv.bytes_used() + s.recurrent.as_ref().map_or(0, |r| r.bytes()) + cps(&s.checkpoints))
-                .sum::<usize>()
+        self.checkpoints.values().map(|c| c.bytes()).sum::<usize>() + self.prompt_cache.bytes()
     }
 
     /// Positions of the checkpoints held (for tests and status).
@@ -166,10 +138,10 @@ impl SlotCache {
     }
 }
 
-fn cp_err(e: crate::error::CheckpointError) -> WorkerError {
+fn cp_err(e: CheckpointError) -> CheckpointError {
     mismatch(&e.to_string())
 }
 
-fn mismatch(what: &str) -> WorkerError {
-    WorkerError::Internal(format!("cache plan does not match the slot's saved states: {what}"))
+fn mismatch(what: &str) -> CheckpointError {
+    CheckpointError::PlanMismatch(what.to_string())
 }

@@ -1,0 +1,4 @@
+//! Test support of the device-worker integration tests.
+#![allow(dead_code)]
+
+pub mod prefill;

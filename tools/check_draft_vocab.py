@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Cross-check `agent-gateway draft-vocab` output with gguf-py's GGUFReader (independent of
+"""Cross-check `tandem-tools draft-vocab` output with gguf-py's GGUFReader (independent of
 our Rust reader).
 
 Usage:

@@ -1,29 +1,60 @@
-//! Gateway configuration.
+//! Gateway configuration: the `serve` options as clap flags, mirrored by the keys of a
+//! `--config` TOML file (the long flag names; precedence defaults < file < environment <
+//! flags, `tandem_options`), serialisable so `--print-config` writes such a file.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::str::FromStr;
 
-/// The `serve` command's settings.
-#[derive(Clone, Debug, clap::Args)]
-pub struct ServeConfig {
+/// The `serve` command's options.
+#[derive(Clone, Debug, clap::Args, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ServeOptions {
+    /// TOML file of options: keys are the long flags of `serve` (`listen = "127.0.0.1:50052"`,
+    /// `worker = ["http://127.0.0.1:50051"]`); flags and environment variables override it.
+    /// `--print-config` writes one.
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Print the effective options (defaults, file, environment and flags merged) as a
+    /// `--config` file and exit.
+    #[arg(long)]
+    #[serde(skip)]
+    pub print_config: bool,
     /// Address for AgentService (gRPC).
     #[arg(long, default_value = "127.0.0.1:50052")]
     pub listen: SocketAddr,
     /// device-worker address (repeatable); episodes are pinned to one worker each.
     #[arg(long = "worker", default_value = "http://127.0.0.1:50051")]
+    #[serde(rename = "worker")]
     pub workers: Vec<String>,
     /// Address for the OpenAI-compatible HTTP endpoint (`/v1/chat/completions`,
     /// `/v1/models`, `/health`), or `off`.
     #[arg(long, default_value = "127.0.0.1:8080")]
+    #[serde(serialize_with = "as_display")]
     pub http_listen: HttpListen,
     /// OTLP span export (`--otlp-endpoint`, env `OTEL_EXPORTER_OTLP_ENDPOINT`).
     #[command(flatten)]
+    #[serde(flatten)]
     pub otel: tandem_telemetry::otel::OtelArgs,
+}
+
+fn as_display<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
 }
 
 /// `--http-listen`: an address, or `off` (no HTTP endpoint).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HttpListen(pub Option<SocketAddr>);
+
+impl std::fmt::Display for HttpListen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(a) => write!(f, "{a}"),
+            None => f.write_str("off"),
+        }
+    }
+}
 
 impl FromStr for HttpListen {
     type Err = String;
@@ -51,5 +82,21 @@ mod tests {
         assert_eq!("OFF".parse::<HttpListen>().unwrap(), HttpListen(None));
         assert_eq!("0.0.0.0:9000".parse::<HttpListen>().unwrap().0.unwrap().port(), 9000);
         assert!("localhost".parse::<HttpListen>().unwrap_err().contains("\"localhost\""));
+        for s in ["off", "127.0.0.1:8080"] {
+            assert_eq!(s.parse::<HttpListen>().unwrap().to_string(), s);
+        }
+    }
+
+    #[test]
+    fn printed_config_keys_are_the_serve_flags() {
+        use clap::{Args, FromArgMatches};
+        let cmd = ServeOptions::augment_args(clap::Command::new("serve"));
+        let m = cmd.clone().try_get_matches_from(["serve"]).unwrap();
+        let opts = ServeOptions::from_arg_matches(&m).unwrap();
+        let text = toml::to_string(&opts).unwrap();
+        let table: toml::Table = text.parse().unwrap();
+        for key in table.keys() {
+            assert!(cmd.get_arguments().any(|a| a.get_long() == Some(key.as_str())), "{key} is no flag");
+        }
     }
 }

@@ -15,7 +15,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve AgentService (gRPC), health and reflection.
-    Serve(agent_gateway::config::ServeConfig),
+    Serve(agent_gateway::config::ServeOptions),
     /// Replay real corpus episodes through a running gateway and print a per-step table.
     Replay(agent_gateway::replay::ReplayConfig),
     /// Check (or wait for) a gateway's or worker's gRPC health.
@@ -32,7 +32,13 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let cli: Cli = tandem_options::parse()?;
+    if let Command::Serve(cfg) = &cli.command {
+        if cfg.print_config {
+            print!("{}", toml::to_string(cfg).context("printing the options")?);
+            return Ok(());
+        }
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     // Log lines to stderr; spans over OTLP when `serve --otlp-endpoint` (or the env) is set. The
     // exporter's gRPC channel lives on `rt`; the guard flushes spans on exit.

@@ -9,17 +9,20 @@ use std::time::Instant;
 use anyhow::Context;
 use dsp::pool::ThreadPool;
 
+use crate::config::defaults as d;
+use crate::config::settings::pass_tokens;
 use crate::config::at_least_one;
 use gguf::reader::GgufFile;
 use crate::model::Model;
 
+/// `device-worker bench`'s options.
 #[derive(Clone, Debug, clap::Args)]
-pub struct BenchConfig {
+pub struct BenchOptions {
     /// GGUF model file. Default: the fetched SmolLM2-135M-Instruct Q4_1.
     #[arg(long, env = "TANDEM_MODEL")]
     pub model: Option<PathBuf>,
     /// Compute threads.
-    #[arg(long, short = 't', default_value_t = 2, value_parser = at_least_one)]
+    #[arg(long, short = 't', default_value_t = d::BENCH_THREADS, value_parser = at_least_one)]
     pub threads: usize,
     /// Prompt tokens for the prefill test (pp).
     #[arg(long, default_value_t = 512, value_parser = at_least_one)]
@@ -28,7 +31,7 @@ pub struct BenchConfig {
     #[arg(long, default_value_t = 64, value_parser = at_least_one)]
     pub gen_tokens: usize,
     /// Micro-batch size.
-    #[arg(long, default_value_t = 512, value_parser = at_least_one)]
+    #[arg(long, default_value_t = d::MICRO_BATCH, value_parser = at_least_one)]
     pub micro_batch: usize,
     /// Repetitions (the mean is reported).
     #[arg(long, short = 'r', default_value_t = 3, value_parser = at_least_one)]
@@ -46,22 +49,24 @@ pub struct BenchConfig {
     /// and the ratios to plain (speculative decoding's prefill overhead, Tandem §3.3).
     #[arg(long)]
     pub rollback_ablation: bool,
-    /// Rollback states kept per pass in --rollback-ablation (n_draft + 1).
-    #[arg(long, default_value_t = 4)]
-    pub rollback_k: usize,
+    /// Rollback states kept per pass in --rollback-ablation (default: n_draft + 1, the
+    /// verification pass of --n-draft drafts).
+    #[arg(long)]
+    pub rollback_k: Option<usize>,
     /// Instead of pp/tg, on a Qwen3.5 model with an MTP block: (a) prefill tokens/s without
     /// and with filling the MTP KV cache, (b) one verification pass of 1 + --n-draft tokens
     /// vs one decode pass, (c) ms per MTP draft token, full vocabulary and (when the file has
     /// one) trimmed head; --gen-tokens rounds for (b) and (c).
     #[arg(long)]
     pub mtp_overhead: bool,
-    /// Drafts per verification pass in --mtp-overhead.
-    #[arg(long, default_value_t = 3)]
+    /// Drafts per verification pass (--mtp-overhead; --rollback-ablation keeps n_draft + 1
+    /// rollback states).
+    #[arg(long, default_value_t = d::N_DRAFT as usize)]
     pub n_draft: usize,
 }
 
 /// Runs the benchmark and prints the result.
-pub fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
+pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
     if let Some(warning) = dsp::backend::kernels_env_warning() {
         eprintln!("warning: {warning}");
     }
@@ -78,7 +83,7 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
     let n_batch = cfg.micro_batch.clamp(1, cfg.prompt_tokens.max(1));
     // Buffers for a prefill micro-batch, the warm-up below and a verification pass of
     // 1 + n_draft tokens (--mtp-overhead), whichever is largest.
-    let mut scratch = model.new_scratch(n_batch.max(8).max(cfg.n_draft + 1));
+    let mut scratch = model.new_scratch(n_batch.max(8).max(pass_tokens(cfg.n_draft)));
     // Deterministic pseudo-random token ids, as llama-bench uses random tokens.
     let n_vocab = model.n_vocab() as u64;
     let mut x = 0x2545_F491_4F6C_DD1Du64;
@@ -198,7 +203,7 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
 
 /// `--rollback-ablation`: plain vs rollback-aware vs per-token prefill of `prompt`.
 fn rollback_ablation(
-    cfg: &BenchConfig,
+    cfg: &BenchOptions,
     model: &Model,
     pool: &ThreadPool,
     seq: &mut crate::state::sequence::SequenceState,
@@ -207,6 +212,7 @@ fn rollback_ablation(
     n_batch: usize,
 ) -> anyhow::Result<()> {
     use crate::state::rollback::RollbackPrefill;
+    let rollback_k = cfg.rollback_k.unwrap_or(pass_tokens(cfg.n_draft));
     if !model.is_recurrent() {
         anyhow::bail!(
             "--rollback-ablation needs a hybrid (recurrent) model; {} is {} (attention only: a rollback is a KV truncation)",
@@ -214,10 +220,10 @@ fn rollback_ablation(
             model.architecture()
         );
     }
-    if cfg.rollback_k == 0 || cfg.rollback_k > prompt.len().min(n_batch) {
+    if rollback_k == 0 || rollback_k > prompt.len().min(n_batch) {
         anyhow::bail!(
             "--rollback-k {} must be in 1..={} (at most the prompt and micro-batch length)",
-            cfg.rollback_k,
+            rollback_k,
             prompt.len().min(n_batch)
         );
     }
@@ -232,7 +238,7 @@ fn rollback_ablation(
     for _ in 0..reps {
         for (i, (_, mode)) in modes.iter().enumerate() {
             match mode {
-                Some(m) => model.set_rollback(scratch, cfg.rollback_k, *m),
+                Some(m) => model.set_rollback(scratch, rollback_k, *m),
                 None => model.set_rollback(scratch, 0, RollbackPrefill::Aware),
             }
             seq.reset();
@@ -258,13 +264,13 @@ fn rollback_ablation(
             .collect();
         println!(
             "{}",
-            serde_json::json!({"prompt_tokens": prompt.len(), "rollback_k": cfg.rollback_k, "threads": cfg.threads, "modes": rows})
+            serde_json::json!({"prompt_tokens": prompt.len(), "rollback_k": rollback_k, "threads": cfg.threads, "modes": rows})
         );
     } else {
         println!(
             "prefill of {} tokens, K = {} rollback states, {} threads, mean of {reps} interleaved runs",
             prompt.len(),
-            cfg.rollback_k,
+            rollback_k,
             cfg.threads
         );
         println!("| mode | tokens/s | time vs plain | ms writing rollback states |\n|---|---:|---:|---:|");
@@ -284,7 +290,7 @@ fn rollback_ablation(
 /// without filling the MTP KV cache, a verification pass vs a decode pass, and the time per
 /// MTP draft token (full and trimmed heads).
 fn mtp_overhead(
-    cfg: &BenchConfig,
+    cfg: &BenchOptions,
     model: &Model,
     pool: &ThreadPool,
     seq: &mut crate::state::sequence::SequenceState,
@@ -303,12 +309,12 @@ fn mtp_overhead(
                 .map_or("the default model".into(), |p| p.display().to_string())
         );
     }
-    if cfg.n_draft == 0 || cfg.n_draft + 1 > n_batch {
+    let k = pass_tokens(cfg.n_draft);
+    if cfg.n_draft == 0 || k > n_batch {
         anyhow::bail!("--n-draft {} must be in 1..={}", cfg.n_draft, n_batch - 1);
     }
     let reps = cfg.repetitions.max(1);
     let rounds = cfg.gen_tokens.max(1);
-    let k = cfg.n_draft + 1;
     model.set_rollback(scratch, k, RollbackPrefill::Aware);
     let mut cache = model
         .new_mtp_cache(seq.n_ctx())

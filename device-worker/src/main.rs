@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use device_worker::config::ServeConfig;
+use device_worker::config::ServeOptions;
 
 #[derive(Parser)]
 #[command(
@@ -18,10 +18,10 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Load the model and serve StepService, gRPC health and reflection (and Prometheus
-    /// `/metrics` with `--metrics-listen`).
-    Serve(ServeArgs),
+    /// `/metrics` with `--metrics-listen`). Options may come from a TOML file (`--config`).
+    Serve(ServeOptions),
     /// Measure prefill and decode speed on the model (no server).
-    Bench(device_worker::bench::BenchConfig),
+    Bench(device_worker::bench::BenchOptions),
     /// Send one Generate request to a running worker and print one JSON line with the
     /// client-side and server-reported times (for bench/idle_power.sh).
     Request {
@@ -50,21 +50,18 @@ enum Command {
     },
 }
 
-/// `serve`'s options: the worker's configuration and its telemetry.
-#[derive(clap::Args)]
-struct ServeArgs {
-    #[command(flatten)]
-    cfg: ServeConfig,
-    #[command(flatten)]
-    telemetry: device_worker::telemetry::TelemetryArgs,
-}
-
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    let Command::Serve(ServeArgs { cfg, telemetry }) = cli.command else {
+    let cli: Cli = tandem_options::parse()?;
+    let Command::Serve(cfg) = cli.command else {
         let _tracing = tandem_telemetry::otel::init("device-worker", None)?;
         return run_tool(cli.command);
     };
+    if cfg.print_config {
+        print!("{}", toml::to_string(&cfg).context("printing the options")?);
+        return Ok(());
+    }
+    let settings = cfg.engine.settings()?;
+    let telemetry = cfg.telemetry.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -78,14 +75,14 @@ fn main() -> anyhow::Result<()> {
         )?
     };
     rt.block_on(async move {
-        let model = cfg.engine.model_path();
+        let model = settings.model.clone();
         if !model.exists() {
             anyhow::bail!(
                 "model file {} does not exist; run tools/fetch_model.sh or pass --model PATH",
                 model.display()
             );
         }
-        let engine = device_worker::engine::EngineHandle::spawn(cfg.engine.clone())?;
+        let engine = device_worker::engine::EngineHandle::spawn(settings)?;
         // Detect the energy source once, at engine start.
         device_worker::telemetry::energy::publish_availability();
         let (metrics_stop, metrics_stopped) = tokio::sync::oneshot::channel::<()>();

@@ -381,23 +381,27 @@ fn trimmed_head_scores_its_rows_like_the_full_head_and_maps_back_to_original_ids
 
 #[test]
 fn mtp_drafters_on_models_without_their_parts_fail_at_startup_with_a_clear_error() {
-    use device_worker::config::{Drafters, EngineConfig};
+    use device_worker::config::{Drafters, EngineOptions};
     use device_worker::engine::speculative::Speculator;
-    let cfg = |model: &str, drafters: &str| EngineConfig {
-        model: Some(fixture(model)),
-        drafters: drafters.parse::<Drafters>().expect("drafters"),
-        ..Default::default()
+    let settings = |model: &str, drafters: &str| {
+        EngineOptions {
+            model: Some(fixture(model)),
+            drafters: drafters.parse::<Drafters>().expect("drafters"),
+            ..Default::default()
+        }
+        .settings()
+        .expect("valid options")
     };
     let load = |name: &str| {
         Model::load(Arc::new(GgufFile::open(&fixture(name)).expect("opens"))).expect("loads")
     };
     let nomtp = load("tiny-qwen35-nomtp-f32.gguf");
-    let err = Speculator::new(&cfg("tiny-qwen35-nomtp-f32.gguf", "mtp"), &nomtp)
+    let err = Speculator::new(&settings("tiny-qwen35-nomtp-f32.gguf", "mtp"), &nomtp)
         .err()
         .expect("mtp without an MTP block is refused");
     assert!(err.to_string().contains("no MTP (nextn) block"), "{err}");
     let full = load("tiny-qwen35-f32.gguf");
-    let err = Speculator::new(&cfg("tiny-qwen35-f32.gguf", "mtp-trimmed"), &full)
+    let err = Speculator::new(&settings("tiny-qwen35-f32.gguf", "mtp-trimmed"), &full)
         .err()
         .expect("mtp-trimmed without a draft head is refused");
     assert!(
@@ -405,7 +409,7 @@ fn mtp_drafters_on_models_without_their_parts_fail_at_startup_with_a_clear_error
             .contains("agent-gateway draft-vocab --model IN --out OUT"),
         "{err}"
     );
-    let ok = Speculator::new(&cfg("tiny-qwen35-f32.gguf", "mtp,prompt-lookup"), &full)
+    let ok = Speculator::new(&settings("tiny-qwen35-f32.gguf", "mtp,prompt-lookup"), &full)
         .expect("mtp on a model with the block")
         .expect("speculation on");
     assert!(ok.uses_mtp());

@@ -21,7 +21,7 @@ async fn four_hundred_release_cycles_give_identical_outputs() {
     cfg.idle_release_ms = 2;
     cfg.power_backend = PowerBackendKind::Recording;
     let rec = RecordingBackend::new(Arc::new(BootClock));
-    let engine = EngineHandle::spawn_with_backend(cfg, Box::new(rec.clone())).unwrap();
+    let engine = EngineHandle::spawn_with_backend(cfg.settings().expect("valid options"), Box::new(rec.clone())).unwrap();
     let idle = engine.idle();
     let mut w = start_worker_with(engine).await;
 

@@ -34,7 +34,7 @@ fn released_worker_uses_under_20ms_cpu_in_5s() {
     let mut cfg = config(model);
     cfg.idle_release_ms = 200;
     cfg.power_backend = PowerBackendKind::Linux;
-    let engine = EngineHandle::spawn(cfg).unwrap();
+    let engine = EngineHandle::spawn(cfg.settings().expect("valid options")).unwrap();
     let idle = engine.idle();
     let status = engine.clone();
     rt.block_on(async move {

@@ -17,7 +17,7 @@ async fn idle_worker_unloads_and_the_next_request_is_a_cold_start() {
     cfg.idle_release_ms = 50;
     cfg.unload_after_idle_s = 1;
     let rec = RecordingBackend::new(Arc::new(BootClock));
-    let engine = EngineHandle::spawn_with_backend(cfg, Box::new(rec.clone())).unwrap();
+    let engine = EngineHandle::spawn_with_backend(cfg.settings().expect("valid options"), Box::new(rec.clone())).unwrap();
     let handle = engine.clone();
     let mut w = start_worker_with(engine).await;
     let req = || chat("u", "You are a phone agent.", "Open the calendar.", 8);

@@ -24,7 +24,7 @@ async fn hung_batch_fails_with_unavailable_and_the_engine_restarts() {
     let mut cfg = config(model);
     cfg.watchdog_ms = LIMIT_MS;
     cfg.fault_hang_after_batches = Some(3);
-    let engine = EngineHandle::spawn(cfg).unwrap();
+    let engine = EngineHandle::spawn(cfg.settings().expect("valid options")).unwrap();
     let handle = engine.clone();
     let mut w = start_worker_with(engine).await;
 

@@ -6,7 +6,7 @@ mod common;
 
 use std::sync::Arc;
 
-use device_worker::config::EngineConfig;
+use device_worker::config::EngineOptions;
 use device_worker::engine::{EngineHandle, EngineState};
 use tandem_proto::agent::v1 as apb;
 use tandem_proto::agent::v1::agent_service_client::AgentServiceClient;
@@ -16,8 +16,8 @@ const EPISODE: &str = "androidworld/ContactsAddContact_base_o4-mini_trial1";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn steps_for_a_dead_worker_are_served_by_the_live_one() {
     let Some(model) = common::model_path() else { return };
-    let cfg = EngineConfig { model: Some(model), threads: Some(2), ctx_size: 4096, slots: 2, ..Default::default() };
-    let engine = EngineHandle::spawn(cfg).expect("engine");
+    let cfg = EngineOptions { model: Some(model), threads: Some(2), ctx_size: 4096, slots: 2, ..Default::default() };
+    let engine = EngineHandle::spawn(cfg.settings().expect("valid options")).expect("engine");
     let mut st = engine.state();
     st.wait_for(|s| !matches!(s, EngineState::Loading)).await.expect("state");
     let wl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

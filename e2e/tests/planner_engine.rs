@@ -11,7 +11,7 @@ use agent_gateway::corpus::load_episodes;
 use device_worker::prompt::chat_tokens;
 use device_worker::state::planner::{plan, CacheState, PlanConfig, PlanRequest, Policy};
 use gguf::chat_template::{ChatMessage, ChatTemplate};
-use device_worker::config::EngineConfig;
+use device_worker::config::EngineOptions;
 use gguf::reader::GgufFile;
 use gguf::tokenizer::Tokenizer;
 use tandem_proto::step::v1 as pb;
@@ -27,7 +27,7 @@ fn fixture() -> PathBuf {
 /// Serves an engine with `policy` / `consolidate` on a free port; returns its address and a
 /// stop handle.
 async fn worker(policy: Policy, consolidate: bool) -> (String, tokio::sync::oneshot::Sender<()>) {
-    let cfg = EngineConfig {
+    let cfg = EngineOptions {
         model: Some(fixture()),
         threads: Some(2),
         ctx_size: 4096,

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 
 use agent_gateway::action::action_json_schema_for;
 use agent_gateway::corpus::{load_episodes, Episode};
-use device_worker::config::{DraftLengthMode, Drafters, EngineConfig};
+use device_worker::config::{DraftLengthMode, Drafters, EngineOptions};
 use tandem_proto::step::v1 as pb;
 use tandem_proto::step::v1::step_service_client::StepServiceClient;
 
@@ -53,7 +53,7 @@ async fn worker(
     StepServiceClient<tonic::transport::Channel>,
     tokio::sync::oneshot::Sender<()>,
 ) {
-    let cfg = EngineConfig {
+    let cfg = EngineOptions {
         model: Some(s.model.clone()),
         threads: Some(2),
         ctx_size: 4096,

@@ -1,5 +1,5 @@
 //! GGUF v3 writer: rewrites an opened GGUF file with extra metadata key/values and extra tensors
-//! appended (used by `agent-gateway draft-vocab` to add a trimmed draft output matrix).
+//! appended (used by `tandem-tools draft-vocab` to add a trimmed draft output matrix).
 //!
 //! Output layout (ggml `docs/gguf.md`, little-endian; the same as the reader's, see
 //! [`crate::reader`]):
@@ -521,7 +521,7 @@ mod tests {
 
     const FIXTURE: &str = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/qwen35/tiny-qwen35-q8_0.gguf"
+        "/../device-worker/tests/fixtures/qwen35/tiny-qwen35-q8_0.gguf"
     );
 
     fn fixture() -> GgufFile {

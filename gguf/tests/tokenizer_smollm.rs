@@ -212,7 +212,7 @@ fn incremental_decoder_streams_whole_characters() {
 
 #[test]
 fn llama_cpp_parity_fixtures_match_when_present() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/parity");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../device-worker/tests/fixtures/parity");
     let mut files = Vec::new();
     files_under(&dir, &mut files);
     files.retain(|p| p.extension().is_some_and(|e| e == "json"));

@@ -15,6 +15,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use agent_gateway::corpus::{load_episode, load_episodes, Episode};
+use device_worker::config::defaults as d;
+use device_worker::config::{at_least_one, PlannerSettings};
 use device_worker::prompt::chat_tokens;
 use device_worker::state::planner::{plan, CacheState, PlanConfig, PlanRequest, Policy};
 use device_worker::state::sequence::SequenceShape;
@@ -60,14 +62,14 @@ pub struct DryRunArgs {
     /// Prompt format(s) to plan.
     #[arg(long, value_enum, default_value = "both")]
     pub format: PromptFormat,
-    /// Micro-batch limit of the planned worker.
-    #[arg(long, default_value_t = 512, value_parser = device_worker::config::at_least_one)]
+    /// Micro-batch limit of the planned worker (the worker's --micro-batch).
+    #[arg(long, default_value_t = d::MICRO_BATCH, value_parser = at_least_one)]
     pub micro_batch: usize,
-    /// Checkpoints per slot.
-    #[arg(long, default_value_t = 8, value_parser = device_worker::config::at_least_one)]
+    /// Checkpoints per slot (the worker's --checkpoints).
+    #[arg(long, default_value_t = d::CHECKPOINTS, value_parser = at_least_one)]
     pub checkpoints: usize,
     /// Divergence policy's minimum L − R for a save (the worker's --checkpoint-min-gap).
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = d::CHECKPOINT_MIN_GAP)]
     pub checkpoint_min_gap: usize,
     /// Also print a line per step.
     #[arg(long)]
@@ -80,9 +82,9 @@ impl Default for DryRunArgs {
             model: None,
             state_shapes: None,
             format: PromptFormat::Both,
-            micro_batch: 512,
-            checkpoints: 8,
-            checkpoint_min_gap: 32,
+            micro_batch: d::MICRO_BATCH,
+            checkpoints: d::CHECKPOINTS,
+            checkpoint_min_gap: d::CHECKPOINT_MIN_GAP,
             per_step: false,
         }
     }
@@ -157,7 +159,7 @@ pub fn run(
     println!(
         "dry run: {} episodes, tokenizer and template of {}, planned as {} with the state \
          sizes of {} ({} bytes per checkpoint, {} KV bytes per token; micro-batch {}, {} \
-         checkpoints per slot, divergence min gap {}, one slot, 512 MiB prompt cache)",
+         checkpoints per slot, divergence min gap {}, one slot, {} MiB prompt cache)",
         episodes.len(),
         path.display(),
         if shape.hybrid() { "a hybrid model" } else { "an attention-only model" },
@@ -166,7 +168,8 @@ pub fn run(
         shape.kv_bytes_per_token(),
         args.micro_batch,
         args.checkpoints,
-        args.checkpoint_min_gap
+        args.checkpoint_min_gap,
+        PlannerSettings::default().prompt_cache_bytes >> 20
     );
     let mut out = Vec::new();
     for &format in formats {
@@ -189,16 +192,15 @@ fn plan_format(
 ) -> Result<Vec<StepPlan>, ToolsError> {
     let cfgs: Vec<PlanConfig> = CONFIGS
         .iter()
-        .map(|&(_, policy, consolidate)| PlanConfig {
-            policy,
-            consolidate,
-            n_batch: args.micro_batch.max(1),
-            n_checkpoints: args.checkpoints.max(1),
-            min_gap: args.checkpoint_min_gap,
-            hybrid: shape.hybrid(),
-            checkpoint_bytes: shape.checkpoint_bytes(),
-            kv_bytes_per_token: shape.kv_bytes_per_token(),
-            ..PlanConfig::default()
+        .map(|&(_, policy, consolidate)| {
+            PlannerSettings {
+                policy,
+                consolidate,
+                n_checkpoints: args.checkpoints.max(1),
+                min_gap: args.checkpoint_min_gap,
+                ..PlannerSettings::default()
+            }
+            .plan_config(args.micro_batch.max(1), shape)
         })
         .collect();
     let mut states: Vec<CacheState> = vec![CacheState::default(); cfgs.len()];

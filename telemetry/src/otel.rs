@@ -16,11 +16,13 @@ use tracing_subscriber::util::SubscriberInitExt;
 use crate::error::TelemetryError;
 
 /// The OpenTelemetry options of `serve` (worker and gateway).
-#[derive(clap::Args, Clone, Debug, Default)]
+#[derive(clap::Args, Clone, Debug, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct OtelArgs {
     /// OTLP/gRPC endpoint spans are exported to (e.g. `http://127.0.0.1:4317`); unset: no
     /// export, spans only reach the log.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub otlp_endpoint: Option<String>,
 }
 

@@ -20,7 +20,7 @@ use super::speculative::{mtp_fill, DraftTally, MtpSource, Round, Speculator};
 use super::EngineState;
 use crate::state::planner::{self, PlanConfig, PlanRequest};
 use gguf::chat_template::ChatTemplate;
-use crate::config::EngineConfig;
+use crate::config::EngineSettings;
 use crate::constraint::ConstraintFactory;
 use crate::error::WorkerError;
 use gguf::reader::GgufFile;
@@ -33,7 +33,7 @@ use crate::watchdog::Watchdog;
 
 /// What every engine instance of one handle shares (survives watchdog restarts).
 pub(super) struct Ctx {
-    pub cfg: EngineConfig,
+    pub cfg: EngineSettings,
     pub status: Arc<Mutex<pb::StatusResponse>>,
     pub idle: Arc<IdleController>,
     pub watchdog: Arc<Watchdog>,
@@ -140,15 +140,15 @@ struct Compute {
 }
 
 impl Compute {
-    fn load(cfg: &EngineConfig, file: Arc<GgufFile>) -> Result<Self, WorkerError> {
+    fn load(cfg: &EngineSettings, file: Arc<GgufFile>) -> Result<Self, WorkerError> {
         let model = Model::load(file)?;
         let n_ctx = cfg.ctx_size.min(model.n_ctx_train()).max(16);
-        let pool = ThreadPool::new(cfg.n_threads())
+        let pool = ThreadPool::new(cfg.threads)
             .map_err(|e| WorkerError::Internal(format!("thread pool: {e}")))?;
         // MTP drafters: each slot keeps the MTP block's KV cache beside its sequence, and
         // every pass hands over the hidden state of each position it computed.
-        let mtp = cfg.drafters.0.iter().any(|k| k.is_mtp()) && model.has_mtp();
-        let slots: Vec<Slot> = (0..cfg.slots.max(1) as u32)
+        let mtp = cfg.speculative.as_ref().is_some_and(|s| s.uses_mtp()) && model.has_mtp();
+        let slots: Vec<Slot> = (0..cfg.slots as u32)
             .map(|i| {
                 let mut slot = Slot::new(i, model.new_sequence_state(n_ctx));
                 slot.mtp = model.new_mtp_cache(n_ctx).filter(|_| mtp);
@@ -158,25 +158,14 @@ impl Compute {
         let n_batch = cfg.micro_batch.clamp(1, n_ctx);
         // A verification pass (1 + n_draft tokens) is one pass whatever the prefill
         // micro-batch: the buffers hold at least that many rows.
-        let rows = if cfg.drafters.0.is_empty() { n_batch } else { n_batch.max(cfg.n_draft as usize + 1) };
+        let rows = cfg.speculative.as_ref().map_or(n_batch, |s| n_batch.max(s.pass_tokens()));
         let mut scratch = model.new_scratch(rows);
-        if !cfg.drafters.0.is_empty() {
+        if let Some(s) = &cfg.speculative {
             // Every pass keeps what a rollback of its last n_draft tokens needs.
-            model.set_rollback(&mut scratch, cfg.n_draft as usize + 1, cfg.rollback_prefill);
+            model.set_rollback(&mut scratch, s.pass_tokens(), s.rollback_prefill);
         }
         model.set_hidden_rows(&mut scratch, mtp);
-        let shape = model.sequence_shape();
-        let plan_cfg = PlanConfig {
-            policy: cfg.cache_policy,
-            consolidate: cfg.consolidate,
-            n_batch,
-            n_checkpoints: cfg.checkpoints.max(1),
-            min_gap: cfg.checkpoint_min_gap,
-            hybrid: shape.hybrid(),
-            checkpoint_bytes: shape.checkpoint_bytes(),
-            kv_bytes_per_token: shape.kv_bytes_per_token(),
-            prompt_cache_bytes: cfg.prompt_cache_mib << 20,
-        };
+        let plan_cfg = cfg.planner.plan_config(n_batch, &model.sequence_shape());
         Ok(Self {
             model,
             pool,
@@ -244,7 +233,7 @@ impl Engine {
         admission: Option<Arc<Admission>>,
     ) -> Result<Self, WorkerError> {
         let cfg = &ctx.cfg;
-        let path = cfg.model_path();
+        let path = cfg.model.clone();
         let t0 = Instant::now();
         let file = Arc::new(GgufFile::open(&path)?);
         let compute = Compute::load(cfg, file.clone())?;
@@ -406,10 +395,10 @@ impl Engine {
         s.cache = Some(pb::CacheInfo {
             kv_bytes_total: slots.iter().map(|sl| sl.seq.bytes_allocated() as u64).sum(),
             n_slots: slots.len() as u32,
-            cache_policy: self.ctx.cfg.cache_policy.name().into(),
-            consolidate: self.ctx.cfg.consolidate,
-            checkpoints_per_slot: self.ctx.cfg.checkpoints as u32,
-            prompt_cache_bytes_limit: (self.ctx.cfg.prompt_cache_mib as u64) << 20,
+            cache_policy: self.ctx.cfg.planner.policy.name().into(),
+            consolidate: self.ctx.cfg.planner.consolidate,
+            checkpoints_per_slot: self.ctx.cfg.planner.n_checkpoints as u32,
+            prompt_cache_bytes_limit: self.ctx.cfg.planner.prompt_cache_bytes as u64,
             checkpoint_bytes: plan_cfg.map_or(0, |p| p.checkpoint_bytes as u64),
             kv_bytes_per_token: plan_cfg.map_or(0, |p| p.kv_bytes_per_token as u64),
             checkpoint_bytes_held: slots.iter().map(|sl| sl.cache.bytes_held() as u64).sum(),
@@ -423,7 +412,7 @@ impl Engine {
             return Ok(false);
         }
         let t0 = Instant::now();
-        let file = Arc::new(GgufFile::open(&self.ctx.cfg.model_path())?);
+        let file = Arc::new(GgufFile::open(&self.ctx.cfg.model)?);
         self.compute = Some(Compute::load(&self.ctx.cfg, file)?);
         self.ctx.idle.reloaded();
         tracing::info!(

@@ -19,12 +19,11 @@ pub mod speculative;
 
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::Duration;
 
 use tandem_proto::step::v1 as pb;
 use tokio::sync::watch;
 
-use crate::config::{EngineConfig, PowerBackendKind};
+use crate::config::{EngineSettings, PowerBackendKind};
 use crate::error::WorkerError;
 use crate::power::{
     BootClock, IdleController, LinuxBackend, NoPowerBackend, PowerBackend, PowerFigures,
@@ -84,7 +83,7 @@ impl EngineHandle {
     /// readiness.
     ///
     /// Errors: [`WorkerError::Internal`] when a thread cannot be started.
-    pub fn spawn(cfg: EngineConfig) -> Result<Self, WorkerError> {
+    pub fn spawn(cfg: EngineSettings) -> Result<Self, WorkerError> {
         let backend = power_backend(cfg.power_backend);
         Self::spawn_with_backend(cfg, backend)
     }
@@ -92,21 +91,21 @@ impl EngineHandle {
     /// As [`spawn`](Self::spawn) with a given power backend (tests pass a
     /// [`RecordingBackend`] and keep a clone to read its log).
     pub fn spawn_with_backend(
-        cfg: EngineConfig,
+        cfg: EngineSettings,
         backend: Box<dyn PowerBackend>,
     ) -> Result<Self, WorkerError> {
-        let (tx, rx) = sync_channel(cfg.max_queue.max(1));
+        let (tx, rx) = sync_channel(cfg.max_queue);
         let (state_tx, state) = watch::channel(EngineState::Loading);
         let status = Arc::new(Mutex::new(pb::StatusResponse::default()));
         let idle = Arc::new(IdleController::new(
             backend,
             Arc::new(BootClock),
-            cfg.idle(),
+            cfg.idle,
         ));
         let ctx = Arc::new(Ctx {
             status,
             idle,
-            watchdog: Arc::new(Watchdog::new(Duration::from_millis(cfg.watchdog_ms.max(1)))),
+            watchdog: Arc::new(Watchdog::new(cfg.watchdog)),
             fault: FaultHook::new(cfg.fault_hang_after_batches),
             state_tx,
             exited: Arc::new(ExitSignal::default()),
@@ -254,7 +253,7 @@ impl Shared {
         } else {
             ctx.state_tx.send_replace(EngineState::Loading);
         }
-        let (tx, rx) = sync_channel(ctx.cfg.max_queue.max(1));
+        let (tx, rx) = sync_channel(ctx.cfg.max_queue);
         let inst = Arc::new(Instance::new(old.id + 1, rx));
         // Swap the queue (dropping the old sender), then move what was queued.
         *self.tx.lock().unwrap_or_else(PoisonError::into_inner) = tx.clone();

@@ -23,7 +23,7 @@ use std::time::Instant;
 use dsp::pool::ThreadPool;
 use tandem_proto::step::v1 as pb;
 
-use crate::config::{DraftLengthMode, EngineConfig};
+use crate::config::{DraftLengthMode, EngineSettings};
 use crate::engine::sampling::argmax;
 use crate::error::{ModelError, WorkerError};
 use crate::model::{Model, MtpHead, Scratch};
@@ -138,14 +138,14 @@ impl Speculator {
     /// does not exist; [`WorkerError::LoadFailed`] with [`SpecError::NoMtpBlock`] for an MTP
     /// drafter on a model without an MTP block, [`SpecError::NoDraftVocab`] for
     /// `mtp-trimmed` on a model without the trimmed draft head.
-    pub fn new(cfg: &EngineConfig, model: &Model) -> Result<Option<Self>, WorkerError> {
-        if cfg.drafters.0.is_empty() {
+    pub fn new(engine: &EngineSettings, model: &Model) -> Result<Option<Self>, WorkerError> {
+        let Some(cfg) = &engine.speculative else {
             return Ok(None);
-        }
+        };
         let n_embd = model.n_embd();
-        let max_bytes = cfg.experience_mib << 20;
+        let max_bytes = cfg.experience_bytes;
         let mut experience = None;
-        for kind in &cfg.drafters.0 {
+        for kind in &cfg.drafters {
             match kind {
                 DrafterKind::PromptLookup => {}
                 DrafterKind::Experience => {
@@ -190,7 +190,7 @@ impl Speculator {
                         SpecError::NoMtpBlock {
                             drafter: kind.name(),
                             arch: model.architecture(),
-                            model: cfg.model_path(),
+                            model: engine.model.clone(),
                         }
                         .to_string(),
                     ));
@@ -198,7 +198,7 @@ impl Speculator {
                 DrafterKind::MtpTrimmed if model.mtp_draft_rows().is_none() => {
                     return Err(WorkerError::LoadFailed(
                         SpecError::NoDraftVocab {
-                            model: cfg.model_path(),
+                            model: engine.model.clone(),
                             tool: crate::model::qwen35::DRAFT_VOCAB_TOOL,
                         }
                         .to_string(),
@@ -207,7 +207,7 @@ impl Speculator {
                 DrafterKind::Mtp | DrafterKind::MtpTrimmed => {}
             }
         }
-        if model.has_mtp() && !cfg.drafters.0.iter().any(|k| k.is_mtp()) {
+        if model.has_mtp() && !cfg.uses_mtp() {
             tracing::info!(
                 "the model has an MTP block: --drafters mtp (or mtp-trimmed) can use it"
             );
@@ -216,22 +216,22 @@ impl Speculator {
             tracing::warn!("--experience-file is ignored: `experience` is not among --drafters");
         }
         tracing::info!(
-            drafters = %cfg.drafters,
+            drafters = %crate::config::Drafters(cfg.drafters.clone()),
             n_draft = cfg.n_draft,
             draft_length = ?cfg.draft_length,
             rollback_prefill = cfg.rollback_prefill.name(),
             "speculative decoding on"
         );
         Ok(Some(Self {
-            order: cfg.drafters.0.clone(),
+            order: cfg.drafters.clone(),
             prompt_lookup: PromptLookup::default(),
             experience,
             length: DraftLength::default(),
             mode: cfg.draft_length,
-            n_max: cfg.n_draft as usize,
+            n_max: cfg.n_draft,
             experience_file: cfg.experience_file.clone(),
             unsaved: 0,
-            corrupt: cfg.test_corrupt_drafts,
+            corrupt: cfg.corrupt_drafts,
             declined: Default::default(),
             mtp_ms: Default::default(),
         }))
@@ -245,7 +245,7 @@ impl Speculator {
 
     /// Tokens a verification pass may hold: `n_draft + 1`, the rollback states to keep.
     pub fn pass_capacity(&self) -> usize {
-        self.n_max + 1
+        crate::config::settings::pass_tokens(self.n_max)
     }
 
     /// A draft of at most `room` tokens for this round. Fixed length: the first drafter (in

@@ -17,11 +17,14 @@ pub mod prometheus;
 pub mod request;
 
 /// The telemetry options of `device-worker serve`.
-#[derive(clap::Args, Clone, Debug, Default)]
+#[derive(clap::Args, Clone, Debug, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct TelemetryArgs {
     /// Address to serve Prometheus `GET /metrics` on (e.g. `127.0.0.1:9464`); unset: off.
     #[arg(long, value_name = "ADDR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics_listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
+    #[serde(flatten)]
     pub otel: tandem_telemetry::otel::OtelArgs,
 }

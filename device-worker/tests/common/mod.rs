@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use device_worker::config::EngineConfig;
+use device_worker::config::EngineOptions;
 use device_worker::engine::EngineHandle;
 use tandem_proto::step::v1 as pb;
 use tandem_proto::step::v1::step_service_client::StepServiceClient;
@@ -33,8 +33,8 @@ pub struct TestWorker {
 }
 
 /// Starts a worker with `cfg` on an ephemeral loopback port and connects a client.
-pub async fn start_worker(cfg: EngineConfig) -> TestWorker {
-    let engine = EngineHandle::spawn(cfg).expect("engine thread");
+pub async fn start_worker(cfg: EngineOptions) -> TestWorker {
+    let engine = EngineHandle::spawn(cfg.settings().expect("valid options")).expect("engine thread");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = format!("http://{}", listener.local_addr().unwrap());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -66,8 +66,8 @@ pub async fn start_worker_with(engine: EngineHandle) -> TestWorker {
     }
 }
 
-pub fn config(model: PathBuf) -> EngineConfig {
-    EngineConfig {
+pub fn config(model: PathBuf) -> EngineOptions {
+    EngineOptions {
         model: Some(model),
         threads: Some(2),
         ctx_size: 2048,

@@ -38,9 +38,9 @@ pub struct Servers {
 /// Loads a worker with `cfg`, waits for the model, and serves StepService on a free loopback
 /// port. Returns the engine, its address `http://127.0.0.1:PORT` and the stop handle.
 pub async fn serve_worker(
-    cfg: device_worker::config::EngineConfig,
+    cfg: device_worker::config::EngineOptions,
 ) -> (device_worker::engine::EngineHandle, String, tokio::sync::oneshot::Sender<()>) {
-    let engine = device_worker::engine::EngineHandle::spawn(cfg).unwrap();
+    let engine = device_worker::engine::EngineHandle::spawn(cfg.settings().expect("valid options")).unwrap();
     // Serve only once the model is loaded, as deploy/demo.sh waits for the worker's health.
     let mut state = engine.state();
     state
@@ -60,7 +60,7 @@ pub async fn serve_worker(
 /// Loads `model` in a worker (2 threads, 2 slots, 4096-token context), serves it, and serves a
 /// gateway routed to it; both on free loopback ports.
 pub async fn start(model: PathBuf) -> Servers {
-    let cfg = device_worker::config::EngineConfig {
+    let cfg = device_worker::config::EngineOptions {
         model: Some(model),
         threads: Some(2),
         ctx_size: 4096,

@@ -1,7 +1,7 @@
 //! The dry-run planner: a pure function of (cached state, request, configuration) that says
 //! which tokens a request processes, in which batches, and which checkpoints it restores,
 //! saves and evicts — without running the model. The engine executes exactly this plan, so
-//! `replay --dry-run` predicts the engine's token counts exactly (Tandem §4.2: "the model
+//! `tandem-tools dry-run` predicts the engine's token counts exactly (Tandem §4.2: "the model
 //! reproduces 422/422 measured prompt-token counts").
 //!
 //! Rules (Tandem §2.4, §4.2; llama.cpp server `update_slots`):

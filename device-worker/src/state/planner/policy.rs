@@ -42,7 +42,8 @@ pub const STOCK_FAR: usize = 516;
 /// repeat, so their logits exist).
 pub const STOCK_NEAR: usize = 4;
 
-/// Everything the planner needs besides the slot and the request.
+/// Everything the planner needs besides the slot and the request (built from the typed
+/// settings, `config::PlannerSettings::plan_config`; `Default` is defined there too).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PlanConfig {
     pub policy: Policy,
@@ -67,18 +68,3 @@ pub struct PlanConfig {
     pub prompt_cache_bytes: usize,
 }
 
-impl Default for PlanConfig {
-    fn default() -> Self {
-        Self {
-            policy: Policy::Divergence,
-            consolidate: true,
-            n_batch: 512,
-            n_checkpoints: 8,
-            min_gap: 32,
-            hybrid: true,
-            checkpoint_bytes: 0,
-            kv_bytes_per_token: 0,
-            prompt_cache_bytes: 512 << 20,
-        }
-    }
-}

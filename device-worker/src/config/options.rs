@@ -1,76 +1,69 @@
-//! Worker configuration: one struct for flags (clap) and environment.
+//! The worker's options as the user writes them: clap flags, mirrored by the keys of a
+//! `--config` TOML file (the long flag names; [`tandem_options`]), serialisable so
+//! `--print-config` shows the effective values as such a file. Validated into
+//! [`super::EngineSettings`] before anything uses them.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-/// Where `tools/fetch_model.sh` puts the default model.
-pub fn default_model_path() -> PathBuf {
-    let cache = std::env::var_os("TANDEM_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/tandem")))
-        .unwrap_or_else(|| PathBuf::from(".cache/tandem"));
-    cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
-}
+use super::defaults as d;
+use super::{at_least_one, at_least_one_u64, default_model_path};
 
-/// Clap value parser for counts that must be at least 1 (`must be at least 1` for 0); also
-/// used by the gateway's `replay --dry-run`.
-pub fn at_least_one(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-/// Engine settings.
-#[derive(Clone, Debug, clap::Args)]
-pub struct EngineConfig {
+/// The engine's options (`serve`).
+#[derive(Clone, Debug, clap::Args, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct EngineOptions {
     /// GGUF model file (architectures `llama` and `qwen35`). Default: the SmolLM2-135M-Instruct Q4_1 file
     /// fetched by `tools/fetch_model.sh` into $TANDEM_CACHE (or ~/.cache/tandem).
     #[arg(long, env = "TANDEM_MODEL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<PathBuf>,
     /// Compute threads (the engine thread included). Default: all cores.
     #[arg(long, short = 't', value_parser = at_least_one)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub threads: Option<usize>,
     /// Context length per slot, in tokens (prompt + output).
-    #[arg(long, default_value_t = 4096, value_parser = at_least_one)]
+    #[arg(long, default_value_t = d::CTX_SIZE, value_parser = at_least_one)]
     pub ctx_size: usize,
     /// Slots (sequences with their own KV cache). Episodes are pinned to slots.
-    #[arg(long, default_value_t = 2, value_parser = at_least_one)]
+    #[arg(long, default_value_t = d::SLOTS, value_parser = at_least_one)]
     pub slots: usize,
     /// Micro-batch size for prefill, in tokens.
-    #[arg(long, default_value_t = 512, value_parser = at_least_one)]
+    #[arg(long, default_value_t = d::MICRO_BATCH, value_parser = at_least_one)]
     pub micro_batch: usize,
     /// Requests that may wait for the engine; more get RESOURCE_EXHAUSTED.
-    #[arg(long, default_value_t = 32, value_parser = at_least_one)]
+    #[arg(long, default_value_t = d::MAX_QUEUE, value_parser = at_least_one)]
     pub max_queue: usize,
     /// Output budget when a request says 0.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = d::DEFAULT_MAX_TOKENS)]
     pub default_max_tokens: u32,
     /// Milliseconds without requests or batches after which every power vote is released
     /// (weights, slots and caches stay in memory).
-    #[arg(long, default_value_t = 3000)]
+    #[arg(long, default_value_t = d::IDLE_RELEASE_MS)]
     pub idle_release_ms: u64,
     /// Seconds without requests or batches after which the model is unloaded (the next
     /// request reloads it: a cold start); 0 never unloads.
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = d::UNLOAD_AFTER_IDLE_S)]
     pub unload_after_idle_s: u64,
     /// Power backend: `linux` (PM QoS + cpufreq floor), `recording` (records votes only) or
     /// `none`. Every backend parks the thread pool on release.
     #[arg(long, value_enum, default_value_t = PowerBackendKind::Linux)]
+    #[serde(serialize_with = "as_value_enum")]
     pub power_backend: PowerBackendKind,
     /// Milliseconds a batch (one prefill micro-batch or one decode step) may run before the
     /// watchdog fails the request with UNAVAILABLE and restarts the engine.
-    #[arg(long, default_value_t = 60_000, value_parser = at_least_one_u64)]
+    #[arg(long, default_value_t = d::WATCHDOG_MS, value_parser = at_least_one_u64)]
     pub watchdog_ms: u64,
     /// TEST ONLY (fault injection): the batch after this many batches hangs until the
     /// watchdog abandons the engine. Fires once per worker process.
     #[arg(long, hide = true)]
+    #[serde(skip)]
     pub fault_hang_after_batches: Option<u64>,
     /// Where recurrent-state checkpoints are saved (hybrid models): `divergence` (where
     /// consecutive prompts diverge), `stock` (llama.cpp's server) or `marconi` (every branch
-    /// point); compare them on the corpus with `agent-gateway replay --dry-run`.
+    /// point); compare them on the corpus with `tandem-tools dry-run`.
     #[arg(long, value_enum, default_value_t = crate::state::planner::Policy::Divergence)]
+    #[serde(serialize_with = "as_value_enum")]
     pub cache_policy: crate::state::planner::Policy,
     /// Batch consolidation: one batch boundary `--micro-batch` tokens before the prompt's end
     /// instead of llama.cpp's at end − 516 and end − 4 (`--consolidate false` for the stock
@@ -78,34 +71,36 @@ pub struct EngineConfig {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub consolidate: bool,
     /// Recurrent-state checkpoints kept per slot.
-    #[arg(long, default_value_t = 8, value_parser = at_least_one)]
+    #[arg(long, default_value_t = d::CHECKPOINTS, value_parser = at_least_one)]
     pub checkpoints: usize,
     /// Divergence policy: save at the divergence point L only when L − R ≥ this many tokens
     /// (R: where the request resumed). 32 is Tandem §4.2's value, calibrated to a phone NPU's
-    /// prefill and checkpoint costs; a smaller gap saves more often (see `agent-gateway replay
-    /// --dry-run --checkpoint-min-gap`).
-    #[arg(long, default_value_t = 32)]
+    /// prefill and checkpoint costs; a smaller gap saves more often (see `tandem-tools dry-run
+    /// --checkpoint-min-gap`).
+    #[arg(long, default_value_t = d::CHECKPOINT_MIN_GAP)]
     pub checkpoint_min_gap: usize,
     /// Host prompt cache for earlier slot contents, in MiB (0 disables it).
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = d::PROMPT_CACHE_MIB)]
     pub prompt_cache_mib: usize,
     /// Speculative decoding: drafters asked for a draft each round, comma-separated:
     /// `experience` (continuations of the agent's own earlier outputs), `prompt-lookup`
     /// (n-gram match of the output against the prompt), `mtp` (the model's MTP block;
     /// Qwen3.5 GGUFs with the nextn layer), `mtp-trimmed` (the MTP block with a trimmed draft
-    /// vocabulary, added by `agent-gateway draft-vocab`), or `none`. With --draft-length
+    /// vocabulary, added by `tandem-tools draft-vocab`), or `none`. With --draft-length
     /// adaptive the proposal with the most expected tokens per ms wins; with fixed, the first
     /// in this order. Greedy requests only; the output is identical with or without. The
     /// MTP drafters also fill the MTP block's KV cache during prefill (a small prefill cost),
     /// so they are not in the default even for models that have the block.
-    #[arg(long, default_value = "experience,prompt-lookup")]
+    #[arg(long, default_value = d::DRAFTERS)]
+    #[serde(serialize_with = "as_display")]
     pub drafters: Drafters,
     /// Most drafts verified in one pass, 1..=8 (the verification pass holds n + 1 tokens).
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=8))]
+    #[arg(long, default_value_t = d::N_DRAFT, value_parser = clap::value_parser!(u32).range(1..=8))]
     pub n_draft: u32,
     /// `adaptive`: draft length chosen per round from measured acceptance and pass latency;
     /// `fixed`: always the longest proposal up to --n-draft.
     #[arg(long, value_enum, default_value_t = DraftLengthMode::Adaptive)]
+    #[serde(serialize_with = "as_value_enum")]
     pub draft_length: DraftLengthMode,
     /// How prefill batches keep the recurrent states a rollback needs (hybrid models, with
     /// drafters on): `aware` (chunked kernel for all but the last n_draft tokens) or
@@ -113,18 +108,21 @@ pub struct EngineConfig {
     /// rounds differently from the chunked form, so near-tie outputs can differ from
     /// `--drafters none`, as they would between llama.cpp's modes).
     #[arg(long, value_enum, default_value_t = crate::state::rollback::RollbackPrefill::Aware)]
+    #[serde(serialize_with = "as_value_enum")]
     pub rollback_prefill: crate::state::rollback::RollbackPrefill,
     /// Experience drafter memory (earlier outputs and their hidden states), in MiB; the oldest
     /// outputs are evicted beyond it.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = d::EXPERIENCE_MIB)]
     pub experience_mib: usize,
     /// File the experience memory is loaded from at start (when it exists) and saved to when
     /// the engine stops and every 16 requests; none: memory only.
     #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub experience_file: Option<PathBuf>,
     /// TEST ONLY: the last token of every draft is replaced by another token, so every round
     /// ends in a rejection and a rollback (greedy-equivalence tests).
     #[arg(long, hide = true)]
+    #[serde(skip)]
     pub test_corrupt_drafts: bool,
 }
 
@@ -189,80 +187,81 @@ pub enum PowerBackendKind {
     None,
 }
 
-/// Parses a u64 that must be at least 1.
-fn at_least_one_u64(s: &str) -> Result<u64, String> {
-    match s.parse::<u64>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-impl EngineConfig {
-    pub fn model_path(&self) -> PathBuf {
-        self.model.clone().unwrap_or_else(default_model_path)
-    }
-
-    /// The idle timers as durations.
-    pub fn idle(&self) -> crate::power::IdleConfig {
-        crate::power::IdleConfig {
-            idle_release: std::time::Duration::from_millis(self.idle_release_ms),
-            unload_after_idle: (self.unload_after_idle_s > 0)
-                .then(|| std::time::Duration::from_secs(self.unload_after_idle_s)),
-        }
-    }
-
-    pub fn n_threads(&self) -> usize {
-        self.threads
-            .unwrap_or_else(|| {
-                std::thread::available_parallelism()
-                    .map(|n| n.get())
-                    .unwrap_or(1)
-            })
-            .max(1)
-    }
-}
-
-impl Default for EngineConfig {
+impl Default for EngineOptions {
+    /// The options with every flag at its default (as `device-worker serve` with no flags
+    /// and no `TANDEM_MODEL`).
     fn default() -> Self {
         Self {
             model: None,
             threads: None,
-            ctx_size: 4096,
-            slots: 2,
-            micro_batch: 512,
+            ctx_size: d::CTX_SIZE,
+            slots: d::SLOTS,
+            micro_batch: d::MICRO_BATCH,
+            max_queue: d::MAX_QUEUE,
+            default_max_tokens: d::DEFAULT_MAX_TOKENS,
+            idle_release_ms: d::IDLE_RELEASE_MS,
+            unload_after_idle_s: d::UNLOAD_AFTER_IDLE_S,
+            power_backend: PowerBackendKind::Linux,
+            watchdog_ms: d::WATCHDOG_MS,
+            fault_hang_after_batches: None,
             cache_policy: crate::state::planner::Policy::Divergence,
             consolidate: true,
-            checkpoints: 8,
-            checkpoint_min_gap: 32,
-            prompt_cache_mib: 512,
-            max_queue: 32,
-            default_max_tokens: 256,
-            idle_release_ms: 3000,
-            unload_after_idle_s: 300,
-            power_backend: PowerBackendKind::Linux,
-            watchdog_ms: 60_000,
-            fault_hang_after_batches: None,
-            drafters: Drafters(vec![
-                crate::spec::DrafterKind::Experience,
-                crate::spec::DrafterKind::PromptLookup,
-            ]),
-            n_draft: 3,
+            checkpoints: d::CHECKPOINTS,
+            checkpoint_min_gap: d::CHECKPOINT_MIN_GAP,
+            prompt_cache_mib: d::PROMPT_CACHE_MIB,
+            drafters: d::DRAFTERS.parse().expect("the default drafters parse"),
+            n_draft: d::N_DRAFT,
             draft_length: DraftLengthMode::Adaptive,
             rollback_prefill: crate::state::rollback::RollbackPrefill::Aware,
-            experience_mib: 64,
+            experience_mib: d::EXPERIENCE_MIB,
             experience_file: None,
             test_corrupt_drafts: false,
         }
     }
 }
 
-/// The `serve` command's settings.
-#[derive(Clone, Debug, clap::Args)]
-pub struct ServeConfig {
+impl EngineOptions {
+    /// The model file: `--model`, else the default model's path.
+    pub fn model_path(&self) -> PathBuf {
+        self.model.clone().unwrap_or_else(default_model_path)
+    }
+}
+
+/// The `serve` command's options.
+#[derive(Clone, Debug, clap::Args, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ServeOptions {
+    /// TOML file of options: keys are the long flags of `serve` (`micro-batch = 256`,
+    /// `drafters = "none"`); flags and environment variables override it. `--print-config`
+    /// writes one.
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Print the effective options (defaults, file, environment and flags merged) as a
+    /// `--config` file and exit.
+    #[arg(long)]
+    #[serde(skip)]
+    pub print_config: bool,
     /// Address for StepService (gRPC). Use 127.0.0.1 on a phone reached by `adb forward`.
     #[arg(long, default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
     #[command(flatten)]
-    pub engine: EngineConfig,
+    #[serde(flatten)]
+    pub engine: EngineOptions,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub telemetry: crate::telemetry::TelemetryArgs,
+}
+
+/// Serializes a value by its `Display` text (e.g. [`Drafters`] as `"experience,prompt-lookup"`).
+fn as_display<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
+/// Serializes a clap value enum by its command-line name (`divergence`, `per-token`).
+fn as_value_enum<T: clap::ValueEnum, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    match v.to_possible_value() {
+        Some(p) => s.serialize_str(p.get_name()),
+        None => Err(serde::ser::Error::custom("a skipped value-enum variant")),
+    }
 }

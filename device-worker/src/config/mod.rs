@@ -1,0 +1,49 @@
+//! Worker configuration, in two layers:
+//!
+//! - [`options`]: what a user writes — the clap options of `serve` and `bench`, mirrored
+//!   key for key by a TOML file given with `--config FILE` (keys are the long flags;
+//!   precedence defaults < file < environment < flags, [`tandem_options`]); every default
+//!   is a constant of [`defaults`], defined once.
+//! - [`settings`]: what the engine, the benchmark and the dry run consume — the options
+//!   validated once into typed values (durations, bytes, the resolved model path and thread
+//!   count, the verification pass size `K = n_draft + 1`, the planner's configuration).
+
+pub mod defaults;
+pub mod options;
+pub mod settings;
+
+use std::path::PathBuf;
+
+pub use options::{
+    DraftLengthMode, Drafters, EngineOptions, PowerBackendKind, ServeOptions,
+};
+pub use settings::{ConfigError, EngineSettings, PlannerSettings, SpecSettings};
+
+/// Where `tools/fetch_model.sh` puts the default model (`$TANDEM_CACHE/models/`, default
+/// `~/.cache/tandem/models/`).
+pub fn default_model_path() -> PathBuf {
+    let cache = std::env::var_os("TANDEM_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/tandem")))
+        .unwrap_or_else(|| PathBuf::from(".cache/tandem"));
+    cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+/// Clap value parser for counts that must be at least 1 (`must be at least 1` for 0); used
+/// by serve, bench and the dry run.
+pub fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// As [`at_least_one`] for `u64` values (milliseconds).
+pub fn at_least_one_u64(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}

@@ -1,0 +1,241 @@
+//! The worker's settings: [`super::EngineOptions`] validated once into typed values. The
+//! engine, the benchmark and the dry run consume these, never the raw options.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::options::{DraftLengthMode, EngineOptions, PowerBackendKind};
+use super::defaults as d;
+use crate::power::IdleConfig;
+use crate::spec::DrafterKind;
+use crate::state::planner::{PlanConfig, Policy};
+use crate::state::rollback::RollbackPrefill;
+use crate::state::sequence::SequenceShape;
+
+/// An option value the engine cannot run with (the flags' parsers reject these already; a
+/// config built in code, e.g. by a test, can still hold them).
+#[derive(Debug, thiserror::Error)]
+#[error("--{option} = {value}: {reason}")]
+pub struct ConfigError {
+    pub option: &'static str,
+    pub value: String,
+    pub reason: &'static str,
+}
+
+/// Everything the engine runs with.
+#[derive(Clone, Debug)]
+pub struct EngineSettings {
+    /// The GGUF model file.
+    pub model: PathBuf,
+    /// Compute threads, the engine thread included (resolved: `--threads` or every core).
+    pub threads: usize,
+    /// Context length per slot, tokens (capped by the model's training context at load).
+    pub ctx_size: usize,
+    pub slots: usize,
+    /// Prefill micro-batch, tokens.
+    pub micro_batch: usize,
+    /// Requests that may wait for the engine.
+    pub max_queue: usize,
+    /// Output budget of a request that asks for 0 tokens.
+    pub default_max_tokens: u32,
+    /// Power-vote release and model unload timers.
+    pub idle: IdleConfig,
+    pub power_backend: PowerBackendKind,
+    /// Longest batch before the watchdog restarts the engine.
+    pub watchdog: Duration,
+    /// TEST ONLY fault injection (`--fault-hang-after-batches`).
+    pub fault_hang_after_batches: Option<u64>,
+    pub planner: PlannerSettings,
+    /// `None`: speculative decoding off (`--drafters none`).
+    pub speculative: Option<SpecSettings>,
+}
+
+/// The checkpoint planner's settings (the model's state sizes come at load, see
+/// [`PlannerSettings::plan_config`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlannerSettings {
+    pub policy: Policy,
+    pub consolidate: bool,
+    /// Checkpoints kept per slot.
+    pub n_checkpoints: usize,
+    /// Divergence policy's minimum `L − R` for a save, tokens.
+    pub min_gap: usize,
+    /// Host prompt-cache byte limit (0: off).
+    pub prompt_cache_bytes: usize,
+}
+
+impl Default for PlannerSettings {
+    fn default() -> Self {
+        Self {
+            policy: Policy::Divergence,
+            consolidate: true,
+            n_checkpoints: d::CHECKPOINTS,
+            min_gap: d::CHECKPOINT_MIN_GAP,
+            prompt_cache_bytes: d::PROMPT_CACHE_MIB << 20,
+        }
+    }
+}
+
+impl Default for PlanConfig {
+    /// [`PlannerSettings::default`] for a hybrid model of unknown state sizes and
+    /// micro-batches of [`d::MICRO_BATCH`] tokens (tests and the dry run fill in the rest).
+    fn default() -> Self {
+        let p = PlannerSettings::default();
+        PlanConfig {
+            policy: p.policy,
+            consolidate: p.consolidate,
+            n_batch: d::MICRO_BATCH,
+            n_checkpoints: p.n_checkpoints,
+            min_gap: p.min_gap,
+            hybrid: true,
+            checkpoint_bytes: 0,
+            kv_bytes_per_token: 0,
+            prompt_cache_bytes: p.prompt_cache_bytes,
+        }
+    }
+}
+
+impl PlannerSettings {
+    /// The planner's configuration for micro-batches of `n_batch` tokens and a model whose
+    /// sequence state has `shape` (hybrid or not, checkpoint bytes, KV bytes per token).
+    pub fn plan_config(&self, n_batch: usize, shape: &SequenceShape) -> PlanConfig {
+        PlanConfig {
+            policy: self.policy,
+            consolidate: self.consolidate,
+            n_batch,
+            n_checkpoints: self.n_checkpoints,
+            min_gap: self.min_gap,
+            hybrid: shape.hybrid(),
+            checkpoint_bytes: shape.checkpoint_bytes(),
+            kv_bytes_per_token: shape.kv_bytes_per_token(),
+            prompt_cache_bytes: self.prompt_cache_bytes,
+        }
+    }
+}
+
+/// Speculative decoding's settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpecSettings {
+    /// Drafters asked each round, in `--drafters` order; never empty.
+    pub drafters: Vec<DrafterKind>,
+    /// Most drafts verified in one pass.
+    pub n_draft: usize,
+    pub draft_length: DraftLengthMode,
+    pub rollback_prefill: RollbackPrefill,
+    /// Experience memory limit, bytes.
+    pub experience_bytes: usize,
+    pub experience_file: Option<PathBuf>,
+    /// TEST ONLY (`--test-corrupt-drafts`).
+    pub corrupt_drafts: bool,
+}
+
+impl SpecSettings {
+    /// Tokens of one verification pass, `K = n_draft + 1` (the newest token and the drafts):
+    /// the rollback states every pass keeps and the rows the buffers must hold.
+    pub fn pass_tokens(&self) -> usize {
+        pass_tokens(self.n_draft)
+    }
+
+    /// Whether an MTP drafter is among the drafters (slots then keep an MTP cache).
+    pub fn uses_mtp(&self) -> bool {
+        self.drafters.iter().any(|k| k.is_mtp())
+    }
+}
+
+/// `K = n_draft + 1`, the tokens of a verification pass (for the benchmark, which has no
+/// [`SpecSettings`]).
+pub fn pass_tokens(n_draft: usize) -> usize {
+    n_draft + 1
+}
+
+impl EngineOptions {
+    /// The settings these options describe.
+    ///
+    /// Errors: [`ConfigError`] for a zero count or a draft count outside 1..=8 (values the
+    /// flags' parsers already reject).
+    pub fn settings(&self) -> Result<EngineSettings, ConfigError> {
+        let positive = |option: &'static str, v: usize| {
+            if v == 0 {
+                Err(ConfigError { option, value: v.to_string(), reason: "must be at least 1" })
+            } else {
+                Ok(v)
+            }
+        };
+        if !(1..=8).contains(&self.n_draft) {
+            return Err(ConfigError {
+                option: "n-draft",
+                value: self.n_draft.to_string(),
+                reason: "must be in 1..=8",
+            });
+        }
+        let threads = match self.threads {
+            Some(t) => positive("threads", t)?,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        let speculative = (!self.drafters.0.is_empty()).then(|| SpecSettings {
+            drafters: self.drafters.0.clone(),
+            n_draft: self.n_draft as usize,
+            draft_length: self.draft_length,
+            rollback_prefill: self.rollback_prefill,
+            experience_bytes: self.experience_mib << 20,
+            experience_file: self.experience_file.clone(),
+            corrupt_drafts: self.test_corrupt_drafts,
+        });
+        Ok(EngineSettings {
+            model: self.model_path(),
+            threads,
+            ctx_size: positive("ctx-size", self.ctx_size)?,
+            slots: positive("slots", self.slots)?,
+            micro_batch: positive("micro-batch", self.micro_batch)?,
+            max_queue: positive("max-queue", self.max_queue)?,
+            default_max_tokens: self.default_max_tokens,
+            idle: IdleConfig {
+                idle_release: Duration::from_millis(self.idle_release_ms),
+                unload_after_idle: (self.unload_after_idle_s > 0)
+                    .then(|| Duration::from_secs(self.unload_after_idle_s)),
+            },
+            power_backend: self.power_backend,
+            watchdog: Duration::from_millis(self.watchdog_ms.max(1)),
+            fault_hang_after_batches: self.fault_hang_after_batches,
+            planner: PlannerSettings {
+                policy: self.cache_policy,
+                consolidate: self.consolidate,
+                n_checkpoints: positive("checkpoints", self.checkpoints)?,
+                min_gap: self.checkpoint_min_gap,
+                prompt_cache_bytes: self.prompt_cache_mib << 20,
+            },
+            speculative,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_zero_counts_do_not() {
+        let s = EngineOptions::default().settings().unwrap();
+        assert_eq!(s.micro_batch, d::MICRO_BATCH);
+        assert_eq!(s.planner, PlannerSettings::default());
+        assert_eq!(s.speculative.as_ref().map(|s| s.pass_tokens()), Some(d::N_DRAFT as usize + 1));
+        let bad = EngineOptions { slots: 0, ..Default::default() };
+        assert_eq!(bad.settings().unwrap_err().option, "slots");
+        let bad = EngineOptions { n_draft: 9, ..Default::default() };
+        assert_eq!(bad.settings().unwrap_err().option, "n-draft");
+        let off = EngineOptions { drafters: "none".parse().unwrap(), ..Default::default() };
+        assert!(off.settings().unwrap().speculative.is_none());
+    }
+
+    #[test]
+    fn clap_defaults_equal_the_default_options() {
+        use clap::{Args, FromArgMatches};
+        let cmd = EngineOptions::augment_args(clap::Command::new("t"));
+        let m = cmd.try_get_matches_from(["t"]).unwrap();
+        let parsed = EngineOptions::from_arg_matches(&m).unwrap();
+        let mut want = EngineOptions::default();
+        // TANDEM_MODEL may be set in the test environment.
+        want.model = parsed.model.clone();
+        assert_eq!(format!("{parsed:?}"), format!("{want:?}"));
+    }
+}

@@ -1,0 +1,287 @@
+//! Option files for clap command lines: `PROGRAM SUBCOMMAND --config FILE` reads a TOML file
+//! whose keys are that subcommand's long flags (`micro-batch = 256`, `worker = ["http://..."]`,
+//! `consolidate = false`) and applies them with the precedence
+//! **defaults < file < environment < flags**.
+//!
+//! The file's values go through the same clap value parsers as the flags (they are turned
+//! into `--key=value` arguments placed before the user's own), so a file and the command line
+//! accept exactly the same values and report the same errors; a key that is no flag of the
+//! subcommand is an error naming the known keys. A flag given on the command line, or set
+//! through its environment variable, wins over the file. `PROGRAM SUBCOMMAND --print-config`
+//! style dumps are the binaries' business (they derive `serde::Serialize` on their options).
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use clap::parser::ValueSource;
+use clap::{ArgAction, ArgMatches, Command};
+
+/// The name of the file option every configurable subcommand declares (`--config FILE`).
+pub const CONFIG_FLAG: &str = "config";
+/// The flag that prints the effective options as a file (not itself a file key).
+pub const PRINT_CONFIG_FLAG: &str = "print-config";
+
+/// Whether a file may set the flag `long` (not the file option and not the print switch).
+fn file_key(long: &str) -> bool {
+    long != CONFIG_FLAG && long != PRINT_CONFIG_FLAG && long != "help" && long != "version"
+}
+
+/// What can be wrong with an options file.
+#[derive(Debug, thiserror::Error)]
+pub enum OptionsError {
+    #[error("--config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--config {path}: not valid TOML: {message}")]
+    Toml { path: PathBuf, message: String },
+    #[error("--config {path}: unknown key {key:?}; `{command}` takes: {known}")]
+    UnknownKey {
+        path: PathBuf,
+        key: String,
+        command: String,
+        known: String,
+    },
+    #[error("--config {path}: key {key:?} must be {expected}, found {found}")]
+    BadValue {
+        path: PathBuf,
+        key: String,
+        expected: &'static str,
+        found: String,
+    },
+}
+
+/// Parses the process's command line as `T`, with the values of its subcommand's
+/// `--config FILE` applied below the flags and the environment. Like `T::parse()`, prints
+/// help, version or a usage error and exits for those.
+///
+/// Errors: those of [`with_config_file`].
+pub fn parse<T: clap::Parser>() -> Result<T, OptionsError> {
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    let command = T::command();
+    let matches = command.clone().get_matches_from(argv.clone());
+    let argv = with_config_file(&command, &matches, argv)?;
+    let matches = command.get_matches_from(argv);
+    Ok(T::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()))
+}
+
+/// Returns `argv` with the values of the `--config FILE` of its subcommand (if any) inserted
+/// as flags right after the subcommand's name, skipping every key the command line or the
+/// environment already sets. `matches` are `command`'s matches for `argv` (a first parse);
+/// `argv` is returned unchanged when the subcommand has no `--config` or it is not given.
+///
+/// Errors: the file cannot be read, is not TOML, has a key that is no long flag of the
+/// subcommand (or is `config` itself), or a value that is a table, or an array for a
+/// single-valued flag that takes no list.
+pub fn with_config_file(
+    command: &Command,
+    matches: &ArgMatches,
+    argv: Vec<OsString>,
+) -> Result<Vec<OsString>, OptionsError> {
+    let Some((name, sub_matches)) = matches.subcommand() else {
+        return Ok(argv);
+    };
+    let Some(sub) = command.find_subcommand(name) else {
+        return Ok(argv);
+    };
+    if sub.get_arguments().all(|a| a.get_id() != CONFIG_FLAG) {
+        return Ok(argv);
+    }
+    let Some(path) = sub_matches.get_one::<PathBuf>(CONFIG_FLAG) else {
+        return Ok(argv);
+    };
+    let text = std::fs::read_to_string(path).map_err(|source| OptionsError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let injected = file_args(sub, sub_matches, path, &text)?;
+    // Insert after the first occurrence of the subcommand's name (argv[0] is the program).
+    let at = argv
+        .iter()
+        .skip(1)
+        .position(|a| a.to_str() == Some(name))
+        .map_or(argv.len(), |i| i + 2);
+    let mut out = argv[..at].to_vec();
+    out.extend(injected);
+    out.extend_from_slice(&argv[at..]);
+    Ok(out)
+}
+
+/// The `--key=value` arguments for the keys of `text` that neither the command line nor the
+/// environment set for `sub`.
+fn file_args(
+    sub: &Command,
+    matches: &ArgMatches,
+    path: &Path,
+    text: &str,
+) -> Result<Vec<OsString>, OptionsError> {
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| OptionsError::Toml {
+        path: path.to_path_buf(),
+        message: e.message().to_string(),
+    })?;
+    let mut out = Vec::new();
+    for (key, value) in &table {
+        let arg = sub
+            .get_arguments()
+            .find(|a| a.get_long() == Some(key.as_str()) && file_key(key))
+            .ok_or_else(|| OptionsError::UnknownKey {
+                path: path.to_path_buf(),
+                key: key.clone(),
+                command: sub.get_name().to_string(),
+                known: known_keys(sub),
+            })?;
+        let source = matches.value_source(arg.get_id().as_str());
+        if matches!(source, Some(ValueSource::CommandLine | ValueSource::EnvVariable)) {
+            continue;
+        }
+        let bad = |expected: &'static str| OptionsError::BadValue {
+            path: path.to_path_buf(),
+            key: key.clone(),
+            expected,
+            found: value.to_string(),
+        };
+        let flag = format!("--{key}");
+        match (arg.get_action(), value) {
+            (ArgAction::SetTrue, toml::Value::Boolean(b)) => {
+                if *b {
+                    out.push(flag.into());
+                }
+            }
+            (ArgAction::SetFalse, toml::Value::Boolean(b)) => {
+                if !*b {
+                    out.push(flag.into());
+                }
+            }
+            (ArgAction::SetTrue | ArgAction::SetFalse, _) => return Err(bad("true or false")),
+            (ArgAction::Append, toml::Value::Array(items)) => {
+                for item in items {
+                    out.push(format!("{flag}={}", scalar(item).ok_or_else(|| bad("a list of plain values"))?).into());
+                }
+            }
+            (_, toml::Value::Array(items)) => {
+                let parts: Option<Vec<String>> = items.iter().map(scalar).collect();
+                let parts = parts.ok_or_else(|| bad("a list of plain values"))?;
+                out.push(format!("{flag}={}", parts.join(",")).into());
+            }
+            (_, v) => {
+                let s = scalar(v).ok_or_else(|| bad("a plain value (string, number, boolean)"))?;
+                out.push(format!("{flag}={s}").into());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A TOML scalar as the text a flag would carry; `None` for tables and arrays.
+fn scalar(v: &toml::Value) -> Option<String> {
+    match v {
+        toml::Value::String(s) => Some(s.clone()),
+        toml::Value::Integer(i) => Some(i.to_string()),
+        toml::Value::Float(f) => Some(f.to_string()),
+        toml::Value::Boolean(b) => Some(b.to_string()),
+        toml::Value::Datetime(d) => Some(d.to_string()),
+        toml::Value::Array(_) | toml::Value::Table(_) => None,
+    }
+}
+
+/// The long flags of `sub` a file may set, comma-separated.
+fn known_keys(sub: &Command) -> String {
+    let mut keys: Vec<&str> = sub
+        .get_arguments()
+        .filter(|a| !a.is_hide_set())
+        .filter_map(|a| a.get_long())
+        .filter(|l| file_key(l))
+        .collect();
+    keys.sort_unstable();
+    keys.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{Args, Parser, Subcommand};
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(subcommand)]
+        cmd: Cmd,
+    }
+
+    #[derive(Subcommand, Debug)]
+    enum Cmd {
+        Serve(ServeArgs),
+    }
+
+    #[derive(Args, Debug)]
+    struct ServeArgs {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long, default_value_t = 512)]
+        micro_batch: usize,
+        #[arg(long = "worker", default_value = "a")]
+        workers: Vec<String>,
+        #[arg(long, default_value_t = true, action = ArgAction::Set)]
+        consolidate: bool,
+        #[arg(long)]
+        json: bool,
+        #[arg(long, env = "TANDEM_OPTIONS_TEST_MODEL")]
+        model: Option<String>,
+        #[arg(long, default_value = "x,y")]
+        drafters: String,
+    }
+
+    fn parse(args: &[&str], file: &str) -> Result<ServeArgs, String> {
+        let dir = std::env::temp_dir().join(format!("tandem-options-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{}.toml", args.len() * 7 + file.len()));
+        std::fs::write(&path, file).unwrap();
+        let mut argv: Vec<OsString> = vec!["prog".into(), "serve".into(), "--config".into(), path.clone().into()];
+        argv.extend(args.iter().map(OsString::from));
+        let cmd = <Cli as clap::CommandFactory>::command();
+        let m = cmd.clone().try_get_matches_from(argv.clone()).map_err(|e| e.to_string())?;
+        let argv = with_config_file(&cmd, &m, argv).map_err(|e| e.to_string())?;
+        let Cmd::Serve(s) = Cli::try_parse_from(argv).map_err(|e| e.to_string())?.cmd;
+        Ok(s)
+    }
+
+    #[test]
+    fn file_sets_defaults_and_flags_win() {
+        let s = parse(
+            &["--micro-batch", "64"],
+            "micro-batch = 128\nworker = [\"p\", \"q\"]\nconsolidate = false\njson = true\ndrafters = [\"x\"]\n",
+        )
+        .unwrap();
+        assert_eq!(s.micro_batch, 64, "the flag wins over the file");
+        assert_eq!(s.workers, ["p", "q"]);
+        assert!(!s.consolidate);
+        assert!(s.json);
+        assert_eq!(s.drafters, "x");
+        let s = parse(&[], "micro-batch = 128\n").unwrap();
+        assert_eq!(s.micro_batch, 128, "the file wins over the default");
+        assert_eq!(s.workers, ["a"]);
+    }
+
+    #[test]
+    fn environment_wins_over_the_file() {
+        std::env::set_var("TANDEM_OPTIONS_TEST_MODEL", "from-env");
+        let s = parse(&[], "model = \"from-file\"\n").unwrap();
+        std::env::remove_var("TANDEM_OPTIONS_TEST_MODEL");
+        assert_eq!(s.model.as_deref(), Some("from-env"));
+    }
+
+    #[test]
+    fn bad_files_are_clear_errors() {
+        let e = parse(&[], "micro_batch = 1\n").unwrap_err();
+        assert!(e.contains("unknown key \"micro_batch\"") && e.contains("micro-batch"), "{e}");
+        let e = parse(&[], "micro-batch = \"lots\"\n").unwrap_err();
+        assert!(e.contains("micro-batch") && e.contains("lots"), "{e}");
+        let e = parse(&[], "json = 3\n").unwrap_err();
+        assert!(e.contains("true or false"), "{e}");
+        let e = parse(&[], "micro-batch = [\n").unwrap_err();
+        assert!(e.contains("not valid TOML"), "{e}");
+        let e = parse(&[], "config = \"other.toml\"\n").unwrap_err();
+        assert!(e.contains("unknown key \"config\""), "{e}");
+    }
+}

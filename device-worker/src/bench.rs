@@ -10,7 +10,7 @@ use anyhow::Context;
 use dsp::pool::ThreadPool;
 
 use crate::config::defaults as d;
-use crate::config::settings::pass_tokens;
+use crate::speculative::pass_tokens;
 use crate::config::at_least_one;
 use gguf::reader::GgufFile;
 use crate::model::Model;
@@ -141,7 +141,7 @@ pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
                 let logits = model
                     .forward(&pool, &mut seq, &[id], &mut scratch, true)?
                     .expect("logits");
-                id = crate::engine::sampling::argmax(logits).unwrap_or(0);
+                id = crate::sampling::argmax(logits).unwrap_or(0);
             }
             let rate = cfg.gen_tokens as f64 / t.elapsed().as_secs_f64();
             if depth == 0 {
@@ -298,7 +298,7 @@ fn mtp_overhead(
     prompt: &[u32],
     n_batch: usize,
 ) -> anyhow::Result<()> {
-    use crate::engine::speculative::{mtp_fill, ModelMtp};
+    use crate::speculative::mtp::{fill_with_model as mtp_fill, ModelMtp};
     use crate::model::MtpHead;
     use crate::state::rollback::RollbackPrefill;
     if !model.has_mtp() {
@@ -382,7 +382,7 @@ fn mtp_overhead(
             };
             let newest = prompt[r % prompt.len()];
             let t = Instant::now();
-            let d = crate::spec::mtp::draft(&mut step, &mut c, prompt, newest, cfg.n_draft, head)?;
+            let d = crate::speculative::mtp::draft(&mut step, &mut c, prompt, newest, cfg.n_draft, head)?;
             secs += t.elapsed().as_secs_f64();
             drafted += d.map_or(0, |d| d.len());
         }

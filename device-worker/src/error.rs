@@ -8,6 +8,7 @@
 
 pub use crate::constraint::ConstraintError;
 pub use crate::model::ModelError;
+pub use crate::speculative::SpecError;
 pub use crate::state::CheckpointError;
 pub use gguf::{GgufError, TemplateError, TokenizerError};
 
@@ -42,16 +43,10 @@ pub enum WorkerError {
     WatchdogTimeout { limit_ms: u64, elapsed_ms: u64 },
     #[error("the engine was abandoned by the watchdog; its results are discarded")]
     Abandoned,
-    #[error("--experience-file {path}: {source}")]
-    ExperienceFile {
-        path: std::path::PathBuf,
-        source: crate::spec::SpecError,
-    },
-    #[error("--experience-file {path}: the folder {folder} does not exist (the memory could never be saved)")]
-    ExperienceFolder {
-        path: std::path::PathBuf,
-        folder: std::path::PathBuf,
-    },
+    /// A drafter cannot start (an experience file that does not load, an MTP drafter on a
+    /// model without the parts it needs).
+    #[error(transparent)]
+    Spec(#[from] SpecError),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -82,8 +77,7 @@ impl WorkerError {
             Self::QueueFull => ErrorClass::ResourceExhausted,
             Self::Loading
             | Self::LoadFailed(_)
-            | Self::ExperienceFile { .. }
-            | Self::ExperienceFolder { .. }
+            | Self::Spec(_)
             | Self::EngineStopped
             | Self::WatchdogTimeout { .. }
             | Self::Abandoned => ErrorClass::Unavailable,

@@ -253,15 +253,15 @@ fn lazy_greedy_choice_equals_the_masked_argmax() {
             }
             let mut masked = logits.clone();
             mask.apply(&mut masked);
-            let want = device_worker::engine::sampling::argmax(&masked).expect("something allowed");
-            let raw = device_worker::engine::sampling::argmax(&logits).unwrap();
+            let want = device_worker::sampling::argmax(&masked).expect("something allowed");
+            let raw = device_worker::sampling::argmax(&logits).unwrap();
             let got = if lazy.is_allowed(raw) {
                 lazy_hits += 1;
                 raw
             } else {
                 fallbacks += 1;
                 lazy.allowed_tokens().expect("mask").apply(&mut logits);
-                device_worker::engine::sampling::argmax(&logits).unwrap()
+                device_worker::sampling::argmax(&logits).unwrap()
             };
             assert_eq!(got, want, "lazy and masked greedy choices differ");
             if tok.is_eog(got) {

@@ -4,17 +4,17 @@
 //! the MTP entries of every prompt position computed from the target's output-normed hidden
 //! states, equal HF's within the parity tolerances of `tests/qwen35.rs`; filling the entries
 //! batch by batch (the engine's way) gives the same logits as one pass; drafting through
-//! [`device_worker::spec::mtp::draft`] proposes the reference's argmax; a model without the
+//! [`device_worker::speculative::mtp::draft`] proposes the reference's argmax; a model without the
 //! block says so.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use device_worker::engine::sampling::argmax;
-use device_worker::engine::speculative::{mtp_fill, ModelMtp};
+use device_worker::sampling::argmax;
+use device_worker::speculative::mtp::{fill_with_model as mtp_fill, ModelMtp};
 use gguf::reader::GgufFile;
 use device_worker::model::{Model, MtpHead, Scratch};
-use device_worker::spec::mtp;
+use device_worker::speculative::mtp;
 use device_worker::state::mtp::MtpCache;
 use dsp::pool::ThreadPool;
 
@@ -382,7 +382,7 @@ fn trimmed_head_scores_its_rows_like_the_full_head_and_maps_back_to_original_ids
 #[test]
 fn mtp_drafters_on_models_without_their_parts_fail_at_startup_with_a_clear_error() {
     use device_worker::config::{Drafters, EngineOptions};
-    use device_worker::engine::speculative::Speculator;
+    use device_worker::speculative::Speculator;
     let settings = |model: &str, drafters: &str| {
         EngineOptions {
             model: Some(fixture(model)),
@@ -396,12 +396,12 @@ fn mtp_drafters_on_models_without_their_parts_fail_at_startup_with_a_clear_error
         Model::load(Arc::new(GgufFile::open(&fixture(name)).expect("opens"))).expect("loads")
     };
     let nomtp = load("tiny-qwen35-nomtp-f32.gguf");
-    let err = Speculator::new(&settings("tiny-qwen35-nomtp-f32.gguf", "mtp"), &nomtp)
+    let err = { let s = settings("tiny-qwen35-nomtp-f32.gguf", "mtp"); Speculator::new(s.speculative.as_ref(), &s.model, &nomtp) }
         .err()
         .expect("mtp without an MTP block is refused");
     assert!(err.to_string().contains("no MTP (nextn) block"), "{err}");
     let full = load("tiny-qwen35-f32.gguf");
-    let err = Speculator::new(&settings("tiny-qwen35-f32.gguf", "mtp-trimmed"), &full)
+    let err = { let s = settings("tiny-qwen35-f32.gguf", "mtp-trimmed"); Speculator::new(s.speculative.as_ref(), &s.model, &full) }
         .err()
         .expect("mtp-trimmed without a draft head is refused");
     assert!(
@@ -409,7 +409,7 @@ fn mtp_drafters_on_models_without_their_parts_fail_at_startup_with_a_clear_error
             .contains("agent-gateway draft-vocab --model IN --out OUT"),
         "{err}"
     );
-    let ok = Speculator::new(&settings("tiny-qwen35-f32.gguf", "mtp,prompt-lookup"), &full)
+    let ok = { let s = settings("tiny-qwen35-f32.gguf", "mtp,prompt-lookup"); Speculator::new(s.speculative.as_ref(), &s.model, &full) }
         .expect("mtp on a model with the block")
         .expect("speculation on");
     assert!(ok.uses_mtp());

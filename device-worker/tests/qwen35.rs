@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use common::*;
-use device_worker::engine::sampling::argmax;
+use device_worker::sampling::argmax;
 use gguf::reader::GgufFile;
 use device_worker::model::{Model, Scratch};
 use device_worker::state::sequence::SequenceState;

@@ -19,7 +19,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use device_worker::engine::sampling::argmax;
+use device_worker::sampling::argmax;
 use device_worker::error::CheckpointError;
 use gguf::reader::GgufFile;
 use support::prefill::{micro_batches, prefill_with_checkpoints, PrefillError};

@@ -9,7 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use device_worker::engine::sampling::argmax;
+use device_worker::sampling::argmax;
 use gguf::reader::GgufFile;
 use device_worker::model::{Model, Scratch};
 use device_worker::state::rollback::RollbackPrefill;

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use super::defaults as d;
 use super::{at_least_one, at_least_one_u64, default_model_path};
+pub use crate::speculative::DraftLengthMode;
 
 /// The engine's options (`serve`).
 #[derive(Clone, Debug, clap::Args, serde::Serialize)]
@@ -128,7 +129,7 @@ pub struct EngineOptions {
 
 /// The `--drafters` list (empty for `none`).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Drafters(pub Vec<crate::spec::DrafterKind>);
+pub struct Drafters(pub Vec<crate::speculative::DrafterKind>);
 
 impl std::str::FromStr for Drafters {
     type Err = String;
@@ -151,7 +152,7 @@ impl std::str::FromStr for Drafters {
                     "`none` turns speculation off and cannot be combined with drafters".into(),
                 );
             }
-            let kind = crate::spec::DrafterKind::from_str(part, true).map_err(|_| {
+            let kind = crate::speculative::DrafterKind::from_str(part, true).map_err(|_| {
                 format!("unknown drafter {part:?}: expected prompt-lookup, experience, mtp, mtp-trimmed or none")
             })?;
             if !out.contains(&kind) {
@@ -170,13 +171,6 @@ impl std::fmt::Display for Drafters {
         let names: Vec<&str> = self.0.iter().map(|k| k.name()).collect();
         f.write_str(&names.join(","))
     }
-}
-
-/// How the draft length is chosen each round.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum DraftLengthMode {
-    Adaptive,
-    Fixed,
 }
 
 /// Which [`crate::power::PowerBackend`] the worker uses.

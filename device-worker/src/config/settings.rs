@@ -4,12 +4,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::options::{DraftLengthMode, EngineOptions, PowerBackendKind};
+use super::options::{EngineOptions, PowerBackendKind};
+pub use crate::speculative::{pass_tokens, SpecSettings};
 use super::defaults as d;
 use crate::power::IdleConfig;
-use crate::spec::DrafterKind;
 use crate::state::planner::{PlanConfig, Policy};
-use crate::state::rollback::RollbackPrefill;
 use crate::state::sequence::SequenceShape;
 
 /// An option value the engine cannot run with (the flags' parsers reject these already; a
@@ -111,41 +110,6 @@ impl PlannerSettings {
             prompt_cache_bytes: self.prompt_cache_bytes,
         }
     }
-}
-
-/// Speculative decoding's settings.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SpecSettings {
-    /// Drafters asked each round, in `--drafters` order; never empty.
-    pub drafters: Vec<DrafterKind>,
-    /// Most drafts verified in one pass.
-    pub n_draft: usize,
-    pub draft_length: DraftLengthMode,
-    pub rollback_prefill: RollbackPrefill,
-    /// Experience memory limit, bytes.
-    pub experience_bytes: usize,
-    pub experience_file: Option<PathBuf>,
-    /// TEST ONLY (`--test-corrupt-drafts`).
-    pub corrupt_drafts: bool,
-}
-
-impl SpecSettings {
-    /// Tokens of one verification pass, `K = n_draft + 1` (the newest token and the drafts):
-    /// the rollback states every pass keeps and the rows the buffers must hold.
-    pub fn pass_tokens(&self) -> usize {
-        pass_tokens(self.n_draft)
-    }
-
-    /// Whether an MTP drafter is among the drafters (slots then keep an MTP cache).
-    pub fn uses_mtp(&self) -> bool {
-        self.drafters.iter().any(|k| k.is_mtp())
-    }
-}
-
-/// `K = n_draft + 1`, the tokens of a verification pass (for the benchmark, which has no
-/// [`SpecSettings`]).
-pub fn pass_tokens(n_draft: usize) -> usize {
-    n_draft + 1
 }
 
 impl EngineOptions {

@@ -1,34 +1,31 @@
-//! The engine thread: loads the model, then serves queued requests one at a time (prefill in
-//! micro-batches, then decode) and streams events back. Between requests it waits on its
+//! The engine thread: loads the model, then serves queued requests one at a time (each
+//! through the stages of `step/`) and streams events back. Between requests it waits on its
 //! queue until the idle controller's next deadline, releases the power votes (and parks the
 //! thread pool) or unloads the model when one passes, and reloads on the next request (a
-//! cold start). Every batch is bracketed for the idle controller and the watchdog.
+//! cold start). Every batch is bracketed for the idle controller and the watchdog
+//! (`batch.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use dsp::pool::ThreadPool;
+use gguf::reader::GgufFile;
+use gguf::{ChatTemplate, Tokenizer};
 use tandem_proto::step::v1 as pb;
 use tokio::sync::{mpsc, watch};
 
 use super::admission::Admission;
+use super::compute::Compute;
 use super::request::{EngineEvent, EngineRequest};
-use super::sampling::{argmax, sample, Rng, SamplingMode};
-use super::speculative::{mtp_fill, DraftTally, MtpSource, Round, Speculator};
+use super::step;
 use super::EngineState;
-use crate::state::planner::{self, PlanConfig, PlanRequest};
-use gguf::chat_template::ChatTemplate;
 use crate::config::EngineSettings;
 use crate::constraint::ConstraintFactory;
 use crate::error::WorkerError;
-use gguf::reader::GgufFile;
-use crate::model::{Model, Scratch};
 use crate::power::{IdleController, TickAction};
-use crate::spec::DraftContext;
-use crate::state::slot::{choose_slot, common_prefix, Slot};
-use gguf::tokenizer::{IncrementalDecoder, Tokenizer};
+use crate::speculative::Speculator;
+use crate::state::slot::Slot;
 use crate::watchdog::Watchdog;
 
 /// What every engine instance of one handle shares (survives watchdog restarts).
@@ -118,69 +115,13 @@ impl FaultHook {
         }
     }
 
-    fn should_hang(&self) -> bool {
+    pub(super) fn should_hang(&self) -> bool {
         let Some(n) = self.hang_after else {
             return false;
         };
         self.batches.fetch_add(1, Ordering::Relaxed) >= n
             && !self.fired.swap(true, Ordering::AcqRel)
     }
-}
-
-/// Model, slots and pool: what an unload drops.
-struct Compute {
-    model: Model,
-    pool: ThreadPool,
-    slots: Vec<Slot>,
-    scratch: Scratch,
-    n_ctx: usize,
-    /// The checkpoint planner's configuration for this model (policy and limits from the
-    /// engine config, state sizes from the model).
-    plan_cfg: PlanConfig,
-}
-
-impl Compute {
-    fn load(cfg: &EngineSettings, file: Arc<GgufFile>) -> Result<Self, WorkerError> {
-        let model = Model::load(file)?;
-        let n_ctx = cfg.ctx_size.min(model.n_ctx_train()).max(16);
-        let pool = ThreadPool::new(cfg.threads)
-            .map_err(|e| WorkerError::Internal(format!("thread pool: {e}")))?;
-        // MTP drafters: each slot keeps the MTP block's KV cache beside its sequence, and
-        // every pass hands over the hidden state of each position it computed.
-        let mtp = cfg.speculative.as_ref().is_some_and(|s| s.uses_mtp()) && model.has_mtp();
-        let slots: Vec<Slot> = (0..cfg.slots as u32)
-            .map(|i| {
-                let mut slot = Slot::new(i, model.new_sequence_state(n_ctx));
-                slot.mtp = model.new_mtp_cache(n_ctx).filter(|_| mtp);
-                slot
-            })
-            .collect();
-        let n_batch = cfg.micro_batch.clamp(1, n_ctx);
-        // A verification pass (1 + n_draft tokens) is one pass whatever the prefill
-        // micro-batch: the buffers hold at least that many rows.
-        let rows = cfg.speculative.as_ref().map_or(n_batch, |s| n_batch.max(s.pass_tokens()));
-        let mut scratch = model.new_scratch(rows);
-        if let Some(s) = &cfg.speculative {
-            // Every pass keeps what a rollback of its last n_draft tokens needs.
-            model.set_rollback(&mut scratch, s.pass_tokens(), s.rollback_prefill);
-        }
-        model.set_hidden_rows(&mut scratch, mtp);
-        let plan_cfg = cfg.planner.plan_config(n_batch, &model.sequence_shape());
-        Ok(Self {
-            model,
-            pool,
-            slots,
-            scratch,
-            n_ctx,
-            plan_cfg,
-        })
-    }
-}
-
-/// Why a request stopped.
-enum Stop {
-    Finished(pb::FinishReason),
-    Cancelled,
 }
 
 pub(super) struct Engine {
@@ -290,7 +231,7 @@ impl Engine {
             });
             s.requests_served
         };
-        let spec = Speculator::new(cfg, &compute.model)?;
+        let spec = Speculator::new(cfg.speculative.as_ref(), &cfg.model, &compute.model)?;
         let engine = Self {
             spec,
             logits: vec![0.0; compute.model.n_vocab()],
@@ -422,446 +363,24 @@ impl Engine {
         Ok(true)
     }
 
-    /// Runs one request to completion (or cancellation).
-    fn serve(&mut self, mut req: EngineRequest) -> Result<(), WorkerError> {
+    /// Runs one request to completion (or cancellation): reloads the model if it was
+    /// unloaded, then the stages of [`step::serve`].
+    fn serve(&mut self, req: EngineRequest) -> Result<(), WorkerError> {
         let t_start = Instant::now();
-        let queue_ms = ms(t_start - req.enqueued_at);
         let cold_start = self.ensure_loaded()?;
-        let Self {
-            ctx,
-            inst,
-            admission,
-            compute,
-            logits,
-            spec,
-            ..
-        } = self;
-        let c = compute
+        let c = self
+            .compute
             .as_mut()
             .ok_or_else(|| WorkerError::Internal("the model is not loaded".into()))?;
-        let mut wake: Option<Duration> = None;
-        let si = choose_slot(&c.slots, &req.session_id, &req.prompt);
-        touch_slot(&mut c.slots, si, &req.session_id);
-        let n_prompt = req.prompt.len();
-
-        // Cross-request reuse: the planner decides where processing resumes (the live state,
-        // a checkpoint, a prompt-cache entry, or nothing), the batches, and the checkpoints
-        // saved and evicted; the slot's cache executes exactly that (device-worker/src/cache).
-        let plan = planner::plan(
-            &c.slots[si].cache.meta,
-            &PlanRequest {
-                prompt: &req.prompt,
-                last_user_start: req.last_user_start,
-                image_start: None,
-                line_starts: &req.line_starts,
-            },
-            &c.plan_cfg,
-        );
-        let (kv_bound, reused) = (plan.kv_bound, plan.resume);
-        {
-            let slot = &mut c.slots[si];
-            // MTP entries depend only on the tokens up to their next one: those of the
-            // prefix this slot's tokens share with the prompt stay valid whatever state the
-            // plan resumes from (a checkpoint, the prompt cache).
-            let mtp_keep = common_prefix(&slot.tokens, &req.prompt);
-            if let Err(e) = slot.cache.begin(&plan, &mut slot.seq) {
-                reset_slot(slot);
-                return Err(WorkerError::Internal(e.to_string()));
-            }
-            slot.tokens.clear();
-            slot.tokens.extend_from_slice(&req.prompt[..reused]);
-            if let Some(m) = slot.mtp.as_mut() {
-                m.truncate(mtp_keep.min(reused));
-            }
-        }
-        if let Some(r) = plan.restored {
-            tracing::debug!(slot = si, pos = r, "checkpoint restored");
-        }
-
-        // Prefill, batch by batch as planned.
-        let mut passes = 0u32;
-        for b in &plan.batches {
-            if req.events.is_closed() {
-                tracing::info!(
-                    slot = si,
-                    pos = b.start,
-                    "client gone during prefill; request cancelled"
-                );
-                let slot = &mut c.slots[si];
-                slot.cache.finish(&c.plan_cfg, &plan, &slot.tokens);
-                return Ok(());
-            }
-            let last = b.end == n_prompt;
-            batch_begin(ctx, inst, &c.pool, &mut wake);
-            let slot = &mut c.slots[si];
-            let out = c.model.forward(
-                &c.pool,
-                &mut slot.seq,
-                &req.prompt[b.start..b.end],
-                &mut c.scratch,
-                last,
-            );
-            batch_end(ctx, inst)?;
-            let out = match out {
-                Ok(o) => o,
-                Err(e) => {
-                    reset_slot(slot);
-                    return Err(e.into());
-                }
-            };
-            if let Some(l) = out {
-                logits.clear();
-                logits.extend_from_slice(l);
-            }
-            slot.tokens.extend_from_slice(&req.prompt[b.start..b.end]);
-            if let Some(m) = slot.mtp.as_mut() {
-                m.push_hidden(b.start, c.model.hidden_rows(&c.scratch));
-                if let Err(e) = mtp_fill(&c.model, &c.pool, &mut c.scratch, m, &slot.tokens) {
-                    tracing::warn!(error = %e, "MTP entries not filled (MTP cache reset)");
-                }
-            }
-            if b.save {
-                slot.cache.save(&slot.seq);
-            }
-            passes += 1;
-        }
-        let prefill_ms = ms(t_start.elapsed());
-        let rollback_ms = c.model.take_rollback_ms(&mut c.scratch);
-        let prompt_hidden = c.model.hidden(&c.scratch).to_vec();
-        let prefill = pb::PrefillStats {
-            slot_id: c.slots[si].id,
-            prompt_tokens: n_prompt as u32,
-            reused_tokens: reused as u32,
-            new_tokens: (n_prompt - reused) as u32,
-            passes,
-            queue_ms,
-            prefill_ms,
-        };
-        if req
-            .events
-            .blocking_send(EngineEvent::Prefill(prefill))
-            .is_err()
-        {
-            return Ok(());
-        }
-
-        // Decode: plain greedy / sampled steps, or (greedy, drafters on) rounds of one
-        // verification pass over [newest token, drafts] (engine/speculative.rs).
-        let t_decode = Instant::now();
-        let adm = admission.clone();
-        let eog = adm.tokenizer.eog_ids().to_vec();
-        let mut decoder = IncrementalDecoder::new();
-        let mut text = String::new();
-        let mut rng = match req.sampling {
-            SamplingMode::Seeded { seed, .. } => Rng::new(seed),
-            SamplingMode::Greedy => Rng::new(0),
-        };
-        let n_ctx = c.slots[si].seq.n_ctx();
-        let n_vocab = c.model.n_vocab();
-        let n_embd = c.model.n_embd();
-        let mut spec = spec
-            .as_mut()
-            .filter(|_| req.sampling == SamplingMode::Greedy);
-        // Logits rows of the last pass (1 row, or 1 + drafts after a verification) and the
-        // row the next token is chosen from.
-        let rows = logits;
-        let mut row = 0usize;
-        let mut round: Option<Round> = None;
-        let mut tally = DraftTally::default();
-        // Output tokens, and the hidden state of each one fed (`[n, n_embd]` by output index).
-        let mut out: Vec<u32> = Vec::new();
-        let mut out_hidden: Vec<f32> = Vec::new();
-        let mut decode_passes = 0u32;
-        // Sequence length plain decoding has when it chooses the current token.
-        let mut plain_len;
-        let stop = loop {
-            plain_len = n_prompt + out.len();
-            let lg = &mut rows[row * n_vocab..(row + 1) * n_vocab];
-            let next = match (&req.sampling, req.constraint.as_mut()) {
-                (SamplingMode::Greedy, None) => argmax(lg),
-                // The unconstrained argmax, when the grammar allows it, is the masked argmax:
-                // the mask is only computed when it is not (Constraint::is_allowed).
-                (SamplingMode::Greedy, Some(con)) => match argmax(lg) {
-                    Some(id) if con.is_allowed(id) => Some(id),
-                    _ => {
-                        con.allowed_tokens()?.apply(lg);
-                        argmax(lg)
-                    }
-                },
-                (
-                    &SamplingMode::Seeded {
-                        temperature,
-                        top_k,
-                        top_p,
-                        ..
-                    },
-                    con,
-                ) => {
-                    if let Some(con) = con {
-                        con.allowed_tokens()?.apply(lg);
-                    }
-                    sample(lg, temperature, top_k, top_p, &mut rng)
-                }
-            };
-            let Some(id) = next else {
-                return Err(WorkerError::Internal(
-                    "no token is allowed by the constraint".into(),
-                ));
-            };
-            // An open round: the token is either its next draft (already fed) or ends it.
-            let drafted = round.as_mut().is_some_and(|r| r.accept(id));
-            if !drafted {
-                if let (Some(r), Some(sp)) = (round.take(), spec.as_mut()) {
-                    sp.end_round(r, &mut tally);
-                    rollback_slot(&c.model, &mut c.slots[si], &c.scratch, plain_len)?;
-                }
-            }
-            if eog.contains(&id) {
-                break Stop::Finished(pb::FinishReason::Eos);
-            }
-            if let Some(con) = req.constraint.as_mut() {
-                con.commit(id)?;
-            }
-            let piece = decoder.push(&adm.tokenizer, id);
-            text.push_str(&piece);
-            let ev = pb::TokenEvent {
-                id,
-                text: piece,
-                index: out.len() as u32,
-            };
-            out.push(id);
-            if req.events.blocking_send(EngineEvent::Token(ev)).is_err() {
-                break Stop::Cancelled;
-            }
-            if req
-                .stop
-                .iter()
-                .any(|s| text.ends_with(s.as_str()) || text.contains(s.as_str()))
-            {
-                break Stop::Finished(pb::FinishReason::Stop);
-            }
-            if req.constraint.as_ref().is_some_and(|con| con.is_finished()) {
-                break Stop::Finished(pb::FinishReason::Grammar);
-            }
-            if out.len() as u32 >= req.max_tokens {
-                break Stop::Finished(pb::FinishReason::Length);
-            }
-            if drafted {
-                // Fed by the verification pass: its next row predicts the token after it.
-                row += 1;
-                continue;
-            }
-            let slot = &mut c.slots[si];
-            if slot.seq.len() + 1 > n_ctx {
-                break Stop::Finished(pb::FinishReason::Context);
-            }
-            // Feed `id`, with a draft when a drafter has one.
-            let draft = spec.as_mut().and_then(|sp| {
-                let k = out.len();
-                let hidden = if k >= 2 {
-                    &out_hidden[(k - 2) * n_embd..(k - 1) * n_embd]
-                } else {
-                    &prompt_hidden[..]
-                };
-                let ctx = DraftContext {
-                    prompt: &req.prompt,
-                    output: &out,
-                    hidden,
-                };
-                let room = (n_ctx - slot.seq.len() - 1).min(sp.pass_capacity() - 1);
-                let mtp = slot.mtp.as_mut().map(|cache| MtpSource {
-                    model: &c.model,
-                    pool: &c.pool,
-                    scratch: &mut c.scratch,
-                    cache,
-                    tokens: &slot.tokens,
-                });
-                sp.propose(&ctx, room, mtp)
-            });
-            let mut batch = vec![id];
-            if let Some(d) = &draft {
-                batch.extend_from_slice(&d.tokens);
-            }
-            batch_begin(ctx, inst, &c.pool, &mut wake);
-            let pos0 = slot.seq.len();
-            let t_pass = Instant::now();
-            let res = if batch.len() > 1 {
-                c.model
-                    .verify(&c.pool, &mut slot.seq, &batch, &mut c.scratch)
-                    .map(Some)
-            } else {
-                c.model
-                    .forward(&c.pool, &mut slot.seq, &batch, &mut c.scratch, true)
-            };
-            let pass_ms = ms(t_pass.elapsed());
-            batch_end(ctx, inst)?;
-            let l = match res {
-                Ok(Some(l)) => l,
-                Ok(None) => {
-                    reset_slot(slot);
-                    return Err(WorkerError::Internal(
-                        "decode step returned no logits".into(),
-                    ));
-                }
-                Err(e) => {
-                    reset_slot(slot);
-                    return Err(e.into());
-                }
-            };
-            rows.clear();
-            rows.extend_from_slice(l);
-            row = 0;
-            out_hidden.truncate((out.len() - 1) * n_embd);
-            out_hidden.extend_from_slice(c.model.hidden(&c.scratch));
-            if let Some(m) = slot.mtp.as_mut() {
-                m.push_hidden(pos0, c.model.hidden_rows(&c.scratch));
-            }
-            slot.tokens.extend_from_slice(&batch);
-            if let Some(sp) = spec.as_mut() {
-                sp.record_pass(batch.len() - 1, pass_ms);
-            }
-            round = draft.map(|draft| Round { draft, matched: 0 });
-            passes += 1;
-            decode_passes += 1;
-        };
-        // Leave the slot where plain decoding would: accepted drafts past a stop are dropped.
-        if let (Some(r), Some(sp)) = (round.take(), spec.as_mut()) {
-            sp.end_round(r, &mut tally);
-            rollback_slot(&c.model, &mut c.slots[si], &c.scratch, plain_len)?;
-        }
-        if let (Some(sp), false) = (spec.as_mut(), out.is_empty()) {
-            let fed = out.len() - 1;
-            out_hidden.truncate(fed * n_embd);
-            if out_hidden.len() == fed * n_embd {
-                sp.finish(&req.prompt, &prompt_hidden, &out, &out_hidden);
-            }
-        }
-        let n_out = out.len() as u32;
-        let slot = &mut c.slots[si];
-        let events = slot.cache.finish(&c.plan_cfg, &plan, &slot.tokens);
-        let Stop::Finished(reason) = stop else {
-            tracing::info!(
-                slot = si,
-                n_out,
-                "client gone during decode; request cancelled"
-            );
-            return Ok(());
-        };
-        let decode_ms = ms(t_decode.elapsed());
-        let done = pb::FinalStats {
-            finish_reason: reason as i32,
-            prompt_tokens: n_prompt as u32,
-            reused_tokens: reused as u32,
-            new_tokens: (n_prompt - reused) as u32,
-            decode_tokens: n_out,
-            passes,
-            queue_ms,
-            prefill_ms,
-            decode_ms,
-            server_ms: ms(t_start.elapsed()),
-            ms_per_token: if n_out > 0 {
-                decode_ms / n_out as f64
-            } else {
-                0.0
-            },
-            text,
-            kv_bound_tokens: kv_bound as u32,
-            cold_start,
-            wake_ms: wake.map_or(0.0, ms),
-            checkpoints_saved: events.saved,
-            checkpoints_restored: events.restored,
-            checkpoints_evicted: events.evicted,
-            checkpoint_bytes_held: events.bytes_held,
-            cache_policy: c.plan_cfg.policy.name().into(),
-            decode_passes,
-            drafts: tally.into_stats(),
-            rollback_ms,
-        };
-        tracing::info!(
-            slot = si,
-            session = %req.session_id,
-            prompt = n_prompt,
-            reused,
-            out = n_out,
-            prefill_ms = format!("{prefill_ms:.1}"),
-            decode_ms = format!("{decode_ms:.1}"),
-            reason = ?reason,
-            cold_start,
-            "request done"
-        );
-        let _ = req.events.blocking_send(EngineEvent::Done(done));
-        Ok(())
+        step::serve(
+            &self.ctx,
+            &self.inst,
+            c,
+            &self.admission,
+            self.spec.as_mut(),
+            &mut self.logits,
+            req,
+            (t_start, cold_start),
+        )
     }
-}
-
-/// Before a batch: votes re-applied if released (the pool unparked, the wake-up latency
-/// noted in `wake` for the request's first batch), the watchdog told; the fault hook may hang.
-fn batch_begin(ctx: &Ctx, inst: &Instance, pool: &ThreadPool, wake: &mut Option<Duration>) {
-    if let Some(latency) = ctx.idle.begin_batch() {
-        pool.unpark();
-        wake.get_or_insert(latency);
-    }
-    ctx.watchdog.batch_started(inst.id);
-    if ctx.fault.should_hang() {
-        tracing::warn!(
-            engine = inst.id,
-            "fault injection: this batch hangs until the watchdog abandons the engine"
-        );
-        while !inst.is_abandoned() {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-/// After a batch. Errors: [`WorkerError::Abandoned`] when the watchdog gave up on this
-/// engine meanwhile (the result is discarded; the controller was already reset).
-fn batch_end(ctx: &Ctx, inst: &Instance) -> Result<(), WorkerError> {
-    ctx.watchdog.batch_finished(inst.id);
-    if inst.is_abandoned() {
-        return Err(WorkerError::Abandoned);
-    }
-    ctx.idle.end_batch();
-    Ok(())
-}
-
-fn touch_slot(slots: &mut [Slot], si: usize, session_id: &str) {
-    let next = slots.iter().map(|s| s.last_used).max().unwrap_or(0) + 1;
-    let slot = &mut slots[si];
-    slot.last_used = next;
-    if slot.session_id != session_id {
-        slot.session_id = session_id.to_string();
-    }
-}
-
-/// Empties a slot whose state is no longer trustworthy (a failed batch).
-/// Cuts the slot back to `len` positions inside the last pass (rejected drafts, or accepted
-/// ones past a stop); a failed rollback resets the slot (nothing of it can be trusted).
-fn rollback_slot(
-    model: &Model,
-    slot: &mut Slot,
-    scratch: &Scratch,
-    len: usize,
-) -> Result<(), WorkerError> {
-    if let Err(e) = model.rollback(&mut slot.seq, scratch, len) {
-        reset_slot(slot);
-        return Err(e.into());
-    }
-    slot.tokens.truncate(len);
-    if let Some(m) = slot.mtp.as_mut() {
-        m.truncate(len);
-    }
-    Ok(())
-}
-
-fn reset_slot(slot: &mut Slot) {
-    slot.seq.reset();
-    slot.tokens.clear();
-    slot.cache.clear();
-    if let Some(m) = slot.mtp.as_mut() {
-        m.reset();
-    }
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }

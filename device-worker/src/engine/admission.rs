@@ -8,7 +8,7 @@ use tandem_proto::step::v1 as pb;
 use tokio::sync::mpsc;
 
 use super::request::{EngineEvent, EngineRequest};
-use super::sampling::SamplingMode;
+use crate::sampling::SamplingMode;
 use crate::prompt::{chat_tokens, line_starts};
 use gguf::chat_template::{ChatMessage, ChatTemplate};
 use crate::constraint::ConstraintFactory;

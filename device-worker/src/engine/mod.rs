@@ -13,9 +13,10 @@
 
 mod actor;
 pub mod admission;
+mod batch;
+mod compute;
 pub mod request;
-pub mod sampling;
-pub mod speculative;
+mod step;
 
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, PoisonError, Weak};

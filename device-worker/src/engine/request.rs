@@ -5,7 +5,7 @@ use std::time::Instant;
 use tandem_proto::step::v1 as pb;
 use tokio::sync::mpsc;
 
-use super::sampling::SamplingMode;
+use crate::sampling::SamplingMode;
 use crate::constraint::Constraint;
 use crate::error::WorkerError;
 

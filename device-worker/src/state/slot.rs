@@ -37,6 +37,26 @@ impl Slot {
         }
     }
 
+    /// Marks the slot used now (`next_use`: one more than the slots' largest `last_used`) by
+    /// `session_id`, which it is bound to from now on.
+    pub fn touch(&mut self, session_id: &str, next_use: u64) {
+        self.last_used = next_use;
+        if self.session_id != session_id {
+            self.session_id = session_id.to_string();
+        }
+    }
+
+    /// Empties a slot whose state can no longer be trusted (a failed batch or rollback):
+    /// sequence, tokens, checkpoints and MTP entries.
+    pub fn reset(&mut self) {
+        self.seq.reset();
+        self.tokens.clear();
+        self.cache.clear();
+        if let Some(m) = self.mtp.as_mut() {
+            m.reset();
+        }
+    }
+
     /// Keeps the first `n` cached tokens (prefix reuse, cancellation) where the model state
     /// allows it ([`SequenceState::truncate`]: a hybrid model's recurrent state is valid only at
     /// the full cached length, so any shorter `n` empties the slot). Returns the tokens kept.

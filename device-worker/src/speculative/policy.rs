@@ -16,6 +16,14 @@ use std::collections::HashMap;
 
 use super::{DrafterKind, SpecError};
 
+/// How the draft length is chosen each round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DraftLengthMode {
+    Adaptive,
+    Fixed,
+}
+
+
 /// Settings of [`DraftLength`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DraftLengthConfig {
@@ -227,7 +235,7 @@ impl DraftLength {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::test_rng::SplitMix64;
+    use crate::speculative::test_rng::SplitMix64;
 
     const K: DrafterKind = DrafterKind::PromptLookup;
 

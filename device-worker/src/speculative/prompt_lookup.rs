@@ -5,7 +5,7 @@
 //! GUI actions copy element text, resource ids and indices from the screen dump in the prompt,
 //! so this drafter is the cheap one: no model, no memory, one backward scan of the context.
 
-use super::{Draft, DraftContext, Drafter, DrafterKind, SpecError};
+use super::{Draft, DraftContext, Drafter, DrafterKind, ModelAccess, SpecError};
 
 /// The prompt-lookup drafter.
 ///
@@ -87,7 +87,12 @@ impl Drafter for PromptLookup {
     }
 
     /// See [`PromptLookup::lookup`]; bucket 0.
-    fn propose(&mut self, ctx: &DraftContext<'_>, max: usize) -> Option<Draft> {
+    fn propose(
+        &mut self,
+        ctx: &DraftContext<'_>,
+        max: usize,
+        _model: Option<&mut ModelAccess<'_>>,
+    ) -> Option<Draft> {
         let tokens = self.lookup(ctx.prompt, ctx.output, max);
         (!tokens.is_empty()).then_some(Draft {
             kind: DrafterKind::PromptLookup,
@@ -120,7 +125,7 @@ impl Joined<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::test_rng::SplitMix64;
+    use crate::speculative::test_rng::SplitMix64;
 
     fn propose(pl: &PromptLookup, prompt: &[u32], output: &[u32], max: usize) -> Option<Vec<u32>> {
         let ctx = DraftContext {
@@ -129,7 +134,7 @@ mod tests {
             hidden: &[],
         };
         let mut pl = *pl;
-        pl.propose(&ctx, max).map(|d| {
+        pl.propose(&ctx, max, None).map(|d| {
             assert_eq!(d.kind, DrafterKind::PromptLookup);
             assert_eq!(d.bucket, 0);
             d.tokens

@@ -1,5 +1,8 @@
-//! Token choice from logits: greedy (argmax, ties to the lowest id as llama.cpp's greedy
-//! sampler) or seeded temperature / top-k / top-p sampling.
+//! Token choice from logits, in one place: greedy (argmax, ties to the lowest id as
+//! llama.cpp's greedy sampler) or seeded temperature / top-k / top-p sampling, under the
+//! request's grammar mask when it has one ([`choose`]).
+
+use crate::constraint::{Constraint, ConstraintError};
 
 /// How the next token is chosen.
 #[derive(Clone, Debug, PartialEq)]
@@ -26,6 +29,45 @@ pub fn argmax(logits: &[f32]) -> Option<u32> {
         }
     }
     best.map(|(i, _)| i as u32)
+}
+
+/// The next token from `logits` (`[n_vocab]`; masked in place when the grammar must be
+/// applied): greedy → [`argmax`], where the unconstrained argmax is taken as is when the
+/// grammar allows it (it is then the masked argmax, so the mask is computed only when it is
+/// not, [`Constraint::is_allowed`]); seeded → [`sample`] over the masked logits. `None` when
+/// nothing is allowed.
+///
+/// Errors: the grammar's ([`ConstraintError`]).
+pub fn choose(
+    mode: &SamplingMode,
+    constraint: Option<&mut Constraint>,
+    logits: &mut [f32],
+    rng: &mut Rng,
+) -> Result<Option<u32>, ConstraintError> {
+    Ok(match (mode, constraint) {
+        (SamplingMode::Greedy, None) => argmax(logits),
+        (SamplingMode::Greedy, Some(con)) => match argmax(logits) {
+            Some(id) if con.is_allowed(id) => Some(id),
+            _ => {
+                con.allowed_tokens()?.apply(logits);
+                argmax(logits)
+            }
+        },
+        (
+            &SamplingMode::Seeded {
+                temperature,
+                top_k,
+                top_p,
+                ..
+            },
+            con,
+        ) => {
+            if let Some(con) = con {
+                con.allowed_tokens()?.apply(logits);
+            }
+            sample(logits, temperature, top_k, top_p, rng)
+        }
+    })
 }
 
 /// A small deterministic generator (SplitMix64) so a seed reproduces a sample.

@@ -1,32 +1,41 @@
-//! The draft side of speculative decoding (DESIGN.md "Within-request"; Tandem §3.3, §4.3;
-//! PastForward §3.2): drafters that propose tokens to follow the output so far, and the
-//! controller that picks how many drafted tokens one verification pass should check.
+//! Speculative decoding (DESIGN.md "Within-request"; Tandem §3.3, §4.3; PastForward §3.2),
+//! one request round by round, in llama.cpp's lifecycle (`common/speculative.h`):
+//! **begin → draft → verify → accept → rollback**.
 //!
-//! - [`prompt_lookup`]: n-gram copy from `prompt ++ output` (Saxena 2023, prompt lookup
-//!   decoding). Cheap; actions copy element text and indices from the screen.
-//! - [`experience`]: PastForward's decoding experience memory, earlier outputs indexed per
-//!   position by the token and its final hidden state.
-//! - [`mtp`]: the `mtp` / `mtp-trimmed` drafters' bookkeeping (the model's MTP block drafts
-//!   from the target's last hidden state; entries and rollback in
-//!   [`crate::state::mtp::MtpCache`]). These need the model, so the engine drives them
-//!   through [`mtp::MtpStep`] instead of [`Drafter`].
-//! - [`adaptive`]: the draft-length controller (online acceptance and pass-latency estimates).
-//! - [`error`] holds [`SpecError`].
+//! - [`drafter`]: the [`Drafter`] trait every drafter implements — [`prompt_lookup`] (n-gram
+//!   copy from prompt and output; actions copy element text and indices from the screen),
+//!   [`experience`] (PastForward's decoding experience memory: earlier outputs indexed per
+//!   position by token and final hidden state), [`mtp`] (the model's MTP block over the full
+//!   vocabulary, or over a trimmed draft vocabulary), all asked the same way.
+//! - [`driver`]: the [`Speculator`] — which drafters are asked, which proposal a round
+//!   verifies, the experience memory's lifetime (it outlives requests and model unloads, and is
+//!   saved to `--experience-file`).
+//! - [`verifier`]: greedy acceptance of a round ([`Round`]: a draft is accepted while it equals
+//!   the token greedy decoding chooses) and the per-request draft figures ([`DraftTally`]).
+//! - [`policy`]: the adaptive draft length (online acceptance and pass-latency estimates).
+//! - [`error`]: [`SpecError`].
 //!
-//! The verification pass, rollback and the engine loop live elsewhere; this module is pure
-//! (no model code): the model-free drafters are driven through [`Drafter`], the MTP ones
-//! through [`mtp::draft`] with the model behind [`mtp::MtpStep`].
+//! The verification pass itself is the model's (`Model::verify`), the rollback the state's
+//! (`state::rollback`), and the engine's decode stage (`engine/step/decode.rs`) runs the
+//! rounds; the output is the output of plain greedy decoding.
 
-pub mod adaptive;
+pub mod driver;
+pub mod drafter;
 pub mod error;
 pub mod experience;
 pub mod mtp;
+pub mod policy;
 pub mod prompt_lookup;
+pub mod verifier;
 
-pub use adaptive::{expected_tokens, DraftLength, DraftLengthConfig};
+pub use drafter::{Drafter, ModelAccess};
+pub use driver::{pass_tokens, SpecSettings, Speculator};
 pub use error::SpecError;
 pub use experience::{similarity_bucket, ExperienceMemory, N_BUCKETS};
+pub use mtp::MtpDrafter;
+pub use policy::{expected_tokens, DraftLength, DraftLengthConfig, DraftLengthMode};
 pub use prompt_lookup::PromptLookup;
+pub use verifier::{DraftTally, Round};
 
 /// Which drafter proposed a draft (also the metric label, see [`DrafterKind::name`]).
 #[derive(
@@ -39,10 +48,10 @@ pub enum DrafterKind {
     PromptLookup,
     /// [`ExperienceMemory`]: continuation of a similar earlier output (PastForward §3.2).
     Experience,
-    /// The model's multi-token-prediction block over the full vocabulary ([`mtp`]).
+    /// The model's multi-token-prediction block over the full vocabulary ([`MtpDrafter`]).
     Mtp,
     /// The MTP block with the trimmed draft head (N rows of the vocabulary, mapped back to
-    /// original ids; [`mtp`]).
+    /// original ids; [`MtpDrafter`]).
     MtpTrimmed,
 }
 
@@ -97,30 +106,6 @@ pub struct Draft {
     pub tokens: Vec<u32>,
     /// Acceptance bucket, `< N_BUCKETS`.
     pub bucket: usize,
-}
-
-/// A source of draft tokens (llama.cpp `common/speculative.h` lifecycle: draft → accept; the
-/// accept/rollback side is the engine's).
-pub trait Drafter: Send {
-    /// Which drafter this is (the metric label and the acceptance-estimate key).
-    fn kind(&self) -> DrafterKind;
-
-    /// Up to `max` tokens to follow `ctx.output` (`None`, never an empty draft, when there is
-    /// no proposal).
-    fn propose(&mut self, ctx: &DraftContext<'_>, max: usize) -> Option<Draft>;
-
-    /// The request ended: `output` is every output token, `hidden` `[output.len()-1, n_embd]`
-    /// holds the final hidden state of each output token that was fed (all but the last),
-    /// and `prompt_hidden` `[n_embd]` the final hidden of the last prompt token. The default
-    /// keeps nothing.
-    fn finish(
-        &mut self,
-        _prompt: &[u32],
-        _prompt_hidden: &[f32],
-        _output: &[u32],
-        _hidden: &[f32],
-    ) {
-    }
 }
 
 /// A seeded SplitMix64 generator for randomized tests (no extra dependency).

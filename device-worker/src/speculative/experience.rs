@@ -28,7 +28,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use super::{Draft, DraftContext, Drafter, DrafterKind, SpecError};
+use super::{Draft, DraftContext, Drafter, DrafterKind, ModelAccess, SpecError};
 
 /// Number of similarity buckets a draft from the experience memory falls in (see
 /// [`similarity_bucket`]).
@@ -555,7 +555,12 @@ impl Drafter for ExperienceMemory {
     /// `h = ctx.hidden`; the bucket is [`similarity_bucket`] of the best cosine. `None` for an
     /// empty output, a wrong-size or zero `hidden`, no candidate, or a best cosine below
     /// `min_similarity`.
-    fn propose(&mut self, ctx: &DraftContext<'_>, max: usize) -> Option<Draft> {
+    fn propose(
+        &mut self,
+        ctx: &DraftContext<'_>,
+        max: usize,
+        _model: Option<&mut ModelAccess<'_>>,
+    ) -> Option<Draft> {
         let (&b, before) = ctx.output.split_last()?;
         let a = *before.last().or(ctx.prompt.last())?;
         let (tokens, cos) = self.lookup(a, b, ctx.hidden, max)?;
@@ -571,6 +576,11 @@ impl Drafter for ExperienceMemory {
         if let Err(e) = self.insert(prompt, prompt_hidden, output, hidden) {
             tracing::warn!(error = %e, "experience memory: output not stored");
         }
+    }
+
+    /// [`ExperienceMemory::save`].
+    fn persist(&self, path: &std::path::Path) -> Option<Result<(), SpecError>> {
+        Some(self.save(path))
     }
 }
 
@@ -697,7 +707,7 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::test_rng::SplitMix64;
+    use crate::speculative::test_rng::SplitMix64;
 
     /// Cosines are computed in f32; two routes to the same cosine differ by rounding only.
     const COS_TOL: f32 = 1e-5;
@@ -720,6 +730,7 @@ mod tests {
                 hidden,
             },
             max,
+            None,
         )
     }
 

@@ -1,8 +1,8 @@
-//! The `mtp` and `mtp-trimmed` drafters' bookkeeping (Tandem §4.3; DESIGN.md
+//! The `mtp` and `mtp-trimmed` drafters ([`MtpDrafter`], Tandem §4.3; DESIGN.md
 //! "Within-request"): which MTP entries are written when, how a draft recurses, and what is
 //! discarded after a round. The MTP block's forward pass itself is the model's
-//! ([`crate::model::Model::mtp_forward`]); it reaches this module through [`MtpStep`], so the
-//! logic here is tested without a model.
+//! ([`crate::model::Model::mtp_forward`]); it reaches this module through [`MtpStep`]
+//! ([`ModelMtp`] adapts the model), so the logic here is tested without a model.
 //!
 //! Per slot, the [`MtpCache`] holds the MTP entries of positions whose next token is known
 //! and the target hidden states still waiting for theirs. With the sequence at `L` positions
@@ -20,9 +20,141 @@
 //!    entries of those draft steps are dropped before [`draft`] returns, so after a round
 //!    the cache holds verified entries only.
 
-use crate::model::ModelError;
-use crate::model::MtpHead;
+use std::time::Instant;
+
+use dsp::pool::ThreadPool;
+
+use super::{Draft, DraftContext, Drafter, DrafterKind, ModelAccess};
+use crate::model::{Model, ModelError, MtpHead, Scratch};
+use crate::sampling::argmax;
 use crate::state::mtp::MtpCache;
+
+/// Weight of the newest measurement in the smoothed ms per MTP draft token.
+const MS_SMOOTHING: f64 = 0.2;
+
+/// The `mtp` or `mtp-trimmed` drafter: [`draft`] through the model's MTP block, with the
+/// smoothed cost per drafted token (the adaptive length counts it against the proposal).
+#[derive(Debug)]
+pub struct MtpDrafter {
+    kind: DrafterKind,
+    head: MtpHead,
+    ms_per_token: Option<f64>,
+}
+
+impl MtpDrafter {
+    /// The drafter of `kind` (`Mtp`: the full-vocabulary head, `MtpTrimmed`: the trimmed
+    /// draft head); `None` for a kind that is no MTP drafter.
+    pub fn new(kind: DrafterKind) -> Option<Self> {
+        let head = match kind {
+            DrafterKind::Mtp => MtpHead::Full,
+            DrafterKind::MtpTrimmed => MtpHead::Trimmed,
+            DrafterKind::PromptLookup | DrafterKind::Experience => return None,
+        };
+        Some(Self {
+            kind,
+            head,
+            ms_per_token: None,
+        })
+    }
+}
+
+impl Drafter for MtpDrafter {
+    fn kind(&self) -> DrafterKind {
+        self.kind
+    }
+
+    fn runs_model(&self) -> bool {
+        true
+    }
+
+    /// `max` tokens from the MTP block after `ctx.output`'s newest token ([`draft`]). A
+    /// failed MTP pass is logged and yields no proposal (the slot's MTP cache is reset).
+    fn propose(
+        &mut self,
+        ctx: &DraftContext<'_>,
+        max: usize,
+        model: Option<&mut ModelAccess<'_>>,
+    ) -> Option<Draft> {
+        let src = model?;
+        let newest = *ctx.output.last()?;
+        let mut step = ModelMtp {
+            model: src.model,
+            pool: src.pool,
+            scratch: &mut *src.scratch,
+        };
+        let t = Instant::now();
+        let tokens = match draft(&mut step, src.cache, src.tokens, newest, max, self.head) {
+            Ok(Some(t)) if !t.is_empty() => t,
+            Ok(_) => return None,
+            Err(e) => {
+                tracing::warn!(drafter = self.kind.name(), error = %e, "MTP draft failed; no proposal this round");
+                return None;
+            }
+        };
+        let per_token = t.elapsed().as_secs_f64() * 1e3 / tokens.len() as f64;
+        let ms = self.ms_per_token.get_or_insert(per_token);
+        *ms = (1.0 - MS_SMOOTHING) * *ms + MS_SMOOTHING * per_token;
+        Some(Draft {
+            kind: self.kind,
+            tokens,
+            bucket: 0,
+        })
+    }
+
+    fn ms_per_token(&self) -> f64 {
+        self.ms_per_token.unwrap_or(0.0)
+    }
+}
+
+/// The model's MTP block as a [`MtpStep`]: [`Model::mtp_forward`], the head's argmax mapped
+/// to an original token id.
+pub struct ModelMtp<'a> {
+    pub model: &'a Model,
+    pub pool: &'a ThreadPool,
+    pub scratch: &'a mut Scratch,
+}
+
+impl MtpStep for ModelMtp<'_> {
+    fn max_rows(&self) -> usize {
+        self.model.mtp_max_rows(self.scratch)
+    }
+
+    fn step(
+        &mut self,
+        cache: &mut MtpCache,
+        pos0: usize,
+        hidden: &[f32],
+        next: &[u32],
+        head: Option<MtpHead>,
+        h_out: &mut Vec<f32>,
+    ) -> Result<Option<u32>, ModelError> {
+        let logits =
+            self.model
+                .mtp_forward(self.pool, cache, pos0, hidden, next, self.scratch, head)?;
+        let (Some(head), Some(logits)) = (head, logits) else {
+            return Ok(None);
+        };
+        let token = argmax(logits).and_then(|row| self.model.mtp_token_id(head, row));
+        h_out.clear();
+        h_out.extend_from_slice(self.model.mtp_hidden(self.scratch));
+        Ok(token)
+    }
+}
+
+/// [`fill`] with the model's MTP block: writes the slot's MTP entries that the target's
+/// hidden states and `tokens` (the sequence's) allow, after a prefill batch handed its hidden
+/// rows to `cache` ([`MtpCache::push_hidden`]). Returns the entries written.
+///
+/// Errors: the model's (the cache is then reset).
+pub fn fill_with_model(
+    model: &Model,
+    pool: &ThreadPool,
+    scratch: &mut Scratch,
+    cache: &mut MtpCache,
+    tokens: &[u32],
+) -> Result<usize, ModelError> {
+    fill(&mut ModelMtp { model, pool, scratch }, cache, tokens)
+}
 
 /// One pass of the MTP block, as the drafter needs it.
 pub trait MtpStep {

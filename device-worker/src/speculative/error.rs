@@ -1,4 +1,4 @@
-//! Errors of the draft side of speculative decoding ([`crate::spec`]).
+//! Errors of the draft side of speculative decoding ([`crate::speculative`]).
 
 use std::path::PathBuf;
 
@@ -31,6 +31,18 @@ pub enum SpecError {
         value: f64,
         expected: &'static str,
     },
+
+    /// `--experience-file` exists but cannot be loaded (unreadable, another hidden size).
+    #[error("--experience-file {path}: {source}")]
+    ExperienceFile {
+        path: PathBuf,
+        #[source]
+        source: Box<SpecError>,
+    },
+
+    /// `--experience-file`'s folder does not exist: the memory could never be saved.
+    #[error("--experience-file {path}: the folder {folder} does not exist (the memory could never be saved)")]
+    ExperienceFolder { path: PathBuf, folder: PathBuf },
 
     /// A slice handed to the experience memory has the wrong length.
     #[error("{what}: expected {expected} values, got {actual}")]

@@ -1,0 +1,67 @@
+//! What the engine computes with — the model, its thread pool, the slots and the activation
+//! buffers — built at load and dropped whole by an idle unload.
+
+use std::sync::Arc;
+
+use dsp::pool::ThreadPool;
+use gguf::reader::GgufFile;
+
+use crate::config::EngineSettings;
+use crate::error::WorkerError;
+use crate::model::{Model, Scratch};
+use crate::state::planner::PlanConfig;
+use crate::state::slot::Slot;
+
+/// Model, slots and pool: what an unload drops.
+pub(super) struct Compute {
+    pub model: Model,
+    pub pool: ThreadPool,
+    pub slots: Vec<Slot>,
+    pub scratch: Scratch,
+    /// Context length per slot (`--ctx-size` capped by the model's training context).
+    pub n_ctx: usize,
+    /// The checkpoint planner's configuration for this model (policy and limits from the
+    /// settings, state sizes from the model).
+    pub plan_cfg: PlanConfig,
+}
+
+impl Compute {
+    /// Binds the weights of `file`, starts the pool, allocates the slots and buffers.
+    ///
+    /// Errors: the model's load errors; [`WorkerError::Internal`] when the pool cannot start.
+    pub fn load(cfg: &EngineSettings, file: Arc<GgufFile>) -> Result<Self, WorkerError> {
+        let model = Model::load(file)?;
+        let n_ctx = cfg.ctx_size.min(model.n_ctx_train()).max(16);
+        let pool = ThreadPool::new(cfg.threads)
+            .map_err(|e| WorkerError::Internal(format!("thread pool: {e}")))?;
+        // MTP drafters: each slot keeps the MTP block's KV cache beside its sequence, and
+        // every pass hands over the hidden state of each position it computed.
+        let mtp = cfg.speculative.as_ref().is_some_and(|s| s.uses_mtp()) && model.has_mtp();
+        let slots: Vec<Slot> = (0..cfg.slots as u32)
+            .map(|i| {
+                let mut slot = Slot::new(i, model.new_sequence_state(n_ctx));
+                slot.mtp = model.new_mtp_cache(n_ctx).filter(|_| mtp);
+                slot
+            })
+            .collect();
+        let n_batch = cfg.micro_batch.clamp(1, n_ctx);
+        // A verification pass (1 + n_draft tokens) is one pass whatever the prefill
+        // micro-batch: the buffers hold at least that many rows.
+        let rows = cfg.speculative.as_ref().map_or(n_batch, |s| n_batch.max(s.pass_tokens()));
+        let mut scratch = model.new_scratch(rows);
+        if let Some(s) = &cfg.speculative {
+            // Every pass keeps what a rollback of its last n_draft tokens needs.
+            model.set_rollback(&mut scratch, s.pass_tokens(), s.rollback_prefill);
+        }
+        model.set_hidden_rows(&mut scratch, mtp);
+        let plan_cfg = cfg.planner.plan_config(n_batch, &model.sequence_shape());
+        Ok(Self {
+            model,
+            pool,
+            slots,
+            scratch,
+            n_ctx,
+            plan_cfg,
+        })
+    }
+}

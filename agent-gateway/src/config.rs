@@ -3,24 +3,15 @@
 //! flags, `tandem_options`), serialisable so `--print-config` writes such a file.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::str::FromStr;
 
 /// The `serve` command's options.
 #[derive(Clone, Debug, clap::Args, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct ServeOptions {
-    /// TOML file of options: keys are the long flags of `serve` (`listen = "127.0.0.1:50052"`,
-    /// `worker = ["http://127.0.0.1:50051"]`); flags and environment variables override it.
-    /// `--print-config` writes one.
-    #[arg(long, value_name = "FILE")]
+    #[command(flatten)]
     #[serde(skip)]
-    pub config: Option<PathBuf>,
-    /// Print the effective options (defaults, file, environment and flags merged) as a
-    /// `--config` file and exit.
-    #[arg(long)]
-    #[serde(skip)]
-    pub print_config: bool,
+    pub config: tandem_options::ConfigArgs,
     /// Address for AgentService (gRPC).
     #[arg(long, default_value = "127.0.0.1:50052")]
     pub listen: SocketAddr,

@@ -34,8 +34,8 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli: Cli = tandem_options::parse()?;
     if let Command::Serve(cfg) = &cli.command {
-        if cfg.print_config {
-            print!("{}", toml::to_string(cfg).context("printing the options")?);
+        if let Some(file) = cfg.config.printed(cfg).context("printing the options")? {
+            print!("{file}");
             return Ok(());
         }
     }

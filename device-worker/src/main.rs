@@ -56,8 +56,8 @@ fn main() -> anyhow::Result<()> {
         let _tracing = tandem_telemetry::otel::init("device-worker", None)?;
         return run_tool(cli.command);
     };
-    if cfg.print_config {
-        print!("{}", toml::to_string(&cfg).context("printing the options")?);
+    if let Some(file) = cfg.config.printed(&cfg).context("printing the options")? {
+        print!("{file}");
         return Ok(());
     }
     let settings = cfg.engine.settings()?;

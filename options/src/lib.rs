@@ -53,6 +53,31 @@ pub enum OptionsError {
     },
 }
 
+/// The two options every configurable subcommand flattens in: `--config FILE` and
+/// `--print-config`.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct ConfigArgs {
+    /// TOML file of options: its keys are this command's long flags (`micro-batch = 256`,
+    /// `worker = ["http://127.0.0.1:50051"]`); flags and environment variables override it.
+    /// `--print-config` writes one.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Print the effective options (defaults, file, environment and flags merged) as a
+    /// `--config` file and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+impl ConfigArgs {
+    /// With `--print-config`: the effective `options` as a `--config` file (TOML); `None`
+    /// otherwise.
+    ///
+    /// Errors: `options` has a value TOML cannot hold.
+    pub fn printed<T: serde::Serialize>(&self, options: &T) -> Result<Option<String>, toml::ser::Error> {
+        self.print_config.then(|| toml::to_string(options)).transpose()
+    }
+}
+
 /// Parses the process's command line as `T`, with the values of its subcommand's
 /// `--config FILE` applied below the flags and the environment. Like `T::parse()`, prints
 /// help, version or a usage error and exits for those.

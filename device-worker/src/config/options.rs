@@ -225,17 +225,9 @@ impl EngineOptions {
 #[derive(Clone, Debug, clap::Args, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct ServeOptions {
-    /// TOML file of options: keys are the long flags of `serve` (`micro-batch = 256`,
-    /// `drafters = "none"`); flags and environment variables override it. `--print-config`
-    /// writes one.
-    #[arg(long, value_name = "FILE")]
+    #[command(flatten)]
     #[serde(skip)]
-    pub config: Option<PathBuf>,
-    /// Print the effective options (defaults, file, environment and flags merged) as a
-    /// `--config` file and exit.
-    #[arg(long)]
-    #[serde(skip)]
-    pub print_config: bool,
+    pub config: tandem_options::ConfigArgs,
     /// Address for StepService (gRPC). Use 127.0.0.1 on a phone reached by `adb forward`.
     #[arg(long, default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,

@@ -145,7 +145,44 @@ pub fn plan(state: &CacheState, req: &PlanRequest<'_>, cfg: &PlanConfig) -> Plan
         _ => None,
     };
 
-    // Saves.
+    let saves = saves(req, cfg, l, r, &kept);
+
+    // Batch boundaries: saves, plus the micro-batch splitting.
+    let batches = if n > r {
+        batches(r, n, &saves, cfg)
+    } else {
+        Vec::new()
+    };
+
+    let evicted = evict_after_saves(state, &kept, &saves, restored, cfg);
+
+    Plan {
+        n_prompt: n,
+        kv_bound,
+        source,
+        stash_slot,
+        start: if n == 0 { Start::Continue } else { r_start },
+        resume: r,
+        batches,
+        saved: saves,
+        restored,
+        evicted,
+        dropped,
+    }
+}
+
+/// The positions the request saves a checkpoint at, by policy (DESIGN.md "Cross-request
+/// reuse"): `l` is the divergence point (longest common prefix), `r` the resume point, `kept`
+/// the checkpoints still held once the request starts. Sorted, unique; none for an
+/// attention-only model.
+fn saves(
+    req: &PlanRequest<'_>,
+    cfg: &PlanConfig,
+    l: usize,
+    r: usize,
+    kept: &[CheckpointMeta],
+) -> Vec<usize> {
+    let n = req.prompt.len();
     let mut saves: Vec<usize> = Vec::new();
     if cfg.hybrid && n > 0 {
         let before_image = |p: usize| req.image_start.is_none_or(|i| p < i);
@@ -199,18 +236,21 @@ pub fn plan(state: &CacheState, req: &PlanRequest<'_>, cfg: &PlanConfig) -> Plan
             saves.retain(|p| !kept.iter().any(|c| c.pos == *p));
         }
     }
+    saves
+}
 
-    // Batch boundaries: saves, plus the micro-batch splitting.
-    let batches = if n > r {
-        batches(r, n, &saves, cfg)
-    } else {
-        Vec::new()
-    };
-
-    // Eviction once the saves are in.
-    let mut after: Vec<CheckpointMeta> = kept.clone();
+/// The checkpoints evicted once `saves` are in: `kept` plus the new ones, the saved and the
+/// restored position marked used now, then the policy's eviction ([`evict`]).
+fn evict_after_saves(
+    state: &CacheState,
+    kept: &[CheckpointMeta],
+    saves: &[usize],
+    restored: Option<usize>,
+    cfg: &PlanConfig,
+) -> Vec<usize> {
+    let mut after: Vec<CheckpointMeta> = kept.to_vec();
     let now = state.clock + 1;
-    for &p in &saves {
+    for &p in saves {
         match after.iter_mut().find(|c| c.pos == p) {
             Some(c) => c.last_used = now,
             None => after.push(CheckpointMeta {
@@ -225,21 +265,7 @@ pub fn plan(state: &CacheState, req: &PlanRequest<'_>, cfg: &PlanConfig) -> Plan
             c.last_used = now;
         }
     }
-    let evicted = evict(&mut after, cfg);
-
-    Plan {
-        n_prompt: n,
-        kv_bound,
-        source,
-        stash_slot,
-        start: if n == 0 { Start::Continue } else { r_start },
-        resume: r,
-        batches,
-        saved: saves,
-        restored,
-        evicted,
-        dropped,
-    }
+    evict(&mut after, cfg)
 }
 
 /// The last line start at or before `l`, or `l` when the prompt has no line information.

@@ -24,6 +24,8 @@ pub struct BenchOptions {
     /// Compute threads.
     #[arg(long, short = 't', default_value_t = d::BENCH_THREADS, value_parser = at_least_one)]
     pub threads: usize,
+    #[command(flatten)]
+    pub kernels: crate::config::KernelArgs,
     /// Prompt tokens for the prefill test (pp).
     #[arg(long, default_value_t = 512, value_parser = at_least_one)]
     pub prompt_tokens: usize,
@@ -67,7 +69,7 @@ pub struct BenchOptions {
 
 /// Runs the benchmark and prints the result.
 pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
-    if let Some(warning) = dsp::backend::kernels_env_warning() {
+    if let Some(warning) = cfg.kernels.install()? {
         eprintln!("warning: {warning}");
     }
     let path = cfg

@@ -74,6 +74,11 @@ fn main() -> anyhow::Result<()> {
             telemetry.otel.otlp_endpoint.as_deref(),
         )?
     };
+    match cfg.engine.kernels.install() {
+        Ok(Some(warning)) => tracing::warn!("{warning}"),
+        Ok(None) => {}
+        Err(e) => anyhow::bail!(e),
+    }
     rt.block_on(async move {
         let model = settings.model.clone();
         if !model.exists() {

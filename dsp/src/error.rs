@@ -73,4 +73,23 @@ impl DspError {
             })
         }
     }
+
+    /// `Err(LengthMismatch)` unless `actual >= need` (a buffer that may be longer than used).
+    pub(crate) fn check_at_least(
+        op: &'static str,
+        what: &'static str,
+        need: usize,
+        actual: usize,
+    ) -> Result<(), DspError> {
+        if actual >= need {
+            Ok(())
+        } else {
+            Err(DspError::LengthMismatch {
+                op,
+                what,
+                expected: need,
+                actual,
+            })
+        }
+    }
 }

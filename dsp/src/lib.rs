@@ -3,8 +3,9 @@
 //! per-ISA kernel backends checked against a scalar reference ([`backend`]) and a parkable
 //! thread pool ([`pool`]).
 //!
-//! Backend choice: [`backend::select`] picks AVX-512 (VNNI), AVX2 or scalar at run time;
-//! `TANDEM_KERNELS=<name>` (`scalar`, `avx2`, `avx512-vnni`) forces one.
+//! Backend choice is the caller's: [`backend::resolve`] a name (the binaries read
+//! `TANDEM_KERNELS`), [`backend::install`] it; [`backend::select`] returns it to the kernels
+//! (AVX-512 VNNI, else AVX2, NEON or scalar when nothing was installed).
 // Kernels index several parallel arrays (scales, mins, quants) by the same block index;
 // iterator chains there read worse than the ggml formulas they transcribe.
 #![allow(clippy::needless_range_loop)]

@@ -256,24 +256,9 @@ pub fn attention_queries(
         });
     }
     let max_ctx = n_ctx.iter().copied().max().unwrap_or(0);
-    for (what, kv) in [("k", k), ("v", v)] {
-        if kv.len() < max_ctx * hd {
-            return Err(DspError::LengthMismatch {
-                op: OP,
-                what,
-                expected: max_ctx * hd,
-                actual: kv.len(),
-            });
-        }
-    }
-    if scores_scratch.len() < n_q * max_ctx {
-        return Err(DspError::LengthMismatch {
-            op: OP,
-            what: "scores_scratch",
-            expected: n_q * max_ctx,
-            actual: scores_scratch.len(),
-        });
-    }
+    DspError::check_at_least(OP, "k", max_ctx * hd, k.len())?;
+    DspError::check_at_least(OP, "v", max_ctx * hd, v.len())?;
+    DspError::check_at_least(OP, "scores_scratch", n_q * max_ctx, scores_scratch.len())?;
     let q16: Vec<f16> = qs.iter().map(|&x| f16::from_f32(x)).collect();
     let scores = &mut scores_scratch[..n_q * max_ctx];
     for j in 0..max_ctx {
@@ -322,43 +307,15 @@ pub fn attention_head_strided(
     const OP: &str = "attention_head";
     let hd = q.len();
     DspError::check_len(OP, "out", hd, out.len())?;
-    if row_stride < hd {
-        return Err(DspError::LengthMismatch {
-            op: OP,
-            what: "row_stride",
-            expected: hd,
-            actual: row_stride,
-        });
-    }
+    DspError::check_at_least(OP, "row_stride", hd, row_stride)?;
     let need = if n_ctx == 0 {
         0
     } else {
         (n_ctx - 1) * row_stride + hd
     };
-    if k.len() < need {
-        return Err(DspError::LengthMismatch {
-            op: OP,
-            what: "k",
-            expected: need,
-            actual: k.len(),
-        });
-    }
-    if v.len() < need {
-        return Err(DspError::LengthMismatch {
-            op: OP,
-            what: "v",
-            expected: need,
-            actual: v.len(),
-        });
-    }
-    if scores_scratch.len() < n_ctx {
-        return Err(DspError::LengthMismatch {
-            op: OP,
-            what: "scores_scratch",
-            expected: n_ctx,
-            actual: scores_scratch.len(),
-        });
-    }
+    DspError::check_at_least(OP, "k", need, k.len())?;
+    DspError::check_at_least(OP, "v", need, v.len())?;
+    DspError::check_at_least(OP, "scores_scratch", n_ctx, scores_scratch.len())?;
     out.fill(0.0);
     if n_ctx == 0 {
         return Ok(());

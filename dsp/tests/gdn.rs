@@ -360,6 +360,31 @@ fn pooled_variants_are_bit_identical() {
 
 // === hand-computable cases ===
 
+/// Runs the per-token and the chunked form (chunks of `chunk`) on `[q, k, v, gate, beta]`
+/// from `state0` and checks each one's outputs and final state against the hand-computed
+/// values within [`HAND_TOL`].
+fn assert_both_forms(
+    shape: GdnShape,
+    [q, k, v, gate, beta]: [&[f32]; 5],
+    state0: &[f32],
+    chunk: usize,
+    want_out: &[f32],
+    want_state: &[f32],
+) {
+    for chunked in [false, true] {
+        let (mut out, mut state) = (vec![0f32; want_out.len()], state0.to_vec());
+        if chunked {
+            gdn_chunked(shape, q, k, v, gate, beta, &mut state, &mut out, chunk)
+        } else {
+            gdn_recurrent(shape, q, k, v, gate, beta, &mut state, &mut out, None)
+        }
+        .expect("gdn");
+        let (e_out, e_state) = (max_rel_err(&out, want_out), max_rel_err(&state, want_state));
+        assert!(e_out <= HAND_TOL, "out {out:?} chunked={chunked}");
+        assert!(e_state <= HAND_TOL, "state {state:?} chunked={chunked}");
+    }
+}
+
 /// One head, d_k = d_v = 2, no decay (gate 0), full writes (beta 1), zero state: the delta
 /// rule stores `v` under key `k`, and a second write under the same key replaces it.
 #[test]
@@ -380,23 +405,8 @@ fn unit_beta_no_decay_stores_and_overwrites() {
     // Token 2: k = e2, δ = (2,7) ⇒ S = [[5,−1],[2,7]]; q = e1 reads (5,−1).
     let want_out = [3.0 * scale, 4.0 * scale, 0.0, 0.0, 5.0 * scale, -scale];
     let want_state = [5.0, -1.0, 2.0, 7.0];
-    for chunked in [false, true] {
-        let (mut out, mut state) = ([0f32; 6], [0f32; 4]);
-        if chunked {
-            gdn_chunked(shape, &q, &k, &v, &gate, &beta, &mut state, &mut out, 2)
-        } else {
-            gdn_recurrent(shape, &q, &k, &v, &gate, &beta, &mut state, &mut out, None)
-        }
-        .expect("gdn");
-        assert!(
-            max_rel_err(&out, &want_out) <= HAND_TOL,
-            "{out:?} chunked={chunked}"
-        );
-        assert!(
-            max_rel_err(&state, &want_state) <= HAND_TOL,
-            "{state:?} chunked={chunked}"
-        );
-    }
+    let (q, k, v) = (&q[..], &k[..], &v[..]);
+    assert_both_forms(shape, [q, k, v, &gate, &beta], &[0.0; 4], 2, &want_out, &want_state);
 }
 
 /// beta = 0 writes nothing: the state only decays, `S_t = 0.5^{t+1} S₀`, and
@@ -425,27 +435,8 @@ fn zero_beta_only_decays() {
         }
     }
     let want_state: Vec<f32> = case.state0.iter().map(|s| s * 0.125).collect();
-    for chunked in [false, true] {
-        let (mut out, mut state) = (vec![0f32; n * 2], case.state0.clone());
-        if chunked {
-            gdn_chunked(
-                shape, &case.q, &case.k, &case.v, &gate, &beta, &mut state, &mut out, 64,
-            )
-        } else {
-            gdn_recurrent(
-                shape, &case.q, &case.k, &case.v, &gate, &beta, &mut state, &mut out, None,
-            )
-        }
-        .expect("gdn");
-        assert!(
-            max_rel_err(&out, &want_out) <= HAND_TOL,
-            "chunked={chunked}"
-        );
-        assert!(
-            max_rel_err(&state, &want_state) <= HAND_TOL,
-            "chunked={chunked}"
-        );
-    }
+    let qkvgb = [&case.q[..], &case.k, &case.v, &gate, &beta];
+    assert_both_forms(shape, qkvgb, &case.state0, 64, &want_out, &want_state);
 }
 
 /// Value head `h` reads key head `h % n_k_heads` (GGUF tiled order): with key head 0 = e1

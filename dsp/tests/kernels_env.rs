@@ -1,27 +1,42 @@
-//! `TANDEM_KERNELS` handling (own test binary: it sets the process environment).
+//! Choosing a backend by name (`backend::resolve`) and fixing it for the process
+//! (`backend::install`). Its own test binary: the installed backend is process-wide.
 
-use dsp::backend::{self, KERNELS_ENV};
+use dsp::backend;
 
 #[test]
-fn unknown_backend_names_are_reported_and_fall_back_to_the_best() {
-    std::env::set_var(KERNELS_ENV, "avx9000");
-    let best = backend::available().last().expect("scalar at least").name();
-    assert_eq!(backend::select().name(), best);
+fn names_resolve_to_backends_and_unknown_names_fall_back_to_the_best() {
+    let best = backend::best().name();
+    assert_eq!(backend::available().last().expect("scalar at least").name(), best);
+    for asked in [None, Some(""), Some("  ")] {
+        let sel = backend::resolve(asked);
+        assert_eq!((sel.backend.name(), sel.unknown.as_deref()), (best, None), "{asked:?}");
+    }
+    let sel = backend::resolve(Some(" Scalar "));
+    assert_eq!(sel.backend.name(), "scalar", "case- and space-insensitive");
+    assert_eq!(sel.warning("TANDEM_KERNELS"), None);
+
+    let sel = backend::resolve(Some("avx9000"));
+    assert_eq!(sel.backend.name(), best);
     // Messages list what this CPU has, never a backend of another architecture.
     let names: Vec<_> = backend::available().iter().map(|b| b.name()).collect();
     assert_eq!(names[0], "scalar");
-    let warning = backend::kernels_env_warning().expect("an unknown name is reported");
     assert_eq!(
-        warning,
+        sel.warning("TANDEM_KERNELS").expect("an unknown name is reported"),
         format!(
-            "{KERNELS_ENV}=avx9000 names no kernel backend this CPU has ({}); using {best}",
+            "TANDEM_KERNELS=avx9000 names no kernel backend this CPU has ({}); using {best}",
             names.join(", ")
         )
     );
-    std::env::set_var(KERNELS_ENV, " Scalar ");
-    assert_eq!(backend::kernels_env_warning(), None, "known names are case- and space-insensitive");
-    std::env::set_var(KERNELS_ENV, "");
-    assert_eq!(backend::kernels_env_warning(), None);
-    std::env::remove_var(KERNELS_ENV);
-    assert_eq!(backend::kernels_env_warning(), None);
+}
+
+#[test]
+fn an_installed_backend_is_the_one_selected_and_cannot_be_replaced() {
+    backend::install(backend::scalar()).expect("first install");
+    assert_eq!(dsp::select().name(), "scalar");
+    backend::install(backend::scalar()).expect("the same backend again is fine");
+    if backend::best().name() != "scalar" {
+        let err = backend::install(backend::best()).expect_err("a second backend is refused");
+        assert_eq!(err.in_use, "scalar");
+        assert_eq!(dsp::select().name(), "scalar");
+    }
 }

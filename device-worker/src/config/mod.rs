@@ -15,7 +15,7 @@ pub mod settings;
 use std::path::PathBuf;
 
 pub use options::{
-    DraftLengthMode, Drafters, EngineOptions, PowerBackendKind, ServeOptions,
+    DraftLengthMode, Drafters, EngineOptions, KernelArgs, PowerBackendKind, ServeOptions,
 };
 pub use settings::{ConfigError, EngineSettings, PlannerSettings, SpecSettings};
 

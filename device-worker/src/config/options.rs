@@ -23,6 +23,10 @@ pub struct EngineOptions {
     #[arg(long, short = 't', value_parser = at_least_one)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub threads: Option<usize>,
+    /// Kernel backend (see `kernels`).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub kernels: KernelArgs,
     /// Context length per slot, in tokens (prompt + output).
     #[arg(long, default_value_t = d::CTX_SIZE, value_parser = at_least_one)]
     pub ctx_size: usize,
@@ -127,6 +131,32 @@ pub struct EngineOptions {
     pub test_corrupt_drafts: bool,
 }
 
+/// `--kernels` (`serve` and `bench`): the binaries choose dsp's kernel backend, dsp reads
+/// no environment.
+#[derive(Clone, Debug, Default, PartialEq, Eq, clap::Args, serde::Serialize)]
+pub struct KernelArgs {
+    /// Kernel backend: `scalar` (the reference), `avx2`, `avx512-vnni` (x86_64) or `neon`
+    /// (aarch64), among those this CPU has; default: the fastest. For ablations and for
+    /// bisecting numerical differences; a name this CPU has no backend for is warned about
+    /// and the fastest is used.
+    #[arg(long, env = "TANDEM_KERNELS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<String>,
+}
+
+impl KernelArgs {
+    /// Installs the backend named by `--kernels` (or the fastest) as dsp's backend for the
+    /// process. Returns a warning to log when the name is no backend of this CPU.
+    ///
+    /// # Errors
+    /// [`dsp::backend::AlreadySelected`] when a kernel already ran with another backend.
+    pub fn install(&self) -> Result<Option<String>, dsp::backend::AlreadySelected> {
+        let selection = dsp::backend::resolve(self.kernels.as_deref());
+        dsp::backend::install(selection.backend)?;
+        Ok(selection.warning("--kernels (TANDEM_KERNELS)"))
+    }
+}
+
 /// The `--drafters` list (empty for `none`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Drafters(pub Vec<crate::speculative::DrafterKind>);
@@ -188,6 +218,7 @@ impl Default for EngineOptions {
         Self {
             model: None,
             threads: None,
+            kernels: KernelArgs::default(),
             ctx_size: d::CTX_SIZE,
             slots: d::SLOTS,
             micro_batch: d::MICRO_BATCH,

@@ -207,9 +207,6 @@ impl Engine {
             engine = inst.id,
             "model loaded"
         );
-        if let Some(warning) = dsp::backend::kernels_env_warning() {
-            tracing::warn!("{warning}");
-        }
         let served = {
             let mut s = ctx
                 .status

@@ -331,34 +331,14 @@ pub(super) unsafe fn dot_q_vnni(ty: GgmlType, w: *const u8, x: *const u8, nb: us
     }
 }
 
+/// Loads 8 f16 values widened to f32.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_f16(w: &[f16], x: &[f16]) -> f32 {
-    let n = w.len().min(x.len());
-    let (pw, px) = (w.as_ptr(), x.as_ptr());
-    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut i = 0;
-    while i + 16 <= n {
-        let w0 = _mm256_cvtph_ps(_mm_loadu_si128(pw.add(i).cast()));
-        let x0 = _mm256_cvtph_ps(_mm_loadu_si128(px.add(i).cast()));
-        let w1 = _mm256_cvtph_ps(_mm_loadu_si128(pw.add(i + 8).cast()));
-        let x1 = _mm256_cvtph_ps(_mm_loadu_si128(px.add(i + 8).cast()));
-        a0 = _mm256_fmadd_ps(w0, x0, a0);
-        a1 = _mm256_fmadd_ps(w1, x1, a1);
-        i += 16;
-    }
-    if i + 8 <= n {
-        let w0 = _mm256_cvtph_ps(_mm_loadu_si128(pw.add(i).cast()));
-        let x0 = _mm256_cvtph_ps(_mm_loadu_si128(px.add(i).cast()));
-        a0 = _mm256_fmadd_ps(w0, x0, a0);
-        i += 8;
-    }
-    let mut sum = hsum_ps(_mm256_add_ps(a0, a1));
-    for j in i..n {
-        sum += w[j].to_f32() * x[j].to_f32();
-    }
-    sum
+unsafe fn load_f16x8(p: *const f16) -> __m256 {
+    _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
 }
 
+/// Loads 8 bf16 values widened to f32 (a bf16 is the high half of an f32).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn load_bf16x8(p: *const bf16) -> __m256 {
@@ -368,70 +348,56 @@ unsafe fn load_bf16x8(p: *const bf16) -> __m256 {
     ))
 }
 
+/// Loads 8 f32 values.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_bf16(w: &[bf16], x: &[bf16]) -> f32 {
+unsafe fn load_f32x8(p: *const f32) -> __m256 {
+    _mm256_loadu_ps(p)
+}
+
+/// `Σ w[j]·x[j]` of two float rows widened to f32 by `load` (8 lanes) and `widen` (the
+/// tail): two fused multiply-add chains over 16-element steps, one more 8-element step, the
+/// chains added and reduced, then the tail in scalar order. Inlined into each caller.
+#[inline(always)]
+unsafe fn dot_widened<T: Copy>(
+    w: &[T],
+    x: &[T],
+    load: impl Fn(*const T) -> __m256,
+    widen: impl Fn(T) -> f32,
+) -> f32 {
     let n = w.len().min(x.len());
+    let (pw, px) = (w.as_ptr(), x.as_ptr());
     let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     let mut i = 0;
     while i + 16 <= n {
-        a0 = _mm256_fmadd_ps(
-            load_bf16x8(w.as_ptr().add(i)),
-            load_bf16x8(x.as_ptr().add(i)),
-            a0,
-        );
-        a1 = _mm256_fmadd_ps(
-            load_bf16x8(w.as_ptr().add(i + 8)),
-            load_bf16x8(x.as_ptr().add(i + 8)),
-            a1,
-        );
+        a0 = _mm256_fmadd_ps(load(pw.add(i)), load(px.add(i)), a0);
+        a1 = _mm256_fmadd_ps(load(pw.add(i + 8)), load(px.add(i + 8)), a1);
         i += 16;
     }
     if i + 8 <= n {
-        a0 = _mm256_fmadd_ps(
-            load_bf16x8(w.as_ptr().add(i)),
-            load_bf16x8(x.as_ptr().add(i)),
-            a0,
-        );
+        a0 = _mm256_fmadd_ps(load(pw.add(i)), load(px.add(i)), a0);
         i += 8;
     }
     let mut sum = hsum_ps(_mm256_add_ps(a0, a1));
     for j in i..n {
-        sum += w[j].to_f32() * x[j].to_f32();
+        sum += widen(w[j]) * widen(x[j]);
     }
     sum
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f16(w: &[f16], x: &[f16]) -> f32 {
+    dot_widened(w, x, |p| unsafe { load_f16x8(p) }, f16::to_f32)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_bf16(w: &[bf16], x: &[bf16]) -> f32 {
+    dot_widened(w, x, |p| unsafe { load_bf16x8(p) }, bf16::to_f32)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
-    let n = w.len().min(x.len());
-    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut i = 0;
-    while i + 16 <= n {
-        a0 = _mm256_fmadd_ps(
-            _mm256_loadu_ps(w.as_ptr().add(i)),
-            _mm256_loadu_ps(x.as_ptr().add(i)),
-            a0,
-        );
-        a1 = _mm256_fmadd_ps(
-            _mm256_loadu_ps(w.as_ptr().add(i + 8)),
-            _mm256_loadu_ps(x.as_ptr().add(i + 8)),
-            a1,
-        );
-        i += 16;
-    }
-    if i + 8 <= n {
-        a0 = _mm256_fmadd_ps(
-            _mm256_loadu_ps(w.as_ptr().add(i)),
-            _mm256_loadu_ps(x.as_ptr().add(i)),
-            a0,
-        );
-        i += 8;
-    }
-    let mut sum = hsum_ps(_mm256_add_ps(a0, a1));
-    for j in i..n {
-        sum += w[j] * x[j];
-    }
-    sum
+    dot_widened(w, x, |p| unsafe { load_f32x8(p) }, |v| v)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -509,6 +475,11 @@ unsafe fn axpy_f16(out: &mut [f32], a: f32, v: &[f16]) {
 impl KernelBackend for Avx2 {
     fn name(&self) -> &'static str {
         "avx2"
+    }
+
+    fn gdn_chunked_head(&self, head: &mut crate::gdn::chunked::ChunkedHead<'_, '_>) {
+        // SAFETY: see the impl comment (AVX2 and FMA are among the features checked).
+        unsafe { crate::gdn::chunked::head_avx2(head) }
     }
 
     fn vec_dot_q4_0_q8_0(&self, w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {

@@ -54,6 +54,11 @@ impl KernelBackend for Avx512 {
         "avx512-vnni"
     }
 
+    fn gdn_chunked_head(&self, head: &mut crate::gdn::chunked::ChunkedHead<'_, '_>) {
+        // SAFETY: see the impl comment (AVX2 and FMA are among the features checked).
+        unsafe { crate::gdn::chunked::head_avx2(head) }
+    }
+
     fn vec_dot_q4_0_q8_0(&self, w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
         let nb = w.len().min(x.len());
         // SAFETY: see the impl comment; both slices hold >= nb blocks.

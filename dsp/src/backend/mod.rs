@@ -1,12 +1,11 @@
-//! Kernel backends: the trait [`KernelBackend`] with the dot-product and row kernels, a scalar
-//! reference ([`scalar`]) and SIMD implementations checked against it, and [`select`], which
-//! picks the best backend for this CPU once at run time.
+//! Kernel backends: the trait [`KernelBackend`] with the dot-product, row and GDN kernels, a
+//! scalar reference ([`scalar`]) and SIMD implementations checked against it.
 //!
-//! Environment: `TANDEM_KERNELS=<name>` makes [`select`] return the available backend of that
-//! name (`scalar`, `avx2`, `avx512-vnni`, `neon`; for ablations and for bisecting numerical
-//! differences); any other value or none picks the best backend the CPU supports (AVX-512 VNNI,
-//! else AVX2+FMA+F16C on x86_64; NEON on aarch64; else scalar). The choice is made on the
-//! first call and cached for the life of the process.
+//! Selection is the caller's: a program resolves the name its user asked for ([`resolve`];
+//! the binaries read `--kernels` / `TANDEM_KERNELS`) and [`install`]s the result before the
+//! first kernel runs; [`select`] then returns it to every kernel entry point. Without an
+//! install, [`select`] returns [`best`] (AVX-512 VNNI, else AVX2+FMA+F16C on x86_64; NEON on
+//! aarch64; else scalar). dsp itself reads no environment variable.
 
 use std::sync::OnceLock;
 
@@ -30,9 +29,6 @@ mod avx512_kquants;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
 pub mod scalar;
-
-/// Environment variable that names the backend to use (`scalar`, `avx2`, `avx512-vnni`, `neon`); read once by [`select`].
-pub const KERNELS_ENV: &str = "TANDEM_KERNELS";
 
 /// A tile of dot products between `n_rows` weight rows and `n_tok` activation rows.
 ///
@@ -148,6 +144,15 @@ pub trait KernelBackend: Send + Sync + std::fmt::Debug {
     fn softmax_inplace(&self, x: &mut [f32]) {
         crate::ops::softmax_inplace(x)
     }
+
+    /// Every chunk of one value head of the chunked gated delta rule
+    /// ([`crate::gdn::gdn_chunked`]): the per-chunk element loops and the `MR × NR` register
+    /// tiles of its f32 products (`y += a · x`). The default is the portable build (separate
+    /// multiply and add); x86 backends run the same code compiled with AVX2+FMA, whose fused
+    /// multiply-adds round once per step (within the tolerance of `dsp/tests/gdn.rs`).
+    fn gdn_chunked_head(&self, head: &mut crate::gdn::chunked::ChunkedHead<'_, '_>) {
+        crate::gdn::chunked::head_portable(head)
+    }
 }
 
 /// [`KernelBackend::dot_tile`] as one [`KernelBackend::vec_dot_bytes`] per (row, token) pair.
@@ -184,40 +189,80 @@ pub fn available() -> Vec<&'static dyn KernelBackend> {
     v
 }
 
-/// The backend used by `matmul` and the ops: chosen once (first call) from the CPU features,
-/// unless `TANDEM_KERNELS` names another available backend (`scalar` forces the reference).
-/// Cached for the process.
+/// The process's backend: the one [`install`]ed, else [`best`] (fixed by the first call).
+static SELECTED: OnceLock<&'static dyn KernelBackend> = OnceLock::new();
+
+/// The backend every kernel entry point uses: the [`install`]ed one, else [`best`]. The first
+/// call fixes it for the life of the process.
 pub fn select() -> &'static dyn KernelBackend {
-    static SELECTED: OnceLock<&'static dyn KernelBackend> = OnceLock::new();
-    *SELECTED.get_or_init(|| {
-        let wanted = std::env::var(KERNELS_ENV).unwrap_or_default();
-        named(&wanted)
-            .or(available().last().copied())
-            .unwrap_or(scalar())
-    })
+    *SELECTED.get_or_init(best)
 }
 
-/// The available backend called `name` (case and surrounding spaces ignored).
-fn named(name: &str) -> Option<&'static dyn KernelBackend> {
-    available()
-        .into_iter()
-        .find(|b| b.name().eq_ignore_ascii_case(name.trim()))
+/// The fastest backend this CPU can run (the last of [`available`]).
+pub fn best() -> &'static dyn KernelBackend {
+    available().last().copied().unwrap_or(scalar())
 }
 
-/// A warning for when `TANDEM_KERNELS` names no backend available on this CPU, so that
-/// [`select`] fell back to the best one (naming the backends it has and the one in use);
-/// `None` when the variable is unset, empty or honoured. For callers to print or log (a typo
-/// otherwise silently benchmarks the default backend).
-pub fn kernels_env_warning() -> Option<String> {
-    let wanted = std::env::var(KERNELS_ENV).ok()?;
-    let wanted = wanted.trim();
-    if wanted.is_empty() || named(wanted).is_some() {
-        return None;
+/// Makes `backend` the one [`select`] returns. Call it once, before the first kernel runs.
+///
+/// # Errors
+/// [`AlreadySelected`] naming the backend in use when another one was installed or already
+/// returned by [`select`] (installing the same one again is fine).
+pub fn install(backend: &'static dyn KernelBackend) -> Result<(), AlreadySelected> {
+    let in_use = *SELECTED.get_or_init(|| backend);
+    if in_use.name() == backend.name() {
+        Ok(())
+    } else {
+        Err(AlreadySelected {
+            in_use: in_use.name(),
+            wanted: backend.name(),
+        })
     }
-    let names: Vec<_> = available().iter().map(|b| b.name()).collect();
-    Some(format!(
-        "{KERNELS_ENV}={wanted} names no kernel backend this CPU has ({}); using {}",
-        names.join(", "),
-        select().name()
-    ))
+}
+
+/// [`install`] came after another backend was fixed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("kernel backend {in_use} is already in use; {wanted} cannot replace it")]
+pub struct AlreadySelected {
+    pub in_use: &'static str,
+    pub wanted: &'static str,
+}
+
+/// A backend chosen by name ([`resolve`]).
+#[derive(Clone, Debug)]
+pub struct Selection {
+    /// The backend to [`install`].
+    pub backend: &'static dyn KernelBackend,
+    /// The requested name when this CPU has no backend of that name (`backend` is then
+    /// [`best`]); see [`Selection::warning`].
+    pub unknown: Option<String>,
+}
+
+impl Selection {
+    /// For the caller to print or log when the requested name was unknown (a typo would
+    /// otherwise silently benchmark the default backend): the name, the backends this CPU
+    /// has and the one used. `source` says where the name came from (`TANDEM_KERNELS`).
+    pub fn warning(&self, source: &str) -> Option<String> {
+        let requested = self.unknown.as_deref()?;
+        let names: Vec<_> = available().iter().map(|b| b.name()).collect();
+        Some(format!(
+            "{source}={requested} names no kernel backend this CPU has ({}); using {}",
+            names.join(", "),
+            self.backend.name()
+        ))
+    }
+}
+
+/// The available backend called `requested` (case and surrounding spaces ignored; `scalar`,
+/// `avx2`, `avx512-vnni`, `neon`), else [`best`] with `unknown` set. `None` or an empty name
+/// asks for the best.
+pub fn resolve(requested: Option<&str>) -> Selection {
+    let wanted = requested.map(str::trim).unwrap_or_default();
+    let named = available()
+        .into_iter()
+        .find(|b| b.name().eq_ignore_ascii_case(wanted));
+    Selection {
+        backend: named.unwrap_or_else(best),
+        unknown: (named.is_none() && !wanted.is_empty()).then(|| wanted.to_string()),
+    }
 }

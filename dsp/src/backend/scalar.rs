@@ -104,29 +104,15 @@ impl KernelBackend for Scalar {
     }
 
     fn vec_dot_f16(&self, w: &[f16], x: &[f16]) -> f32 {
-        debug_assert_eq!(w.len(), x.len());
-        let sum: f64 = w
-            .iter()
-            .zip(x)
-            .map(|(a, b)| (a.to_f32() * b.to_f32()) as f64)
-            .sum();
-        sum as f32
+        dot_summed_in_f64(w, x, f16::to_f32)
     }
 
     fn vec_dot_bf16(&self, w: &[bf16], x: &[bf16]) -> f32 {
-        debug_assert_eq!(w.len(), x.len());
-        let sum: f64 = w
-            .iter()
-            .zip(x)
-            .map(|(a, b)| (a.to_f32() * b.to_f32()) as f64)
-            .sum();
-        sum as f32
+        dot_summed_in_f64(w, x, bf16::to_f32)
     }
 
     fn vec_dot_f32(&self, w: &[f32], x: &[f32]) -> f32 {
-        debug_assert_eq!(w.len(), x.len());
-        let sum: f64 = w.iter().zip(x).map(|(a, b)| (a * b) as f64).sum();
-        sum as f32
+        dot_summed_in_f64(w, x, |v| v)
     }
 
     fn rms_norm_row(&self, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -165,4 +151,16 @@ impl KernelBackend for Scalar {
             *o = g / (1.0 + (-g).exp()) * u;
         }
     }
+}
+
+/// `Σ widen(w_i)·widen(x_i)`: f32 products summed in f64, in element order (ggml's
+/// `ggml_vec_dot_f16` / `_bf16` / `_f32` reference loops).
+fn dot_summed_in_f64<T: Copy>(w: &[T], x: &[T], widen: impl Fn(T) -> f32) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    let sum: f64 = w
+        .iter()
+        .zip(x)
+        .map(|(&a, &b)| (widen(a) * widen(b)) as f64)
+        .sum();
+    sum as f32
 }

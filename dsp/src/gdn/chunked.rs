@@ -19,9 +19,9 @@
 //! suits a GPU; on a CPU we solve it by forward substitution, which is the same linear algebra
 //! at `c²·d_v/2` instead of `c³` operations. Every exponent is `≤ 0`, so nothing overflows.
 
-use super::heads::{run_pooled, run_serial, split_heads, HeadIo, Inputs};
+use super::heads::{run_heads, split_heads, HeadIo, Inputs};
 use super::shape::GdnShape;
-use super::tile::gemm_acc;
+use super::tile::gemm_acc_portable;
 use crate::error::DspError;
 use crate::pool::ThreadPool;
 
@@ -56,20 +56,7 @@ pub fn gdn_chunked(
     out: &mut [f32],
     chunk: usize,
 ) -> Result<(), DspError> {
-    let n = shape.check_io(OP, q, k, v, gate, beta, state, out)?;
-    check_chunk(chunk)?;
-    let inp = Inputs {
-        shape,
-        n,
-        q,
-        k,
-        v,
-        gate,
-        beta,
-    };
-    let mut heads = split_heads(shape, state, out, None);
-    run_serial(&mut heads, &|h, io| chunked_head(&inp, h, io, chunk));
-    Ok(())
+    chunked(None, shape, q, k, v, gate, beta, state, out, chunk)
 }
 
 /// [`gdn_chunked`] with the value heads spread over `pool` (one task per head). Results are
@@ -89,23 +76,23 @@ pub fn gdn_chunked_pooled(
     out: &mut [f32],
     chunk: usize,
 ) -> Result<(), DspError> {
-    let n = shape.check_io(OP, q, k, v, gate, beta, state, out)?;
-    check_chunk(chunk)?;
-    let inp = Inputs {
-        shape,
-        n,
-        q,
-        k,
-        v,
-        gate,
-        beta,
-    };
-    let heads = split_heads(shape, state, out, None);
-    run_pooled(pool, heads, &|h, io| chunked_head(&inp, h, io, chunk));
-    Ok(())
+    chunked(Some(pool), shape, q, k, v, gate, beta, state, out, chunk)
 }
 
-fn check_chunk(chunk: usize) -> Result<(), DspError> {
+/// [`gdn_chunked`] on the calling thread (`pool` `None`) or on `pool`.
+fn chunked(
+    pool: Option<&ThreadPool>,
+    shape: GdnShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    gate: &[f32],
+    beta: &[f32],
+    state: &mut [f32],
+    out: &mut [f32],
+    chunk: usize,
+) -> Result<(), DspError> {
+    let n = shape.check_io(OP, q, k, v, gate, beta, state, out)?;
     if chunk == 0 {
         return Err(DspError::InvalidArgument {
             op: OP,
@@ -113,6 +100,9 @@ fn check_chunk(chunk: usize) -> Result<(), DspError> {
             detail: "chunk length must be at least 1".to_string(),
         });
     }
+    let inp = Inputs { shape, n, q, k, v, gate, beta };
+    let heads = split_heads(shape, state, out, None);
+    run_heads(pool, heads, &|h, io| chunked_head(&inp, h, io, chunk));
     Ok(())
 }
 
@@ -136,36 +126,54 @@ struct Scratch {
     gram: Vec<f32>,
 }
 
-/// All chunks of value head `h`: [`chunked_head_body`] compiled with AVX2+FMA when the CPU
-/// has them (and `TANDEM_KERNELS=scalar` is not set), else for the baseline target. The body's
-/// own loops use no fused multiply-adds and are element-wise, so both builds compute them
-/// identically (only the vector width differs); the products go through [`gemm_acc`], whose
-/// AVX2 path fuses its multiply-adds (within the tolerance tested in `dsp/tests/gdn.rs`).
-fn chunked_head(inp: &Inputs<'_>, h: usize, io: &mut HeadIo<'_>, chunk: usize) {
-    let _ftz = super::denormals::FlushDenormals::new();
-    #[cfg(target_arch = "x86_64")]
-    if super::tile::avx2_enabled() {
-        // SAFETY: `avx2_enabled` checked that the CPU supports AVX2 and FMA.
-        unsafe { chunked_head_avx2(inp, h, io, chunk) };
-        return;
-    }
-    chunked_head_body(inp, h, io, chunk)
+/// One value head's share of a chunked GDN call, for [`crate::KernelBackend::gdn_chunked_head`]
+/// (built only inside dsp).
+pub struct ChunkedHead<'a, 'b> {
+    inp: &'a Inputs<'a>,
+    h: usize,
+    io: &'a mut HeadIo<'b>,
+    chunk: usize,
 }
 
-/// [`chunked_head_body`] compiled with AVX2+FMA.
+/// All chunks of value head `h` with the installed backend's build of the chunk kernels, with
+/// denormals flushed.
+fn chunked_head(inp: &Inputs<'_>, h: usize, io: &mut HeadIo<'_>, chunk: usize) {
+    let _ftz = super::denormals::FlushDenormals::new();
+    crate::backend::select().gdn_chunked_head(&mut ChunkedHead { inp, h, io, chunk })
+}
+
+/// The portable build of the chunk kernels (the default of
+/// [`crate::KernelBackend::gdn_chunked_head`]).
+pub(crate) fn head_portable(head: &mut ChunkedHead<'_, '_>) {
+    chunked_head_body(head.inp, head.h, head.io, head.chunk, gemm_acc_portable)
+}
+
+/// [`chunked_head_body`] compiled with AVX2+FMA, its products by
+/// [`super::tile::gemm_acc_avx2`]. The body's own loops use no fused multiply-adds and are
+/// element-wise, so they compute exactly as the portable build (only the vector width
+/// differs).
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn chunked_head_avx2(inp: &Inputs<'_>, h: usize, io: &mut HeadIo<'_>, chunk: usize) {
-    chunked_head_body(inp, h, io, chunk)
+pub(crate) unsafe fn head_avx2(head: &mut ChunkedHead<'_, '_>) {
+    chunked_head_body(head.inp, head.h, head.io, head.chunk, |y, a, x, m, p, nn| {
+        // SAFETY: this function's own contract (AVX2 and FMA).
+        unsafe { super::tile::gemm_acc_avx2(y, a, x, m, p, nn) }
+    })
 }
 
 /// All chunks of value head `h` (inlined into each caller so it is compiled with the caller's
 /// target features).
 #[inline(always)]
-fn chunked_head_body(inp: &Inputs<'_>, h: usize, io: &mut HeadIo<'_>, chunk: usize) {
+fn chunked_head_body(
+    inp: &Inputs<'_>,
+    h: usize,
+    io: &mut HeadIo<'_>,
+    chunk: usize,
+    gemm: impl Fn(&mut [f32], &[f32], &[f32], usize, usize, usize) + Copy,
+) {
     let chunk = chunk.min(inp.n.max(1));
     let GdnShape { d_k, d_v, .. } = inp.shape;
     let mut sc = Scratch {
@@ -180,7 +188,7 @@ fn chunked_head_body(inp: &Inputs<'_>, h: usize, io: &mut HeadIo<'_>, chunk: usi
     let mut t0 = 0;
     while t0 < inp.n {
         let c = chunk.min(inp.n - t0);
-        chunk_step(inp, h, io, t0, c, &mut sc);
+        chunk_step(inp, h, io, t0, c, &mut sc, gemm);
         t0 += c;
     }
 }
@@ -194,6 +202,7 @@ fn chunk_step(
     t0: usize,
     c: usize,
     sc: &mut Scratch,
+    gemm: impl Fn(&mut [f32], &[f32], &[f32], usize, usize, usize),
 ) {
     let GdnShape { d_k, d_v, .. } = inp.shape;
     let kh = inp.shape.k_head_of(h);
@@ -224,13 +233,13 @@ fn chunk_step(
     }
     let gram = &mut sc.gram[..2 * c * c];
     gram.fill(0.0);
-    gemm_acc(gram, kq, kt, 2 * c, d_k, c);
+    gemm(gram, kq, kt, 2 * c, d_k, c);
     let (kk, qk) = gram.split_at(c * c);
 
     // Inter-chunk terms, one product with the entry state: [K; Q] · S₀ = [S₀ᵀk_t; S₀ᵀq_t].
     let dout = &mut sc.dout[..2 * c * d_v];
     dout.fill(0.0);
-    gemm_acc(dout, kq, s, 2 * c, d_k, d_v);
+    gemm(dout, kq, s, 2 * c, d_k, d_v);
     let (delta, out) = dout.split_at_mut(c * d_v);
     // B_t = β_t (v_t − e^{G_t} S₀ᵀk_t) into Δ; e^{G_t} S₀ᵀq_t into the output.
     for t in 0..c {
@@ -272,7 +281,7 @@ fn chunk_step(
             scores[t * c + s_] *= qk[t * c + s_];
         }
     }
-    gemm_acc(out, scores, delta, c, c, d_v);
+    gemm(out, scores, delta, c, c, d_v);
     let scale = inp.shape.scale();
     for t in 0..c {
         for (dst, &o) in io.out[t0 + t].iter_mut().zip(&out[t * d_v..][..d_v]) {
@@ -293,7 +302,7 @@ fn chunk_step(
             kwt[i * c + s_] = ki * w;
         }
     }
-    gemm_acc(s, kwt, delta, d_k, c, d_v);
+    gemm(s, kwt, delta, d_k, c, d_v);
 }
 
 /// `y += a · x`.

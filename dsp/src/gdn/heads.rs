@@ -88,20 +88,21 @@ pub(crate) fn split_heads<'a>(
     heads
 }
 
-/// Runs `kernel(h, io_h)` for every value head on the calling thread.
-pub(crate) fn run_serial(heads: &mut [HeadIo<'_>], kernel: &dyn Fn(usize, &mut HeadIo<'_>)) {
-    for (h, io) in heads.iter_mut().enumerate() {
-        kernel(h, io);
-    }
-}
-
-/// Runs `kernel(h, io_h)` for every value head as one pool task each. Each head's buffers
-/// sit behind their own (uncontended) mutex, which only hands the `&mut` to the one task.
-pub(crate) fn run_pooled(
-    pool: &ThreadPool,
-    heads: Vec<HeadIo<'_>>,
+/// Runs `kernel(h, io_h)` for every value head: on the calling thread (`pool` `None`) or as
+/// one pool task each. Each head's buffers sit behind their own (uncontended) mutex, which
+/// only hands the `&mut` to the one task. Every head runs the same code either way, so the
+/// results are bit-identical.
+pub(crate) fn run_heads(
+    pool: Option<&ThreadPool>,
+    mut heads: Vec<HeadIo<'_>>,
     kernel: &(dyn Fn(usize, &mut HeadIo<'_>) + Sync),
 ) {
+    let Some(pool) = pool else {
+        for (h, io) in heads.iter_mut().enumerate() {
+            kernel(h, io);
+        }
+        return;
+    };
     let cells: Vec<Mutex<HeadIo<'_>>> = heads.into_iter().map(Mutex::new).collect();
     pool.run(cells.len(), &|h| {
         let mut io = cells[h].lock().unwrap_or_else(PoisonError::into_inner);

@@ -3,7 +3,7 @@
 //! rolled back. Follows Hugging Face `torch_recurrent_gated_delta_rule`
 //! (`modeling_qwen3_next.py`) and llama.cpp `ggml_compute_forward_gated_delta_net`.
 
-use super::heads::{run_pooled, run_serial, split_heads, HeadIo, Inputs};
+use super::heads::{run_heads, split_heads, HeadIo, Inputs};
 use super::shape::GdnShape;
 use crate::error::DspError;
 use crate::pool::ThreadPool;
@@ -41,20 +41,7 @@ pub fn gdn_recurrent(
     out: &mut [f32],
     snapshots: Option<&mut [f32]>,
 ) -> Result<(), DspError> {
-    let n = shape.check_io(OP, q, k, v, gate, beta, state, out)?;
-    check_snapshots(shape, n, snapshots.as_deref())?;
-    let inp = Inputs {
-        shape,
-        n,
-        q,
-        k,
-        v,
-        gate,
-        beta,
-    };
-    let mut heads = split_heads(shape, state, out, snapshots);
-    run_serial(&mut heads, &|h, io| recurrent_head(&inp, h, io));
-    Ok(())
+    recurrent(None, shape, q, k, v, gate, beta, state, out, snapshots)
 }
 
 /// [`gdn_recurrent`] with the value heads spread over `pool` (one task per head). Results
@@ -74,19 +61,27 @@ pub fn gdn_recurrent_pooled(
     out: &mut [f32],
     snapshots: Option<&mut [f32]>,
 ) -> Result<(), DspError> {
+    recurrent(Some(pool), shape, q, k, v, gate, beta, state, out, snapshots)
+}
+
+/// [`gdn_recurrent`] on the calling thread (`pool` `None`) or on `pool`.
+fn recurrent(
+    pool: Option<&ThreadPool>,
+    shape: GdnShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    gate: &[f32],
+    beta: &[f32],
+    state: &mut [f32],
+    out: &mut [f32],
+    snapshots: Option<&mut [f32]>,
+) -> Result<(), DspError> {
     let n = shape.check_io(OP, q, k, v, gate, beta, state, out)?;
     check_snapshots(shape, n, snapshots.as_deref())?;
-    let inp = Inputs {
-        shape,
-        n,
-        q,
-        k,
-        v,
-        gate,
-        beta,
-    };
+    let inp = Inputs { shape, n, q, k, v, gate, beta };
     let heads = split_heads(shape, state, out, snapshots);
-    run_pooled(pool, heads, &|h, io| recurrent_head(&inp, h, io));
+    run_heads(pool, heads, &|h, io| recurrent_head(&inp, h, io));
     Ok(())
 }
 

@@ -1,11 +1,10 @@
 //! Small dense f32 products for the chunked GDN form, written so the compiler keeps a
-//! `MR × NR` block of the result in registers. [`gemm_acc`] dispatches once per process to
-//! the same generic code compiled with AVX2+FMA (x86_64, when the CPU has both and
-//! `TANDEM_KERNELS=scalar` is not set) or for the baseline target (the portable reference).
-//! Checked through `dsp/tests/gdn.rs`, where the chunked form that uses them must match the
-//! per-token recurrence, and by the unit tests below (AVX2 path vs portable path).
-
-use std::sync::OnceLock;
+//! `MR × NR` block of the result in registers: [`gemm_acc_portable`] (the reference, baseline
+//! target features) and, on x86_64, [`gemm_acc_avx2`] (the same loop with fused multiply-adds
+//! and a wider tile). Which one runs is the kernel backend's choice
+//! ([`crate::KernelBackend::gdn_chunked_head`]). Checked through `dsp/tests/gdn.rs`, where the
+//! chunked form that uses them must match the per-token recurrence, and by the unit tests
+//! below (AVX2 path vs portable path).
 
 /// Rows of the register tile.
 const MR: usize = 4;
@@ -16,41 +15,13 @@ const NR: usize = 8;
 #[cfg(target_arch = "x86_64")]
 const AVX2_NR: usize = 16;
 
-/// Signature shared by the [`gemm_acc`] implementations.
+/// Signature shared by the `y += a · x` implementations: `y`: `[m, nn]`, `a`: `[m, p]`,
+/// `x`: `[p, nn]`, all row-major, arguments `(y, a, x, m, p, nn)`.
+#[cfg(test)]
 type GemmFn = fn(&mut [f32], &[f32], &[f32], usize, usize, usize);
 
-/// `y += a · x` with `y`: `[m, nn]`, `a`: `[m, p]`, `x`: `[p, nn]`, all row-major.
-///
-/// Uses [`gemm_acc_avx2`] (same loop, `MR × AVX2_NR` tile, fused multiply-adds) when the CPU
-/// has AVX2 and FMA, else [`gemm_acc_portable`]; chosen once per process, and
-/// [`crate::backend::KERNELS_ENV`]`=scalar` forces the portable path. Both sum over `p` in
-/// the same order, but FMA rounds once per step, so results may differ in the last bits.
-#[inline]
-pub(crate) fn gemm_acc(y: &mut [f32], a: &[f32], x: &[f32], m: usize, p: usize, nn: usize) {
-    static IMPL: OnceLock<GemmFn> = OnceLock::new();
-    let f = IMPL.get_or_init(|| {
-        let forced_scalar = std::env::var(crate::backend::KERNELS_ENV)
-            .is_ok_and(|v| v.eq_ignore_ascii_case("scalar"));
-        if forced_scalar {
-            return gemm_acc_portable;
-        }
-        avx2_gemm().unwrap_or(gemm_acc_portable)
-    });
-    f(y, a, x, m, p, nn)
-}
-
-/// Whether the AVX2+FMA builds of the GDN kernels run: the CPU has both and
-/// [`crate::backend::KERNELS_ENV`]`=scalar` is not set. Decided once per process.
-pub(crate) fn avx2_enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| {
-        let forced_scalar = std::env::var(crate::backend::KERNELS_ENV)
-            .is_ok_and(|v| v.eq_ignore_ascii_case("scalar"));
-        !forced_scalar && avx2_gemm().is_some()
-    })
-}
-
-/// The AVX2+FMA implementation if this CPU can run it.
+/// The AVX2+FMA implementation if this CPU can run it (tests).
+#[cfg(test)]
 fn avx2_gemm() -> Option<GemmFn> {
     #[cfg(target_arch = "x86_64")]
     {
@@ -62,7 +33,7 @@ fn avx2_gemm() -> Option<GemmFn> {
 }
 
 /// Safe entry to [`gemm_acc_avx2`]; only handed out by [`avx2_gemm`] after feature detection.
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(test, target_arch = "x86_64"))]
 fn gemm_acc_avx2_checked(y: &mut [f32], a: &[f32], x: &[f32], m: usize, p: usize, nn: usize) {
     // SAFETY: this function is only reachable through `avx2_gemm`, which checked that the
     // CPU supports AVX2 and FMA.
@@ -81,7 +52,7 @@ fn gemm_acc_avx2_checked(y: &mut [f32], a: &[f32], x: &[f32], m: usize, p: usize
 /// The CPU must support AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn gemm_acc_avx2(y: &mut [f32], a: &[f32], x: &[f32], m: usize, p: usize, nn: usize) {
+pub(crate) unsafe fn gemm_acc_avx2(y: &mut [f32], a: &[f32], x: &[f32], m: usize, p: usize, nn: usize) {
     // Soundness of the raw accesses in `gemm_tile_avx2` rests on these checks.
     assert!(y.len() == m * nn && a.len() == m * p && x.len() == p * nn);
     let j_end = nn - nn % AVX2_NR;
@@ -147,7 +118,7 @@ unsafe fn gemm_tile_avx2<const R: usize>(
     }
 }
 
-/// Portable reference for [`gemm_acc`]: separate multiply and add, baseline target features.
+/// Portable reference `y += a · x`: separate multiply and add, baseline target features.
 pub(crate) fn gemm_acc_portable(
     y: &mut [f32],
     a: &[f32],
@@ -236,9 +207,11 @@ mod tests {
             let y0: Vec<f32> = (0..m * nn).map(|i| (i % 3) as f32).collect();
             let mut y = y0.clone();
             gemm_acc_portable(&mut y, &a, &x, m, p, nn);
-            let mut y_fast = y0.clone();
-            gemm_acc(&mut y_fast, &a, &x, m, p, nn);
-            assert_eq!(y_fast, y, "dispatched vs portable ({m},{p},{nn})");
+            if let Some(fast) = avx2_gemm() {
+                let mut y_fast = y0.clone();
+                fast(&mut y_fast, &a, &x, m, p, nn);
+                assert_eq!(y_fast, y, "avx2 vs portable on small integers ({m},{p},{nn})");
+            }
             for r in 0..m {
                 for j in 0..nn {
                     let want =

@@ -26,16 +26,24 @@ echo "== building (release) ..." >&2
 cargo build --release --locked -p device-worker -p agent-gateway >&2
 BIN="${CARGO_TARGET_DIR:-target}/release"
 
+# One bearer token for both servers (a new one per run, readable by this user only): the
+# worker and the gateway require it, the gateway sends it to the worker, the replay to the
+# gateway. On a phone, any app could otherwise drive the agent over loopback.
+TOKENS="$OUT/tokens"
+(umask 077 && python3 -c 'import secrets; print(secrets.token_hex(32))' >"$TOKENS")
+
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
 echo "== starting device-worker on 127.0.0.1:$WORKER_PORT (log: $OUT/worker.log)" >&2
 "$BIN/device-worker" serve --listen "127.0.0.1:$WORKER_PORT" --model "$MODEL" ${THREADS:+--threads "$THREADS"} \
+  --auth-token-file "$TOKENS" \
   >"$OUT/worker.log" 2>&1 &
 pids+=($!)
 echo "== starting agent-gateway on 127.0.0.1:$GATEWAY_PORT (log: $OUT/gateway.log)" >&2
 "$BIN/agent-gateway" serve --listen "127.0.0.1:$GATEWAY_PORT" --worker "http://127.0.0.1:$WORKER_PORT" \
+  --auth-token-file "$TOKENS" --worker-token-file "$TOKENS" \
   --http-listen "${HTTP_LISTEN:-off}" >"$OUT/gateway.log" 2>&1 &
 pids+=($!)
 
@@ -58,4 +66,5 @@ wait_ready device-worker "${pids[0]}" "http://127.0.0.1:$WORKER_PORT" tandem.ste
 wait_ready agent-gateway "${pids[1]}" "http://127.0.0.1:$GATEWAY_PORT" "" "$OUT/gateway.log" 30
 
 echo "== replaying" >&2
-"$BIN/agent-gateway" replay --gateway "http://127.0.0.1:$GATEWAY_PORT" --out "$OUT/replay.jsonl" "$@"
+"$BIN/agent-gateway" replay --gateway "http://127.0.0.1:$GATEWAY_PORT" --token-file "$TOKENS" \
+  --out "$OUT/replay.jsonl" "$@"

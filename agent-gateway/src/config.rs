@@ -28,6 +28,15 @@ pub struct ServeOptions {
     #[command(flatten)]
     #[serde(flatten)]
     pub otel: tandem_telemetry::otel::OtelArgs,
+    /// Bearer tokens for AgentService and the HTTP endpoint (`--auth-token-file`, ...).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub auth: tandem_auth::AuthArgs,
+    /// The token the gateway sends to its workers: the first token of this file (the same
+    /// format as a worker's `--auth-token-file`; give both the same file on one phone).
+    #[arg(long, env = "TANDEM_WORKER_TOKEN_FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_token_file: Option<std::path::PathBuf>,
 }
 
 fn as_display<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {

@@ -61,8 +61,18 @@ fn main() -> anyhow::Result<()> {
                     interrupted.await;
                     let _ = stop_tx.send(true);
                 });
+                let listens: Vec<_> = std::iter::once(cfg.listen).chain(cfg.http_listen.0).collect();
+                let auth = cfg.auth.authenticator(&listens)?;
+                if let Some(a) = &auth {
+                    a.reload_on_sighup();
+                    tracing::info!(file = %a.path().display(), "AgentService and the HTTP endpoint require a bearer token");
+                }
+                let worker_token = match &cfg.worker_token_file {
+                    Some(p) => tandem_auth::BearerInterceptor::from_file(p)?,
+                    None => tandem_auth::BearerInterceptor::none(),
+                };
                 let metrics = agent_gateway::metrics::install()?;
-                let router = agent_gateway::worker::Router::new(&cfg.workers)?;
+                let router = agent_gateway::worker::Router::with_token(&cfg.workers, worker_token)?;
                 let runner = Arc::new(agent_gateway::step::StepRunner::new(router.clone()));
                 let listener = tokio::net::TcpListener::bind(cfg.listen)
                     .await
@@ -77,15 +87,17 @@ fn main() -> anyhow::Result<()> {
                             .await
                             .with_context(|| format!("cannot listen on {addr} (HTTP; --http-listen off disables it)"))?;
                         tracing::info!(addr = %l.local_addr()?, "OpenAI-compatible HTTP endpoint listening");
-                        Some(tokio::spawn(agent_gateway::http::serve(
+                        Some(tokio::spawn(agent_gateway::http::serve_with_auth(
                             agent_gateway::http::HttpState { router, metrics: Some(metrics) },
                             l,
                             stopped(stop_rx.clone()),
+                            auth.clone(),
                         )))
                     }
                     None => None,
                 };
-                agent_gateway::service::serve(runner, listener, stopped(stop_rx)).await?;
+                let grpc_auth = tandem_auth::AuthLayer::grpc(auth, cfg.auth.health_requires_auth);
+                agent_gateway::service::serve_with_auth(runner, listener, stopped(stop_rx), grpc_auth).await?;
                 if let Some(h) = http {
                     h.await.context("HTTP server task")??;
                 }

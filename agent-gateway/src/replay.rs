@@ -35,6 +35,10 @@ pub struct ReplayConfig {
     /// Output budget per step (0: the gateway's default).
     #[arg(long, default_value_t = 0)]
     pub max_tokens: u32,
+    /// Bearer token for a gateway that requires one: the first token of this file (the
+    /// gateway's `--auth-token-file` format).
+    #[arg(long, env = "TANDEM_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
     /// JSONL file with one object per step.
     #[arg(long, default_value = "replay-out/replay.jsonl")]
     pub out: PathBuf,
@@ -129,7 +133,14 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
             .map(|id| load_episode(&cfg.corpus, id))
             .collect::<Result<_, _>>()?
     };
-    let mut client = AgentServiceClient::connect(cfg.gateway.clone())
+    let token = match &cfg.token_file {
+        Some(p) => tandem_auth::BearerInterceptor::from_file(p)
+            .map_err(|e| GatewayError::Config(e.to_string()))?,
+        None => tandem_auth::BearerInterceptor::none(),
+    };
+    let channel = tonic::transport::Endpoint::from_shared(cfg.gateway.clone())
+        .map_err(|e| GatewayError::Config(format!("invalid gateway address {:?}: {e}", cfg.gateway)))?
+        .connect()
         .await
         .map_err(|e| {
             GatewayError::Gateway(format!(
@@ -138,6 +149,7 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
                 crate::health::error_chain(&e)
             ))
         })?;
+    let mut client = AgentServiceClient::with_interceptor(channel, token);
     if let Some(dir) = cfg.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|source| GatewayError::Io {
             path: dir.to_path_buf(),

@@ -137,11 +137,23 @@ impl AgentService for AgentServiceImpl {
     }
 }
 
-/// Serves AgentService, health and reflection on `listener` until `shutdown` resolves.
+/// Serves AgentService, health and reflection on `listener` until `shutdown` resolves,
+/// without authentication (tests, local development; see [`serve_with_auth`]).
 pub async fn serve(
     runner: Arc<StepRunner>,
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), GatewayError> {
+    serve_with_auth(runner, listener, shutdown, tandem_auth::AuthLayer::grpc(None, false)).await
+}
+
+/// [`serve`] behind `auth`: every call without an accepted bearer token gets
+/// `UNAUTHENTICATED` before it reaches a handler (health as the layer says).
+pub async fn serve_with_auth(
+    runner: Arc<StepRunner>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    auth: tandem_auth::AuthLayer<tonic::body::Body>,
 ) -> Result<(), GatewayError> {
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<AgentServiceServer<AgentServiceImpl>>().await;
@@ -154,6 +166,7 @@ pub async fn serve(
     let reflection_v1 = reflection().build_v1().map_err(|e| GatewayError::Config(format!("reflection: {e}")))?;
     let reflection_v1alpha = reflection().build_v1alpha().map_err(|e| GatewayError::Config(format!("reflection: {e}")))?;
     tonic::transport::Server::builder()
+        .layer(auth)
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

@@ -221,9 +221,7 @@ impl StepRunner {
     /// received are not sent again (greedy output on a fresh state repeats them).
     async fn generate(
         &self,
-        client: tandem_proto::step::v1::step_service_client::StepServiceClient<
-            tonic::transport::Channel,
-        >,
+        client: crate::worker::WorkerClient,
         request: spb::GenerateRequest,
         step: u32,
         events: &mpsc::Sender<Result<apb::StepEvent, Status>>,
@@ -272,9 +270,7 @@ impl StepRunner {
     /// One Generate call; `progress.sent` counts the tokens already forwarded to `events`.
     async fn generate_once(
         &self,
-        mut client: tandem_proto::step::v1::step_service_client::StepServiceClient<
-            tonic::transport::Channel,
-        >,
+        mut client: crate::worker::WorkerClient,
         request: spb::GenerateRequest,
         step: u32,
         events: &mpsc::Sender<Result<apb::StepEvent, Status>>,

@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use tandem_auth::BearerInterceptor;
 use tandem_proto::step::v1::step_service_client::StepServiceClient;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::error::GatewayError;
@@ -20,8 +22,11 @@ use crate::error::GatewayError;
 pub struct Worker {
     /// The address as configured (`http://127.0.0.1:50051`).
     pub addr: String,
-    pub client: StepServiceClient<Channel>,
+    pub client: WorkerClient,
 }
+
+/// A StepService client that sends the gateway's bearer token (`--worker-token-file`), if any.
+pub type WorkerClient = StepServiceClient<InterceptedService<Channel, BearerInterceptor>>;
 
 /// How long a worker that answered UNAVAILABLE is skipped by [`Router::route`].
 pub const DOWN_FOR: Duration = Duration::from_secs(10);
@@ -44,6 +49,13 @@ impl Router {
     ///
     /// Errors: [`GatewayError::Config`] for no worker or an invalid address.
     pub fn new(addrs: &[String]) -> Result<Self, GatewayError> {
+        Self::with_token(addrs, BearerInterceptor::none())
+    }
+
+    /// [`Router::new`] whose clients send `token` with every call.
+    ///
+    /// Errors: as [`Router::new`].
+    pub fn with_token(addrs: &[String], token: BearerInterceptor) -> Result<Self, GatewayError> {
         if addrs.is_empty() {
             return Err(GatewayError::Config("at least one --worker address is needed".into()));
         }
@@ -55,7 +67,8 @@ impl Router {
                     .map_err(|e| GatewayError::Config(format!("invalid worker address {a:?}: {e}")))?
                     .connect_timeout(std::time::Duration::from_secs(5))
                     .tcp_nodelay(true);
-                Ok(Worker { addr: uri, client: StepServiceClient::new(ep.connect_lazy()) })
+                let client = StepServiceClient::with_interceptor(ep.connect_lazy(), token.clone());
+                Ok(Worker { addr: uri, client })
             })
             .collect::<Result<Vec<_>, GatewayError>>()?;
         let down_until_ms = Arc::new(workers.iter().map(|_| AtomicU64::new(0)).collect());

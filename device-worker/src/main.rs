@@ -74,6 +74,7 @@ fn main() -> anyhow::Result<()> {
             telemetry.otel.otlp_endpoint.as_deref(),
         )?
     };
+    let auth = cfg.auth.authenticator(&[cfg.listen])?;
     match cfg.engine.kernels.install() {
         Ok(Some(warning)) => tracing::warn!("{warning}"),
         Ok(None) => {}
@@ -142,7 +143,12 @@ fn main() -> anyhow::Result<()> {
             }
         };
         let exited = engine.exit_signal();
-        device_worker::service::serve(engine, listener, shutdown).await?;
+        if let Some(a) = &auth {
+            a.reload_on_sighup();
+            tracing::info!(file = %a.path().display(), "StepService requires a bearer token");
+        }
+        let auth = tandem_auth::AuthLayer::grpc(auth, cfg.auth.health_requires_auth);
+        device_worker::service::serve_with_auth(engine, listener, shutdown, auth).await?;
         let _ = metrics_stop.send(());
         if let Some(h) = metrics_server {
             h.await.context("metrics server task")??;

@@ -20,6 +20,7 @@ async fn replay_gives_a_schema_valid_action_per_step_and_reuses_the_prefix() {
         count: 1,
         max_steps: 3,
         max_tokens: 0,
+        token_file: None,
         out: out.path().join("replay.jsonl"),
         list: false,
         dry_run: false,

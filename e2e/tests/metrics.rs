@@ -25,6 +25,7 @@ async fn metrics_agree_with_the_replay_jsonl() {
         count: 1,
         max_steps: 3,
         max_tokens: 0,
+        token_file: None,
         out: out.path().join("replay.jsonl"),
         list: false,
         dry_run: false,

@@ -52,7 +52,12 @@ pub fn app(state: HttpState) -> axum::Router {
         .with_state(state)
 }
 
-/// Serves [`app`] on `listener` until `shutdown` resolves.
+/// Paths that need no bearer token: the liveness probe and the Prometheus scrape (read-only
+/// counters, no prompt or output text).
+pub const OPEN_PATHS: &[&str] = &["/health", "/metrics"];
+
+/// Serves [`app`] on `listener` until `shutdown` resolves, without authentication (tests,
+/// local development; see [`serve_with_auth`]).
 ///
 /// Errors: [`GatewayError::Config`] when the server fails.
 pub async fn serve(
@@ -60,7 +65,21 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), GatewayError> {
-    axum::serve(listener, app(state))
+    serve_with_auth(state, listener, shutdown, None).await
+}
+
+/// [`serve`] requiring a bearer token that `auth` accepts on every path but [`OPEN_PATHS`]
+/// (401 with an OpenAI error object otherwise); `None`: no authentication.
+///
+/// Errors: as [`serve`].
+pub async fn serve_with_auth(
+    state: HttpState,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    auth: Option<tandem_auth::Authenticator>,
+) -> Result<(), GatewayError> {
+    let app = app(state).layer(tandem_auth::AuthLayer::<axum::body::Body>::openai_http(auth, OPEN_PATHS));
+    axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
         .map_err(|e| GatewayError::Config(format!("HTTP server: {e}")))

@@ -138,9 +138,10 @@ class TandemAgent(EnvironmentInteractingAgent):
 
     def __init__(self, env: Any, name: str = "tandem", *, client: Optional[AgentClient] = None,
                  target: str = DEFAULT_TARGET, max_tokens: int = 0, transition_pause: Optional[float] = 1.0,
-                 on_token: Optional[Callable[[Token], None]] = None):
+                 on_token: Optional[Callable[[Token], None]] = None, token: Optional[str] = None,
+                 token_file: Optional[str] = None):
         super().__init__(env, name, transition_pause)
-        self.client = client if client is not None else AgentClient(target)
+        self.client = client if client is not None else AgentClient(target, token=token, token_file=token_file)
         self.max_tokens = max_tokens
         self.on_token = on_token
         self._episode: Optional[Episode] = None

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import queue
@@ -200,17 +201,67 @@ class Episode:
         self.close()
 
 
+class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                   grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds ``authorization: Bearer <token>`` to every call (a gateway started with
+    ``--auth-token-file``)."""
+
+    def __init__(self, token: str):
+        self._header = ("authorization", f"Bearer {token}")
+
+    def _with_token(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        metadata = list(details.metadata or []) + [self._header]
+        return _CallDetails(details.method, details.timeout, metadata, details.credentials,
+                            getattr(details, "wait_for_ready", None), getattr(details, "compression", None))
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+    def intercept_stream_unary(self, continuation, details, requests):
+        return continuation(self._with_token(details), requests)
+
+    def intercept_stream_stream(self, continuation, details, requests):
+        return continuation(self._with_token(details), requests)
+
+
+class _CallDetails(collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials",
+                                                          "wait_for_ready", "compression")),
+                   grpc.ClientCallDetails):
+    """Call details with the token added (grpc's documented interceptor pattern)."""
+
+
+def read_token_file(path: str) -> str:
+    """The first token of a token file (one per line, ``#`` comments), as the servers'
+    ``--auth-token-file`` reads it. Raises ``ValueError`` for a file without a token."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            t = line.strip()
+            if t and not t.startswith("#"):
+                return t
+    raise ValueError(f"{path}: no token (one token per line; # starts a comment)")
+
+
 class AgentClient:
     """Client of a gateway's ``AgentService`` at ``target`` (``host:port``; default
     :data:`DEFAULT_TARGET`), or over an existing ``channel``. ``timeout_s``: deadline per call
-    (None: none).
+    (None: none). ``token``: the bearer token of a gateway started with
+    ``--auth-token-file`` (``token_file``: read it from such a file); without one a gateway
+    that requires a token answers ``UNAUTHENTICATED``.
     """
 
     def __init__(self, target: str = DEFAULT_TARGET, *, channel: Optional[grpc.Channel] = None,
-                 timeout_s: Optional[float] = None):
+                 timeout_s: Optional[float] = None, token: Optional[str] = None,
+                 token_file: Optional[str] = None):
         self.target = target
         self._own_channel = channel is None
         self.channel = channel if channel is not None else grpc.insecure_channel(target)
+        if token is None and token_file is not None:
+            token = read_token_file(token_file)
+        if token is not None:
+            self.channel = grpc.intercept_channel(self.channel, _BearerToken(token))
         self.stub = agent_pb2_grpc.AgentServiceStub(self.channel)
         self.timeout_s = timeout_s
 

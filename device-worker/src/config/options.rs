@@ -268,6 +268,9 @@ pub struct ServeOptions {
     #[command(flatten)]
     #[serde(flatten)]
     pub telemetry: crate::telemetry::TelemetryArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub auth: tandem_auth::AuthArgs,
 }
 
 /// Serializes a value by its `Display` text (e.g. [`Drafters`] as `"experience,prompt-lookup"`).

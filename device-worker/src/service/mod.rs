@@ -115,12 +115,24 @@ impl From<WorkerError> for Status {
 }
 
 /// Serves StepService, gRPC health (`tandem.step.v1.StepService` and "") and reflection on
-/// `listener` until `shutdown` resolves. Health is NOT_SERVING until the model is loaded
-/// and while the watchdog restarts the engine.
+/// `listener` until `shutdown` resolves, without authentication (tests, local development;
+/// see [`serve_with_auth`]). Health is NOT_SERVING until the model is loaded and while the
+/// watchdog restarts the engine.
 pub async fn serve(
     engine: EngineHandle,
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), WorkerError> {
+    serve_with_auth(engine, listener, shutdown, tandem_auth::AuthLayer::grpc(None, false)).await
+}
+
+/// [`serve`] behind `auth`: every call without an accepted bearer token gets
+/// `UNAUTHENTICATED` before it reaches a handler (health as the layer says).
+pub async fn serve_with_auth(
+    engine: EngineHandle,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    auth: tandem_auth::AuthLayer<tonic::body::Body>,
 ) -> Result<(), WorkerError> {
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
@@ -172,6 +184,7 @@ pub async fn serve(
         .build_v1alpha()
         .map_err(|e| WorkerError::Internal(format!("reflection: {e}")))?;
     tonic::transport::Server::builder()
+        .layer(auth)
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

@@ -1,6 +1,7 @@
-//! The binaries choose dsp's kernel backend: `device-worker bench --kernels NAME` (or
-//! `TANDEM_KERNELS`) installs it, an unknown name is warned about and the fastest is used.
-//! Runs the real binary on the tiny Qwen3.5 fixture.
+//! The `device-worker` binary's start-up choices, run for real: the kernel backend
+//! (`bench --kernels NAME` or `TANDEM_KERNELS` installs it, an unknown name is warned about
+//! and the fastest is used; on the tiny Qwen3.5 fixture) and the bind policy (no token file:
+//! loopback only).
 
 use std::process::Command;
 
@@ -42,6 +43,22 @@ fn the_flag_or_the_environment_names_the_backend() {
     assert_eq!(kernels, best);
     assert!(
         stderr.contains("avx9000 names no kernel backend this CPU has") && stderr.contains(best),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn serve_on_a_non_loopback_address_without_a_token_refuses_to_start() {
+    let out = Command::new(env!("CARGO_BIN_EXE_device-worker"))
+        .args(["serve", "--model", TINY, "--listen", "0.0.0.0:0"])
+        .env_remove("TANDEM_AUTH_TOKEN_FILE")
+        .output()
+        .expect("device-worker runs");
+    assert!(!out.status.success(), "it must not serve");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("refusing to listen on 0.0.0.0:0 without authentication")
+            && stderr.contains("--auth-token-file"),
         "{stderr}"
     );
 }

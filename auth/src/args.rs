@@ -1,0 +1,71 @@
+//! The servers' authentication flags and the bind policy.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use crate::error::AuthError;
+use crate::tokens::Authenticator;
+
+/// `--auth-token-file`, `--health-requires-auth`, `--insecure` (flattened into `serve`).
+#[derive(Clone, Debug, Default, clap::Args, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct AuthArgs {
+    /// Bearer tokens this server accepts, one per line (`#` comments; at least 16 characters
+    /// each, e.g. `openssl rand -hex 32 > tokens`); reloaded on SIGHUP. Without it the server
+    /// listens on loopback only and warns that any local app can use it.
+    #[arg(long, env = "TANDEM_AUTH_TOKEN_FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auth_token_file: Option<PathBuf>,
+    /// Also require the token for the gRPC health service (open by default, for probes).
+    #[arg(long)]
+    pub health_requires_auth: bool,
+    /// Allow listening on a non-loopback address without a token file (anyone who can reach
+    /// the port can drive the agent).
+    #[arg(long)]
+    pub insecure: bool,
+}
+
+impl AuthArgs {
+    /// The authenticator for a server listening on `listen` (every address the server binds),
+    /// after the bind policy: with a token file, its tokens; without one, `None` (auth off),
+    /// logged as a warning, on loopback addresses or with `--insecure`.
+    ///
+    /// Errors: [`AuthError::InsecureBind`] for a non-loopback address without a token file
+    /// and without `--insecure`; as [`Authenticator::from_file`].
+    pub fn authenticator(&self, listen: &[SocketAddr]) -> Result<Option<Authenticator>, AuthError> {
+        if let Some(path) = &self.auth_token_file {
+            return Authenticator::from_file(path).map(Some);
+        }
+        if let Some(open) = listen.iter().find(|a| !a.ip().is_loopback()) {
+            if !self.insecure {
+                return Err(AuthError::InsecureBind {
+                    addr: open.to_string(),
+                });
+            }
+            tracing::warn!(addr = %open, "no --auth-token-file and --insecure: anyone who can reach this address can drive the agent");
+        } else {
+            tracing::warn!("no --auth-token-file: any process on this device can use this server (fine for local development; pass a token file on a phone)");
+        }
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_token_is_loopback_only_unless_insecure() {
+        let lo: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let any: SocketAddr = "0.0.0.0:1".parse().unwrap();
+        let args = AuthArgs::default();
+        assert!(args.authenticator(&[lo]).unwrap().is_none());
+        let err = args.authenticator(&[lo, any]).unwrap_err();
+        assert!(matches!(err, AuthError::InsecureBind { .. }), "{err}");
+        assert!(err.to_string().contains("0.0.0.0:1"));
+        let insecure = AuthArgs { insecure: true, ..Default::default() };
+        assert!(insecure.authenticator(&[any]).unwrap().is_none());
+        let missing = AuthArgs { auth_token_file: Some("/nonexistent/tokens".into()), ..Default::default() };
+        assert!(matches!(missing.authenticator(&[lo]), Err(AuthError::Read { .. })));
+    }
+}

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use common::*;
 use device_worker::sampling::argmax;
 use gguf::reader::GgufFile;
-use device_worker::model::{Model, Scratch};
+use device_worker::model::Model;
 use device_worker::state::sequence::SequenceState;
 use dsp::pool::ThreadPool;
 use tandem_proto::step::v1 as pb;
@@ -95,17 +95,15 @@ fn load(name: &str) -> Model {
 struct Runner {
     model: Model,
     pool: ThreadPool,
-    scratch: Scratch,
 }
 
 impl Runner {
     fn new(name: &str, n_batch: usize) -> Self {
-        let model = load(name);
-        let scratch = model.new_scratch(n_batch);
+        let mut model = load(name);
+        model.set_max_batch(n_batch);
         Self {
             model,
             pool: ThreadPool::new(2).unwrap(),
-            scratch,
         }
     }
 
@@ -121,7 +119,7 @@ impl Runner {
             let last = i + 1 == chunks.len();
             let l = self
                 .model
-                .forward(&self.pool, seq, c, &mut self.scratch, last)
+                .forward(&self.pool, seq, c, last)
                 .expect("forward");
             if last {
                 out = Some(l.expect("logits requested").to_vec());
@@ -139,7 +137,7 @@ impl Runner {
             if i + 1 < steps {
                 logits = self
                     .model
-                    .forward(&self.pool, seq, &[id], &mut self.scratch, true)
+                    .forward(&self.pool, seq, &[id], true)
                     .expect("decode")
                     .expect("logits")
                     .to_vec();

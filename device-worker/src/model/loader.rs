@@ -18,6 +18,7 @@ pub struct Loader<'a> {
 }
 
 impl<'a> Loader<'a> {
+    /// The loader of `file`.
     pub fn new(file: &'a GgufFile) -> Self {
         Self { file }
     }

@@ -78,6 +78,7 @@ pub struct AttentionScratch {
 }
 
 impl AttentionScratch {
+    /// Buffers for `n_batch` tokens of blocks configured as `c`.
     pub fn new(n_batch: usize, c: &AttentionConfig) -> Self {
         let (nq, nkv) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
         let gated = if c.gated { n_batch * nq } else { 0 };

@@ -26,6 +26,7 @@ pub struct MlpScratch {
 }
 
 impl MlpScratch {
+    /// Buffers for `n_batch` tokens and `n_ff` hidden features.
     pub fn new(n_batch: usize, n_ff: usize) -> Self {
         Self {
             gate: vec![0.0; n_batch * n_ff],

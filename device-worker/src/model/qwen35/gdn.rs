@@ -62,6 +62,7 @@ pub(super) struct GdnScratch {
 }
 
 impl GdnScratch {
+    /// Buffers for `n` tokens of the GDN layers of `c`.
     pub(super) fn new(n: usize, c: &Qwen35Config) -> Self {
         let g = c.gdn;
         let (kd, vd) = (g.n_k_heads * g.d_k, g.n_v_heads * g.d_v);

@@ -408,3 +408,34 @@ async fn grpc_worker_serves_qwen35_and_reuses_prefix_only_at_full_length() {
     let l = expect.prefill(&mut seq, &turn3, 256);
     assert_eq!(ids(&third), until_eog(expect.greedy(&mut seq, l, 4)));
 }
+
+/// The architecture registry (`model::ARCHITECTURES`) decides both loading and the
+/// metadata-only shapes: a file of another `general.architecture` is refused by both, the
+/// error naming it and the supported ones; the fixture's shapes from metadata equal the
+/// loaded model's.
+#[test]
+fn the_registry_refuses_unknown_architectures_and_gives_shapes_from_metadata() {
+    use device_worker::model::{sequence_shape, ModelError, ARCHITECTURES};
+    use gguf::reader::MetaValue;
+    use gguf::writer::{write_with_additions, Additions};
+    let names: Vec<&str> = ARCHITECTURES.iter().map(|a| a.name).collect();
+    assert_eq!(names, ["llama", "qwen35"]);
+    let src = GgufFile::open(&fixture_dir().join("tiny-qwen35-f32.gguf")).expect("fixture opens");
+    let model = load("tiny-qwen35-f32.gguf");
+    assert_eq!(sequence_shape(&src).expect("shape"), model.sequence_shape());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("mamba.gguf");
+    let add = Additions {
+        kvs: vec![("general.architecture".into(), MetaValue::String("mamba".into()))],
+        replace: true,
+        ..Default::default()
+    };
+    write_with_additions(&src, &out, &add).expect("copy with another architecture");
+    let file = Arc::new(GgufFile::open(&out).expect("copy opens"));
+    for err in [Model::load(file.clone()).err().expect("refused"), sequence_shape(&file).expect_err("refused")] {
+        assert!(
+            matches!(&err, ModelError::UnsupportedArchitecture { arch, supported } if arch == "mamba" && supported == "llama, qwen35"),
+            "{err}"
+        );
+    }
+}

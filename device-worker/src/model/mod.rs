@@ -40,15 +40,20 @@ pub enum MtpHead {
     Trimmed,
 }
 
+/// Binds the weights of a file of one architecture (buffers for 1-token batches; see
+/// [`CausalLm::set_max_batch`]).
+pub type LoadFn = fn(Arc<GgufFile>) -> Result<Box<dyn CausalLm>, ModelError>;
+
+/// The sequence-state shapes of a file of one architecture, reading no tensor (the dry run
+/// and the planner).
+pub type ShapeFn = fn(&GgufFile) -> Result<SequenceShape, ModelError>;
+
 /// One supported architecture (`general.architecture`): how to bind a file of it and its
 /// sequence-state shapes from metadata alone.
 pub struct Architecture {
     pub name: &'static str,
-    /// Binds the weights of a file of this architecture (buffers for 1-token batches; see
-    /// [`CausalLm::set_max_batch`]).
-    pub load: fn(Arc<GgufFile>) -> Result<Box<dyn CausalLm>, ModelError>,
-    /// The sequence-state shapes, reading no tensor (the dry run and the planner).
-    pub shape: fn(&GgufFile) -> Result<SequenceShape, ModelError>,
+    pub load: LoadFn,
+    pub shape: ShapeFn,
 }
 
 /// The architectures this build runs: one line per architecture file.

@@ -5,7 +5,7 @@ Counts from a `fn` line to its closing brace (brace matching over the code with 
 and string literals skipped; doc comments and attributes above the `fn` are not counted).
 Exits 1 when one is longer, so it can run in CI:
 
-    tools/check_fn_length.py device-worker/src/engine [--max 120]
+    tools/check_fn_length.py device-worker/src/engine device-worker/src/model [--max 120]
 """
 from __future__ import annotations
 

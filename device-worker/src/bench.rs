@@ -78,14 +78,14 @@ pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
         .unwrap_or_else(crate::config::default_model_path);
     let file =
         Arc::new(GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?);
-    let model = Model::load(file)?;
+    let mut model = Model::load(file)?;
     let pool = ThreadPool::new(cfg.threads.max(1))?;
     let n_ctx = cfg.prompt_tokens + 2 * cfg.gen_tokens + cfg.n_draft + 8;
     let mut seq = model.new_sequence_state(n_ctx);
     let n_batch = cfg.micro_batch.clamp(1, cfg.prompt_tokens.max(1));
     // Buffers for a prefill micro-batch, the warm-up below and a verification pass of
     // 1 + n_draft tokens (--mtp-overhead), whichever is largest.
-    let mut scratch = model.new_scratch(n_batch.max(8).max(pass_tokens(cfg.n_draft)));
+    model.set_max_batch(n_batch.max(8).max(pass_tokens(cfg.n_draft)));
     // Deterministic pseudo-random token ids, as llama-bench uses random tokens.
     let n_vocab = model.n_vocab() as u64;
     let mut x = 0x2545_F491_4F6C_DD1Du64;
@@ -103,17 +103,16 @@ pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
         &pool,
         &mut seq,
         &prompt[..prompt.len().min(8)],
-        &mut scratch,
         true,
     )?;
 
     if cfg.rollback_ablation {
-        return rollback_ablation(cfg, &model, &pool, &mut seq, &mut scratch, &prompt, n_batch);
+        return rollback_ablation(cfg, &mut model, &pool, &mut seq, &prompt, n_batch);
     }
     if cfg.mtp_overhead {
-        return mtp_overhead(cfg, &model, &pool, &mut seq, &mut scratch, &prompt, n_batch);
+        return mtp_overhead(cfg, &mut model, &pool, &mut seq, &prompt, n_batch);
     }
-    let profiling = cfg.profile && scratch.set_profiling(true);
+    let profiling = cfg.profile && model.set_profiling(true);
     if cfg.profile && !profiling {
         eprintln!("bench: --profile is only available for qwen35 models; ignored");
     }
@@ -122,12 +121,12 @@ pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
         seq.reset();
         let t = Instant::now();
         for chunk in prompt.chunks(n_batch) {
-            model.forward(&pool, &mut seq, chunk, &mut scratch, false)?;
+            model.forward(&pool, &mut seq, chunk, false)?;
         }
         pp.push(cfg.prompt_tokens as f64 / t.elapsed().as_secs_f64());
     }
-    let profile: Vec<(&str, f64, f64)> = scratch.profile().map(|p| p.table()).unwrap_or_default();
-    scratch.set_profiling(false);
+    let profile: Vec<(&str, f64, f64)> = model.profile().map(|p| p.table()).unwrap_or_default();
+    model.set_profiling(false);
     // Decode from an empty cache (llama-bench tg) and after the prompt (tg @ depth).
     let mut tg = Vec::new();
     let mut tg_depth = Vec::new();
@@ -135,13 +134,13 @@ pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
         for _ in 0..reps {
             seq.reset();
             for chunk in prompt[..depth].chunks(n_batch) {
-                model.forward(&pool, &mut seq, chunk, &mut scratch, false)?;
+                model.forward(&pool, &mut seq, chunk, false)?;
             }
             let mut id = next_id();
             let t = Instant::now();
             for _ in 0..cfg.gen_tokens {
                 let logits = model
-                    .forward(&pool, &mut seq, &[id], &mut scratch, true)?
+                    .forward(&pool, &mut seq, &[id], true)?
                     .expect("logits");
                 id = crate::sampling::argmax(logits).unwrap_or(0);
             }
@@ -206,10 +205,9 @@ pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
 /// `--rollback-ablation`: plain vs rollback-aware vs per-token prefill of `prompt`.
 fn rollback_ablation(
     cfg: &BenchOptions,
-    model: &Model,
+    model: &mut Model,
     pool: &ThreadPool,
     seq: &mut crate::state::sequence::SequenceState,
-    scratch: &mut crate::model::Scratch,
     prompt: &[u32],
     n_batch: usize,
 ) -> anyhow::Result<()> {
@@ -240,16 +238,16 @@ fn rollback_ablation(
     for _ in 0..reps {
         for (i, (_, mode)) in modes.iter().enumerate() {
             match mode {
-                Some(m) => model.set_rollback(scratch, rollback_k, *m),
-                None => model.set_rollback(scratch, 0, RollbackPrefill::Aware),
+                Some(m) => model.set_rollback(rollback_k, *m),
+                None => model.set_rollback(0, RollbackPrefill::Aware),
             }
             seq.reset();
             let t = Instant::now();
             for chunk in prompt.chunks(n_batch) {
-                model.forward(pool, seq, chunk, scratch, false)?;
+                model.forward(pool, seq, chunk, false)?;
             }
             secs[i] += t.elapsed().as_secs_f64();
-            rb_ms[i] += model.take_rollback_ms(scratch);
+            rb_ms[i] += model.take_rollback_ms();
         }
     }
     let n = prompt.len() as f64 * reps as f64;
@@ -293,10 +291,9 @@ fn rollback_ablation(
 /// MTP draft token (full and trimmed heads).
 fn mtp_overhead(
     cfg: &BenchOptions,
-    model: &Model,
+    model: &mut Model,
     pool: &ThreadPool,
     seq: &mut crate::state::sequence::SequenceState,
-    scratch: &mut crate::model::Scratch,
     prompt: &[u32],
     n_batch: usize,
 ) -> anyhow::Result<()> {
@@ -317,27 +314,26 @@ fn mtp_overhead(
     }
     let reps = cfg.repetitions.max(1);
     let rounds = cfg.gen_tokens.max(1);
-    model.set_rollback(scratch, k, RollbackPrefill::Aware);
+    model.set_rollback(k, RollbackPrefill::Aware);
     let mut cache = model
         .new_mtp_cache(seq.n_ctx())
         .ok_or_else(|| anyhow::anyhow!("no MTP cache for this model"))?;
     // (a) Prefill: rollback states on in both (the speculative setting), MTP fill in one.
-    let prefill = |fill: bool,
+    let prefill = |model: &mut Model,
+                   fill: bool,
                    cache: &mut crate::state::mtp::MtpCache,
-                   seq: &mut crate::state::sequence::SequenceState,
-                   scratch: &mut crate::model::Scratch| {
-        model.set_hidden_rows(scratch, fill);
+                   seq: &mut crate::state::sequence::SequenceState| {
+        model.set_hidden_rows(fill);
         seq.reset();
         cache.reset();
         let t = Instant::now();
         for (i, chunk) in prompt.chunks(n_batch).enumerate() {
-            model.forward(pool, seq, chunk, scratch, false)?;
+            model.forward(pool, seq, chunk, false)?;
             if fill {
-                cache.push_hidden(i * n_batch, model.hidden_rows(scratch));
+                cache.push_hidden(i * n_batch, model.hidden_rows());
                 mtp_fill(
                     model,
                     pool,
-                    scratch,
                     cache,
                     &prompt[..i * n_batch + chunk.len()],
                 )?;
@@ -347,8 +343,8 @@ fn mtp_overhead(
     };
     let (mut plain_s, mut fill_s) = (0.0, 0.0);
     for _ in 0..reps {
-        plain_s += prefill(false, &mut cache, seq, scratch)?;
-        fill_s += prefill(true, &mut cache, seq, scratch)?;
+        plain_s += prefill(model, false, &mut cache, seq)?;
+        fill_s += prefill(model, true, &mut cache, seq)?;
     }
     let n_tok = (prompt.len() * reps) as f64;
     // (b) From the filled prompt: decode passes of 1 token vs verification passes of k
@@ -357,16 +353,16 @@ fn mtp_overhead(
     let toks: Vec<u32> = prompt.iter().cycle().skip(7).take(k).copied().collect();
     for _ in 0..rounds {
         let t = Instant::now();
-        model.forward(pool, seq, &toks[..1], scratch, true)?;
+        model.forward(pool, seq, &toks[..1], true)?;
         decode_s += t.elapsed().as_secs_f64();
         let len = seq.len();
         let t = Instant::now();
-        model.verify(pool, seq, &toks, scratch)?;
+        model.verify(pool, seq, &toks)?;
         verify_s += t.elapsed().as_secs_f64();
-        model.rollback(seq, scratch, len + 1)?;
+        model.rollback(seq, len + 1)?;
     }
     // (c) Drafting n_draft tokens after the prompt, on a copy of the filled cache each time.
-    prefill(true, &mut cache, seq, scratch)?;
+    prefill(model, true, &mut cache, seq)?;
     let mut heads = vec![("full vocabulary", MtpHead::Full, model.n_vocab())];
     if let Some(n) = model.mtp_draft_rows() {
         heads.push(("trimmed", MtpHead::Trimmed, n));
@@ -378,9 +374,8 @@ fn mtp_overhead(
         for r in 0..rounds {
             let mut c = cache.clone();
             let mut step = ModelMtp {
-                model,
+                model: &mut *model,
                 pool,
-                scratch: &mut *scratch,
             };
             let newest = prompt[r % prompt.len()];
             let t = Instant::now();

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use device_worker::sampling::argmax;
 use device_worker::speculative::mtp::{fill_with_model as mtp_fill, ModelMtp};
 use gguf::reader::GgufFile;
-use device_worker::model::{Model, MtpHead, Scratch};
+use device_worker::model::{Model, MtpHead};
 use device_worker::speculative::mtp;
 use device_worker::state::mtp::MtpCache;
 use dsp::pool::ThreadPool;
@@ -62,19 +62,17 @@ fn reference() -> Reference {
 struct Runner {
     model: Model,
     pool: ThreadPool,
-    scratch: Scratch,
 }
 
 impl Runner {
     fn new(name: &str, n_batch: usize) -> Self {
         let file = Arc::new(GgufFile::open(&fixture(name)).expect("fixture opens"));
-        let model = Model::load(file).expect("fixture loads");
-        let mut scratch = model.new_scratch(n_batch);
-        model.set_hidden_rows(&mut scratch, true);
+        let mut model = Model::load(file).expect("fixture loads");
+        model.set_max_batch(n_batch);
+        model.set_hidden_rows(true);
         Self {
             model,
             pool: ThreadPool::new(2).expect("pool"),
-            scratch,
         }
     }
 
@@ -93,13 +91,13 @@ impl Runner {
             let pos0 = seq.len();
             let l = self
                 .model
-                .forward(&self.pool, &mut seq, chunk, &mut self.scratch, true)
+                .forward(&self.pool, &mut seq, chunk, true)
                 .expect("forward")
                 .expect("logits");
             logits = l.to_vec();
             fed.extend_from_slice(chunk);
-            cache.push_hidden(pos0, self.model.hidden_rows(&self.scratch));
-            mtp_fill(&self.model, &self.pool, &mut self.scratch, &mut cache, &fed)
+            cache.push_hidden(pos0, self.model.hidden_rows());
+            mtp_fill(&mut self.model, &self.pool, &mut cache, &fed)
                 .expect("MTP fill");
         }
         assert_eq!(cache.n_entries(), prompt.len() - 1);
@@ -118,7 +116,6 @@ impl Runner {
                 pos,
                 &rows,
                 &[next],
-                &mut self.scratch,
                 Some(MtpHead::Full),
             )
             .expect("MTP pass")
@@ -201,9 +198,8 @@ fn drafting_proposes_the_reference_argmax_and_discards_draft_entries() {
         let (mut cache, _) = run.prefill(&case.prompt_ids, 256);
         let n = case.prompt_ids.len();
         let mut step = ModelMtp {
-            model: &run.model,
+            model: &mut run.model,
             pool: &run.pool,
-            scratch: &mut run.scratch,
         };
         let d = mtp::draft(
             &mut step,
@@ -240,7 +236,6 @@ fn a_model_without_the_nextn_block_has_no_mtp() {
             0,
             &vec![0.0; e],
             &[1],
-            &mut run.scratch,
             Some(MtpHead::Full),
         )
         .expect_err("no MTP block");
@@ -262,7 +257,6 @@ fn the_fixture_has_no_trimmed_head_and_asking_for_it_names_the_tool() {
             pos,
             &rows,
             &[8],
-            &mut run.scratch,
             Some(MtpHead::Trimmed),
         )
         .expect_err("no trimmed head");
@@ -270,7 +264,7 @@ fn the_fixture_has_no_trimmed_head_and_asking_for_it_names_the_tool() {
 }
 
 /// A copy of the f32 fixture with a trimmed draft head over `ids` (rows of the tied LM
-/// head, the layout `agent-gateway draft-vocab` writes).
+/// head, the layout `tandem-tools draft-vocab` writes).
 fn trimmed_copy(dir: &Path, ids: &[u32]) -> PathBuf {
     use gguf::reader::MetaValue;
     use gguf::writer::{write_with_additions, Additions, NewTensor};
@@ -310,16 +304,15 @@ fn trimmed_head_scores_its_rows_like_the_full_head_and_maps_back_to_original_ids
     let ids: Vec<u32> = (0..512u32).rev().step_by(3).collect();
     let path = trimmed_copy(dir.path(), &ids);
     let file = Arc::new(GgufFile::open(&path).expect("trimmed copy opens"));
-    let model = Model::load(file).expect("trimmed copy loads");
+    let mut model = Model::load(file).expect("trimmed copy loads");
     assert_eq!(model.mtp_draft_rows(), Some(ids.len()));
     let pool = ThreadPool::new(2).expect("pool");
-    let mut scratch = model.new_scratch(256);
-    model.set_hidden_rows(&mut scratch, true);
+    model.set_max_batch(256);
+    model.set_hidden_rows(true);
     let case = &reference().cases[1];
     let mut run = Runner {
         model,
         pool,
-        scratch,
     };
     let (cache, _) = run.prefill(&case.prompt_ids, 256);
     let full = run.mtp_logits(&mut cache.clone(), case.mtp.next_token);
@@ -334,7 +327,6 @@ fn trimmed_head_scores_its_rows_like_the_full_head_and_maps_back_to_original_ids
             pos,
             &rows,
             &[case.mtp.next_token],
-            &mut run.scratch,
             Some(MtpHead::Trimmed),
         )
         .expect("trimmed MTP pass")
@@ -352,9 +344,8 @@ fn trimmed_head_scores_its_rows_like_the_full_head_and_maps_back_to_original_ids
     // The drafter's choice: the best of the N rows, as an original id.
     let mut c = cache.clone();
     let mut step = ModelMtp {
-        model: &run.model,
+        model: &mut run.model,
         pool: &run.pool,
-        scratch: &mut run.scratch,
     };
     let d = mtp::draft(
         &mut step,
@@ -406,7 +397,7 @@ fn mtp_drafters_on_models_without_their_parts_fail_at_startup_with_a_clear_error
         .expect("mtp-trimmed without a draft head is refused");
     assert!(
         err.to_string()
-            .contains("agent-gateway draft-vocab --model IN --out OUT"),
+            .contains("tandem-tools draft-vocab --model IN --out OUT"),
         "{err}"
     );
     let ok = { let s = settings("tiny-qwen35-f32.gguf", "mtp,prompt-lookup"); Speculator::new(s.speculative.as_ref(), &s.model, &full) }

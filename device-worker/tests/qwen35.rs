@@ -13,7 +13,7 @@ use std::sync::Arc;
 use common::*;
 use device_worker::sampling::argmax;
 use gguf::reader::GgufFile;
-use device_worker::model::{Model, Scratch};
+use device_worker::model::Model;
 use device_worker::state::sequence::SequenceState;
 use dsp::pool::ThreadPool;
 use tandem_proto::step::v1 as pb;
@@ -95,17 +95,15 @@ fn load(name: &str) -> Model {
 struct Runner {
     model: Model,
     pool: ThreadPool,
-    scratch: Scratch,
 }
 
 impl Runner {
     fn new(name: &str, n_batch: usize) -> Self {
-        let model = load(name);
-        let scratch = model.new_scratch(n_batch);
+        let mut model = load(name);
+        model.set_max_batch(n_batch);
         Self {
             model,
             pool: ThreadPool::new(2).unwrap(),
-            scratch,
         }
     }
 
@@ -121,7 +119,7 @@ impl Runner {
             let last = i + 1 == chunks.len();
             let l = self
                 .model
-                .forward(&self.pool, seq, c, &mut self.scratch, last)
+                .forward(&self.pool, seq, c, last)
                 .expect("forward");
             if last {
                 out = Some(l.expect("logits requested").to_vec());
@@ -139,7 +137,7 @@ impl Runner {
             if i + 1 < steps {
                 logits = self
                     .model
-                    .forward(&self.pool, seq, &[id], &mut self.scratch, true)
+                    .forward(&self.pool, seq, &[id], true)
                     .expect("decode")
                     .expect("logits")
                     .to_vec();
@@ -409,4 +407,35 @@ async fn grpc_worker_serves_qwen35_and_reuses_prefix_only_at_full_length() {
     let mut seq = expect.seq();
     let l = expect.prefill(&mut seq, &turn3, 256);
     assert_eq!(ids(&third), until_eog(expect.greedy(&mut seq, l, 4)));
+}
+
+/// The architecture registry (`model::ARCHITECTURES`) decides both loading and the
+/// metadata-only shapes: a file of another `general.architecture` is refused by both, the
+/// error naming it and the supported ones; the fixture's shapes from metadata equal the
+/// loaded model's.
+#[test]
+fn the_registry_refuses_unknown_architectures_and_gives_shapes_from_metadata() {
+    use device_worker::model::{sequence_shape, ModelError, ARCHITECTURES};
+    use gguf::reader::MetaValue;
+    use gguf::writer::{write_with_additions, Additions};
+    let names: Vec<&str> = ARCHITECTURES.iter().map(|a| a.name).collect();
+    assert_eq!(names, ["llama", "qwen35"]);
+    let src = GgufFile::open(&fixture_dir().join("tiny-qwen35-f32.gguf")).expect("fixture opens");
+    let model = load("tiny-qwen35-f32.gguf");
+    assert_eq!(sequence_shape(&src).expect("shape"), model.sequence_shape());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("mamba.gguf");
+    let add = Additions {
+        kvs: vec![("general.architecture".into(), MetaValue::String("mamba".into()))],
+        replace: true,
+        ..Default::default()
+    };
+    write_with_additions(&src, &out, &add).expect("copy with another architecture");
+    let file = Arc::new(GgufFile::open(&out).expect("copy opens"));
+    for err in [Model::load(file.clone()).err().expect("refused"), sequence_shape(&file).expect_err("refused")] {
+        assert!(
+            matches!(&err, ModelError::UnsupportedArchitecture { arch, supported } if arch == "mamba" && supported == "llama, qwen35"),
+            "{err}"
+        );
+    }
 }

@@ -23,7 +23,7 @@ use device_worker::sampling::argmax;
 use device_worker::error::CheckpointError;
 use gguf::reader::GgufFile;
 use support::prefill::{micro_batches, prefill_with_checkpoints, PrefillError};
-use device_worker::model::{Model, Scratch};
+use device_worker::model::Model;
 use device_worker::state::checkpoint::Checkpoint;
 use device_worker::state::kv::KvCache;
 use device_worker::state::recurrent::RecurrentState;
@@ -89,7 +89,6 @@ impl SplitMix {
 struct Runner {
     model: Model,
     pool: ThreadPool,
-    scratch: Scratch,
 }
 
 /// Greedy tokens and the logits each was chosen from.
@@ -104,12 +103,11 @@ impl Runner {
         let file = Arc::new(
             GgufFile::open(&fixture_dir().join("tiny-qwen35-f32.gguf")).expect("fixture opens"),
         );
-        let model = Model::load(file).expect("qwen35 fixture loads");
-        let scratch = model.new_scratch(N_BATCH);
+        let mut model = Model::load(file).expect("qwen35 fixture loads");
+        model.set_max_batch(N_BATCH);
         Self {
             model,
             pool: ThreadPool::new(2).unwrap(),
-            scratch,
         }
     }
 
@@ -135,7 +133,6 @@ impl Runner {
                     &self.pool,
                     seq,
                     &tokens[r.start - start..r.end - start],
-                    &mut self.scratch,
                     last,
                 )
                 .expect("forward");
@@ -166,7 +163,7 @@ impl Runner {
             if i + 1 < N_GREEDY {
                 logits = self
                     .model
-                    .forward(&self.pool, seq, &[id], &mut self.scratch, true)
+                    .forward(&self.pool, seq, &[id], true)
                     .expect("decode")
                     .expect("logits")
                     .to_vec();
@@ -182,11 +179,10 @@ impl Runner {
         save_at: &[usize],
     ) -> (Vec<Checkpoint>, Vec<f32>) {
         let (cps, logits) = prefill_with_checkpoints(
-            &self.model,
+            &mut self.model,
             &self.pool,
             seq,
             prompt,
-            &mut self.scratch,
             N_BATCH,
             save_at,
         )
@@ -369,11 +365,10 @@ fn checkpoint_errors() {
     let mut fresh = run.seq();
     for bad in [&[41][..], &[10, 10], &[20, 5]] {
         let e = prefill_with_checkpoints(
-            &run.model,
+            &mut run.model,
             &run.pool,
             &mut fresh,
             &prompt[..40],
-            &mut run.scratch,
             N_BATCH,
             bad,
         );
@@ -385,11 +380,10 @@ fn checkpoint_errors() {
     }
     // Positions are absolute: on a sequence already at 40, 30 is in the past.
     let e = prefill_with_checkpoints(
-        &run.model,
+        &mut run.model,
         &run.pool,
         &mut a,
         &prompt[40..60],
-        &mut run.scratch,
         N_BATCH,
         &[30],
     );

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use device_worker::sampling::argmax;
 use gguf::reader::GgufFile;
-use device_worker::model::{Model, Scratch};
+use device_worker::model::Model;
 use device_worker::state::sequence::SequenceState;
 use dsp::pool::ThreadPool;
 
@@ -83,15 +83,15 @@ fn load(name: &str) -> Model {
 }
 
 /// Greedy decoding of `steps` tokens after prefilling `prompt` in batches of [`N_BATCH`].
-fn greedy(model: &Model, pool: &ThreadPool, prompt: &[u32], steps: usize) -> Vec<u32> {
-    let mut scratch: Scratch = model.new_scratch(N_BATCH);
+fn greedy(model: &mut Model, pool: &ThreadPool, prompt: &[u32], steps: usize) -> Vec<u32> {
+    model.set_max_batch(N_BATCH);
     let mut seq: SequenceState = model.new_sequence_state(512);
     let chunks: Vec<&[u32]> = prompt.chunks(N_BATCH).collect();
     let mut logits = Vec::new();
     for (i, c) in chunks.iter().enumerate() {
         let last = i + 1 == chunks.len();
         let l = model
-            .forward(pool, &mut seq, c, &mut scratch, last)
+            .forward(pool, &mut seq, c, last)
             .expect("prefill");
         if last {
             logits = l.expect("logits requested").to_vec();
@@ -103,7 +103,7 @@ fn greedy(model: &Model, pool: &ThreadPool, prompt: &[u32], steps: usize) -> Vec
         out.push(id);
         if i + 1 < steps {
             logits = model
-                .forward(pool, &mut seq, &[id], &mut scratch, true)
+                .forward(pool, &mut seq, &[id], true)
                 .expect("decode")
                 .expect("logits")
                 .to_vec();
@@ -118,11 +118,11 @@ fn greedy(model: &Model, pool: &ThreadPool, prompt: &[u32], steps: usize) -> Vec
 fn assert_equal_llama_cpp(gguf: &str) -> usize {
     let r = quant_reference();
     let m = quant_model(&r, gguf);
-    let model = load(gguf);
+    let mut model = load(gguf);
     let pool = ThreadPool::new(2).expect("thread pool");
     let mut exact = 0;
     for (i, case) in m.cases.iter().enumerate() {
-        let ours = greedy(&model, &pool, &case.prompt_ids, case.tokens.len());
+        let ours = greedy(&mut model, &pool, &case.prompt_ids, case.tokens.len());
         match ours.iter().zip(&case.tokens).position(|(a, b)| a != b) {
             None => exact += 1,
             Some(k) => {
@@ -181,17 +181,15 @@ fn q4_k_m_wide_greedy_tokens_equal_llama_cpp() {
 
 #[test]
 fn fixture_without_mtp_loads_and_matches_hf_and_llama_cpp() {
-    let model = load("tiny-qwen35-nomtp-f32.gguf");
-    match &model {
-        Model::Qwen35(q) => assert!(!q.has_mtp(), "no MTP block in this file"),
-        _ => panic!("expected the qwen35 architecture"),
-    }
+    let mut model = load("tiny-qwen35-nomtp-f32.gguf");
+    assert_eq!(model.architecture(), "qwen35", "expected the qwen35 architecture");
+    assert!(!model.has_mtp(), "no MTP block in this file");
     // The main model's weights are those of tiny-qwen35-f32.gguf (the MTP block is drawn
     // after them), so the HF greedy tokens of reference.json apply.
     let hf: HfReference = read_json("reference.json");
     let pool = ThreadPool::new(2).expect("thread pool");
     for (i, case) in hf.cases.iter().enumerate() {
-        let ours = greedy(&model, &pool, &case.prompt_ids, case.greedy_tokens.len());
+        let ours = greedy(&mut model, &pool, &case.prompt_ids, case.greedy_tokens.len());
         assert_eq!(ours, case.greedy_tokens, "case {i}: greedy tokens vs HF");
     }
     assert_eq!(

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use device_worker::sampling::argmax;
 use gguf::reader::GgufFile;
-use device_worker::model::{Model, Scratch};
+use device_worker::model::Model;
 use device_worker::state::rollback::RollbackPrefill;
 use device_worker::state::sequence::SequenceState;
 use dsp::pool::ThreadPool;
@@ -32,24 +32,22 @@ fn fixture(name: &str) -> PathBuf {
 struct Run {
     model: Model,
     pool: ThreadPool,
-    scratch: Scratch,
 }
 
 impl Run {
     fn new(path: &Path) -> Self {
         let file = Arc::new(GgufFile::open(path).expect("GGUF opens"));
-        let model = Model::load(file).expect("model loads");
-        let scratch = model.new_scratch(256);
+        let mut model = Model::load(file).expect("model loads");
+        model.set_max_batch(256);
         Self {
             model,
             pool: ThreadPool::new(2).unwrap(),
-            scratch,
         }
     }
 
     fn prefill(&mut self, seq: &mut SequenceState, tokens: &[u32]) -> Vec<f32> {
         self.model
-            .forward(&self.pool, seq, tokens, &mut self.scratch, true)
+            .forward(&self.pool, seq, tokens, true)
             .expect("prefill")
             .expect("logits")
             .to_vec()
@@ -61,7 +59,7 @@ impl Run {
 
     fn verify(&mut self, seq: &mut SequenceState, tokens: &[u32]) -> Vec<f32> {
         self.model
-            .verify(&self.pool, seq, tokens, &mut self.scratch)
+            .verify(&self.pool, seq, tokens)
             .expect("verify")
             .to_vec()
     }
@@ -113,7 +111,7 @@ fn verify_and_rollback_match_plain_decoding(path: &Path, k: usize) {
     let mut run = Run::new(path);
     let n_vocab = run.model.n_vocab();
     run.model
-        .set_rollback(&mut run.scratch, k, RollbackPrefill::Aware);
+        .set_rollback(k, RollbackPrefill::Aware);
     let p = prompt(37, n_vocab, 7);
 
     let mut plain = run.model.new_sequence_state(256);
@@ -133,13 +131,13 @@ fn verify_and_rollback_match_plain_decoding(path: &Path, k: usize) {
         assert!(d <= ROW_TOL, "row {i}: {d}");
         assert_eq!(argmax(&v[i * n_vocab..(i + 1) * n_vocab]), Some(g[i + 1]));
     }
-    let hidden = run.model.hidden(&run.scratch);
+    let hidden = run.model.hidden();
     assert_eq!(hidden.len(), 4 * run.model.n_embd());
 
     // Keep g0, g1 (g2 "rejected"): the state must be plain decoding's after g0, g1.
     let base = p.len();
     run.model
-        .rollback(&mut spec, &run.scratch, base + 2)
+        .rollback(&mut spec, base + 2)
         .expect("rollback");
     let mut reference = run.model.new_sequence_state(256);
     run.prefill(&mut reference, &p);
@@ -159,7 +157,7 @@ fn verify_and_rollback_match_plain_decoding(path: &Path, k: usize) {
     let len = spec.len();
     assert!(
         run.model
-            .rollback(&mut spec, &run.scratch, len - 3)
+            .rollback(&mut spec, len - 3)
             .is_err_and(|e| e.to_string().contains("reachable"))
             || !run.model.is_recurrent()
     );
@@ -197,20 +195,20 @@ fn rollback_prefill_modes_match_plain_prefill() {
     let mut plain = run.model.new_sequence_state(256);
     let want = run.prefill(&mut plain, &p);
     for mode in [RollbackPrefill::Aware, RollbackPrefill::PerToken] {
-        run.model.set_rollback(&mut run.scratch, 4, mode);
+        run.model.set_rollback(4, mode);
         let mut seq = run.model.new_sequence_state(256);
         let got = run.prefill(&mut seq, &p);
         let d = max_abs_diff(&got, &want);
         eprintln!("{mode:?}: last logits vs plain chunked prefill {d:.2e}");
         assert!(d <= CHUNKED_TOL, "{mode:?}: {d}");
-        let ms = run.model.take_rollback_ms(&mut run.scratch);
+        let ms = run.model.take_rollback_ms();
         assert!(ms > 0.0, "{mode:?}: rollback-state time recorded");
         for keep in (p.len() - 3..=p.len()).rev() {
             let mut s = seq.clone();
             run.model
-                .rollback(&mut s, &run.scratch, keep)
+                .rollback(&mut s, keep)
                 .expect("reachable");
-            run.model.set_rollback(&mut run.scratch, 0, mode);
+            run.model.set_rollback(0, mode);
             let mut r = run.model.new_sequence_state(256);
             run.prefill(&mut r, &p[..keep]);
             let (a, b) = (s.recurrent.as_ref().unwrap(), r.recurrent.as_ref().unwrap());
@@ -226,14 +224,14 @@ fn rollback_prefill_modes_match_plain_prefill() {
                 assert!(d <= CHUNKED_TOL, "{mode:?} keep {keep} layer {l}: ssm {d}");
             }
             // The pass must be re-run: rollback states were switched off and back on.
-            run.model.set_rollback(&mut run.scratch, 4, mode);
+            run.model.set_rollback(4, mode);
             let mut again = run.model.new_sequence_state(256);
             run.prefill(&mut again, &p);
             seq = again;
         }
         assert!(run
             .model
-            .rollback(&mut seq, &run.scratch, p.len() - 4)
+            .rollback(&mut seq, p.len() - 4)
             .is_err());
     }
 }

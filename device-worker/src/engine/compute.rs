@@ -8,16 +8,15 @@ use gguf::reader::GgufFile;
 
 use crate::config::EngineSettings;
 use crate::error::WorkerError;
-use crate::model::{Model, Scratch};
+use crate::model::Model;
 use crate::state::planner::PlanConfig;
 use crate::state::slot::Slot;
 
-/// Model, slots and pool: what an unload drops.
+/// Model (with its activation buffers), slots and pool: what an unload drops.
 pub(super) struct Compute {
     pub model: Model,
     pub pool: ThreadPool,
     pub slots: Vec<Slot>,
-    pub scratch: Scratch,
     /// Context length per slot (`--ctx-size` capped by the model's training context).
     pub n_ctx: usize,
     /// The checkpoint planner's configuration for this model (policy and limits from the
@@ -30,7 +29,7 @@ impl Compute {
     ///
     /// Errors: the model's load errors; [`WorkerError::Internal`] when the pool cannot start.
     pub fn load(cfg: &EngineSettings, file: Arc<GgufFile>) -> Result<Self, WorkerError> {
-        let model = Model::load(file)?;
+        let mut model = Model::load(file)?;
         let n_ctx = cfg.ctx_size.min(model.n_ctx_train()).max(16);
         let pool = ThreadPool::new(cfg.threads)
             .map_err(|e| WorkerError::Internal(format!("thread pool: {e}")))?;
@@ -48,18 +47,17 @@ impl Compute {
         // A verification pass (1 + n_draft tokens) is one pass whatever the prefill
         // micro-batch: the buffers hold at least that many rows.
         let rows = cfg.speculative.as_ref().map_or(n_batch, |s| n_batch.max(s.pass_tokens()));
-        let mut scratch = model.new_scratch(rows);
+        model.set_max_batch(rows);
         if let Some(s) = &cfg.speculative {
             // Every pass keeps what a rollback of its last n_draft tokens needs.
-            model.set_rollback(&mut scratch, s.pass_tokens(), s.rollback_prefill);
+            model.set_rollback(s.pass_tokens(), s.rollback_prefill);
         }
-        model.set_hidden_rows(&mut scratch, mtp);
+        model.set_hidden_rows(mtp);
         let plan_cfg = cfg.planner.plan_config(n_batch, &model.sequence_shape());
         Ok(Self {
             model,
             pool,
             slots,
-            scratch,
             n_ctx,
             plan_cfg,
         })

@@ -11,14 +11,32 @@ use std::sync::Arc;
 use dsp::ops;
 use dsp::pool::ThreadPool;
 
-use crate::error::ModelError;
 use gguf::reader::GgufFile;
-use crate::model::project::{
-    causal_attention, kernel, mm, mm_shared, output_head, AttnShape, Mlp, MlpBuffers, Outputs,
+
+use super::blocks::{
+    Attention, AttentionConfig, AttentionScratch, Ctx, Embedding, Mlp, MlpScratch, OutputHead,
+    Outputs, RmsNorm, Rope,
 };
-use crate::model::weights::{load_vector, Linear};
+use super::loader::Loader;
+use super::op_profile::Laps;
+use super::project::kernel;
+use super::{CausalLm, ModelError};
 use crate::state::kv::KvCache;
-use crate::state::sequence::SequenceShape;
+use crate::state::sequence::{SequenceShape, SequenceState};
+
+/// Binds a `llama` file ([`super::ARCHITECTURES`]).
+///
+/// Errors: as [`LlamaModel::from_gguf`].
+pub fn load(file: Arc<GgufFile>) -> Result<Box<dyn CausalLm>, ModelError> {
+    Ok(Box::new(LlamaModel::from_gguf(file)?))
+}
+
+/// The sequence-state shapes of a `llama` file, from its metadata ([`super::ARCHITECTURES`]).
+///
+/// Errors: as [`LlamaConfig::from_gguf`].
+pub fn sequence_shape(file: &GgufFile) -> Result<SequenceShape, ModelError> {
+    Ok(LlamaConfig::from_gguf(file)?.sequence_shape())
+}
 
 /// Hyperparameters read once from GGUF metadata (`{arch}.*` keys).
 #[derive(Clone, Debug)]
@@ -49,7 +67,22 @@ impl LlamaConfig {
         }
     }
 
-    /// Errors: [`ModelError::Metadata`] for a missing or mistyped key.
+    /// The attention blocks' configuration: adjacent-pair RoPE, no gate, no q/k norms.
+    pub fn attention(&self) -> AttentionConfig {
+        AttentionConfig {
+            n_head: self.n_head,
+            n_head_kv: self.n_head_kv,
+            head_dim: self.head_dim,
+            n_rot: self.n_rot,
+            rope_freq_base: self.rope_freq_base,
+            rope: Rope::Norm,
+            gated: false,
+            qk_norm_eps: None,
+        }
+    }
+
+    /// Errors: [`ModelError::Gguf`] for a missing or mistyped key, [`ModelError::Invalid`]
+    /// for inconsistent attention shapes.
     pub fn from_gguf(file: &GgufFile) -> Result<Self, ModelError> {
         let arch = file.architecture()?.to_string();
         let key = |k: &str| format!("{arch}.{k}");
@@ -100,33 +133,61 @@ impl LlamaConfig {
     }
 }
 
-struct Attention {
-    wq: Linear,
-    wk: Linear,
-    wv: Linear,
-    wo: Linear,
-}
-
+/// One decoder block: `x += attn(attn_norm(x)); x += mlp(ffn_norm(x))` (llama.cpp
+/// `src/models/llama.cpp`, one iteration of the layer loop).
 struct Layer {
-    attn_norm: Vec<f32>,
+    attn_norm: RmsNorm,
     attn: Attention,
-    ffn_norm: Vec<f32>,
+    ffn_norm: RmsNorm,
     mlp: Mlp,
 }
 
+impl Layer {
+    /// Binds `blk.{i}.*`; the layer's KV lives in cache layer `i`.
+    fn new(loader: &Loader<'_>, cfg: &LlamaConfig, i: usize) -> Result<Self, ModelError> {
+        let p = format!("blk.{i}");
+        let (e, eps) = (cfg.n_embd, cfg.rms_eps);
+        Ok(Self {
+            attn_norm: RmsNorm::new(loader, &format!("{p}.attn_norm"), e, eps)?,
+            attn: Attention::new(loader, &p, cfg.attention(), e, i)?,
+            ffn_norm: RmsNorm::new(loader, &format!("{p}.ffn_norm"), e, eps)?,
+            mlp: Mlp::new(loader, &p, e, cfg.n_ff)?,
+        })
+    }
+
+    fn numel(&self) -> usize {
+        self.attn_norm.len() + self.ffn_norm.len() + self.attn.numel() + self.mlp.numel()
+    }
+
+    /// The block on the `n` rows of `s.x` (in place), tokens at positions `pos0..`.
+    fn forward(
+        &self,
+        ctx: Ctx<'_>,
+        kv: &mut KvCache,
+        pos0: usize,
+        n: usize,
+        s: &mut Scratch,
+    ) -> Result<(), ModelError> {
+        let e = self.attn_norm.len();
+        let (x, h, o) = (&mut s.x[..n * e], &mut s.h[..n * e], &mut s.o[..n * e]);
+        let mut laps = Laps::new(None);
+        self.attn_norm.forward(x, h)?;
+        self.attn.forward(ctx, kv, (pos0, pos0), h, n, &mut s.attn, o, &mut laps)?;
+        ops::add_inplace(x, o).map_err(kernel("residual"))?;
+        self.ffn_norm.forward(x, h)?;
+        self.mlp.forward(ctx, h, n, &mut s.mlp, o)?;
+        ops::add_inplace(x, o).map_err(kernel("residual"))
+    }
+}
+
 /// Activation buffers for one micro-batch of up to `n_batch` tokens.
-pub struct Scratch {
+struct Scratch {
     n_batch: usize,
     x: Vec<f32>,
     h: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    attn: Vec<f32>,
     o: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
-    act: Vec<f32>,
+    attn: AttentionScratch,
+    mlp: MlpScratch,
     /// Output-normed hidden states `[rows, n_embd]` of the positions that got logits.
     hidden: Vec<f32>,
     /// Logits `[rows, n_vocab]`.
@@ -136,130 +197,115 @@ pub struct Scratch {
 }
 
 impl Scratch {
-    /// Output-normed hidden states `[rows, n_embd]` of the last pass's logit positions.
-    pub fn hidden(&self, n_embd: usize) -> &[f32] {
-        &self.hidden[..self.rows * n_embd]
+    fn new(c: &LlamaConfig, n_batch: usize) -> Self {
+        let n = n_batch.max(1);
+        Self {
+            n_batch: n,
+            x: vec![0.0; n * c.n_embd],
+            h: vec![0.0; n * c.n_embd],
+            o: vec![0.0; n * c.n_embd],
+            attn: AttentionScratch::new(n, &c.attention()),
+            mlp: MlpScratch::new(n, c.n_ff),
+            hidden: vec![0.0; c.n_embd],
+            logits: vec![0.0; c.n_vocab],
+            rows: 0,
+        }
     }
 }
 
-/// `llama` model weights (memory-mapped) and hyperparameters.
+/// `llama` model weights (memory-mapped), hyperparameters and activation buffers.
 pub struct LlamaModel {
     file: Arc<GgufFile>,
     pub cfg: LlamaConfig,
-    tok_embd: Linear,
+    tok_embd: Embedding,
     layers: Vec<Layer>,
-    output_norm: Vec<f32>,
-    output: Linear,
+    head: OutputHead,
+    scratch: Scratch,
 }
 
 impl LlamaModel {
     /// Binds every tensor of the `llama` graph by its GGUF name (`token_embd.weight`,
     /// `blk.{i}.attn_q.weight`, ...). `output.weight` falls back to the tied embedding.
+    /// Buffers for 1-token batches ([`CausalLm::set_max_batch`]).
     ///
     /// Errors: missing tensors, wrong shapes, missing metadata.
     pub fn from_gguf(file: Arc<GgufFile>) -> Result<Self, ModelError> {
         let cfg = LlamaConfig::from_gguf(&file)?;
-        let f = &*file;
-        let (e, hd) = (cfg.n_embd, cfg.head_dim);
-        let tok_embd = Linear::load(f, "token_embd.weight", cfg.n_vocab, e)?;
-        let mut layers = Vec::with_capacity(cfg.n_layer);
-        for i in 0..cfg.n_layer {
-            let n = |s: &str| format!("blk.{i}.{s}.weight");
-            layers.push(Layer {
-                attn_norm: load_vector(f, &n("attn_norm"), e)?,
-                attn: Attention {
-                    wq: Linear::load(f, &n("attn_q"), cfg.n_head * hd, e)?,
-                    wk: Linear::load(f, &n("attn_k"), cfg.n_head_kv * hd, e)?,
-                    wv: Linear::load(f, &n("attn_v"), cfg.n_head_kv * hd, e)?,
-                    wo: Linear::load(f, &n("attn_output"), e, cfg.n_head * hd)?,
-                },
-                ffn_norm: load_vector(f, &n("ffn_norm"), e)?,
-                mlp: Mlp::load(f, &n, e, cfg.n_ff)?,
-            });
-        }
-        let output_norm = load_vector(f, "output_norm.weight", e)?;
-        let output = match f.tensor_opt("output.weight") {
-            Some(_) => Linear::load(f, "output.weight", cfg.n_vocab, e)?,
-            None => tok_embd.clone(),
-        };
+        let loader = Loader::new(&file);
+        let tok_embd = Embedding::new(&loader, "token_embd", cfg.n_vocab, cfg.n_embd)?;
+        let layers = (0..cfg.n_layer)
+            .map(|i| Layer::new(&loader, &cfg, i))
+            .collect::<Result<Vec<_>, _>>()?;
+        let head = OutputHead::new(&loader, &tok_embd, cfg.n_vocab, cfg.n_embd, cfg.rms_eps)?;
+        let scratch = Scratch::new(&cfg, 1);
         Ok(Self {
             file,
             cfg,
             tok_embd,
             layers,
-            output_norm,
-            output,
+            head,
+            scratch,
         })
-    }
-
-    /// Parameter count (weights of every bound tensor; tied output counted once).
-    pub fn n_params(&self) -> u64 {
-        let mut n = self.tok_embd.numel() + self.output_norm.len();
-        for l in &self.layers {
-            n += l.attn_norm.len() + l.ffn_norm.len();
-            n += l.attn.wq.numel() + l.attn.wk.numel() + l.attn.wv.numel() + l.attn.wo.numel();
-            n += l.mlp.numel();
-        }
-        if self.output.name != self.tok_embd.name {
-            n += self.output.numel();
-        }
-        n as u64
     }
 
     /// A KV cache for `n_ctx` positions.
     pub fn new_kv_cache(&self, n_ctx: usize) -> KvCache {
         self.cfg.sequence_shape().new_state(n_ctx).kv
     }
+}
 
-    /// Buffers for micro-batches of up to `n_batch` tokens.
-    pub fn new_scratch(&self, n_batch: usize) -> Scratch {
-        let c = &self.cfg;
-        let n = n_batch.max(1);
-        Scratch {
-            n_batch: n,
-            x: vec![0.0; n * c.n_embd],
-            h: vec![0.0; n * c.n_embd],
-            q: vec![0.0; n * c.n_head * c.head_dim],
-            k: vec![0.0; n * c.n_head_kv * c.head_dim],
-            v: vec![0.0; n * c.n_head_kv * c.head_dim],
-            attn: vec![0.0; n * c.n_head * c.head_dim],
-            o: vec![0.0; n * c.n_embd],
-            gate: vec![0.0; n * c.n_ff],
-            up: vec![0.0; n * c.n_ff],
-            act: vec![0.0; n * c.n_ff],
-            hidden: vec![0.0; c.n_embd],
-            logits: vec![0.0; c.n_vocab],
-            rows: 0,
-        }
+impl CausalLm for LlamaModel {
+    fn sequence_shape(&self) -> SequenceShape {
+        self.cfg.sequence_shape()
+    }
+
+    fn n_vocab(&self) -> usize {
+        self.cfg.n_vocab
+    }
+
+    fn n_embd(&self) -> usize {
+        self.cfg.n_embd
+    }
+
+    fn n_ctx_train(&self) -> usize {
+        self.cfg.n_ctx_train
+    }
+
+    fn n_params(&self) -> u64 {
+        let layers: usize = self.layers.iter().map(Layer::numel).sum();
+        (self.tok_embd.numel() + self.head.numel() + layers) as u64
+    }
+
+    fn set_max_batch(&mut self, n_batch: usize) {
+        self.scratch = Scratch::new(&self.cfg, n_batch);
+    }
+
+    fn max_batch(&self) -> usize {
+        self.scratch.n_batch
     }
 
     /// Runs one micro-batch: `tokens` at positions `kv.len() .. kv.len() + tokens.len()`,
-    /// appending their keys and values to `kv`. Returns the logits `[rows, n_vocab]` of the
-    /// positions `outputs` asks for (`None` for [`Outputs::None`]); their output-normed hidden
-    /// states are in [`Scratch::hidden`].
+    /// appending their keys and values to `seq.kv` (embedding → layers → output head).
     ///
     /// Errors: [`ModelError::BatchTooLarge`], [`ModelError::ContextFull`],
-    /// [`ModelError::TokenOutOfRange`].
-    pub fn forward<'s>(
-        &self,
+    /// [`ModelError::TokenOutOfRange`], [`ModelError::Invalid`] for an empty batch.
+    fn pass(
+        &mut self,
         pool: &ThreadPool,
-        kv: &mut KvCache,
+        seq: &mut SequenceState,
         tokens: &[u32],
-        scratch: &'s mut Scratch,
         outputs: Outputs,
-    ) -> Result<Option<&'s [f32]>, ModelError> {
-        let c = &self.cfg;
+    ) -> Result<Option<&[f32]>, ModelError> {
+        let kv = &mut seq.kv;
         let n = tokens.len();
         let pos0 = kv.len();
-        scratch.rows = 0;
+        let s = &mut self.scratch;
+        s.rows = 0;
         if n == 0 {
             return Err(ModelError::Invalid("empty micro-batch".into()));
         }
-        if n > scratch.n_batch {
-            return Err(ModelError::BatchTooLarge {
-                n,
-                max: scratch.n_batch,
-            });
+        if n > s.n_batch {
+            return Err(ModelError::BatchTooLarge { n, max: s.n_batch });
         }
         if pos0 + n > kv.n_ctx() {
             return Err(ModelError::ContextFull {
@@ -267,132 +313,22 @@ impl LlamaModel {
                 n_ctx: kv.n_ctx(),
             });
         }
-        let bytes = self.file.bytes();
-        let (e, hd) = (c.n_embd, c.head_dim);
-        let (nq, nkv) = (c.n_head * hd, c.n_head_kv * hd);
-
-        // Embedding lookup (ggml get_rows).
-        for (t, &id) in tokens.iter().enumerate() {
-            if id as usize >= c.n_vocab {
-                return Err(ModelError::TokenOutOfRange {
-                    id,
-                    n_vocab: c.n_vocab,
-                });
-            }
-            dsp::quant::dequantize_row(
-                self.tok_embd.ty,
-                self.tok_embd.row_bytes(bytes, id as usize),
-                &mut scratch.x[t * e..(t + 1) * e],
-            )
-            .map_err(|s| ModelError::Kernel {
-                name: self.tok_embd.name.clone(),
-                source: s,
-            })?;
-        }
-
-        let s = scratch;
-        for (il, layer) in self.layers.iter().enumerate() {
-            // Attention block.
-            for t in 0..n {
-                ops::rms_norm(
-                    &s.x[t * e..(t + 1) * e],
-                    &layer.attn_norm,
-                    c.rms_eps,
-                    &mut s.h[t * e..(t + 1) * e],
-                )
-                .map_err(kernel("attn_norm"))?;
-            }
-            let h = &s.h[..n * e];
-            mm_shared(
-                pool,
-                bytes,
-                h,
-                n,
-                &mut [
-                    (&layer.attn.wq, &mut s.q[..n * nq]),
-                    (&layer.attn.wk, &mut s.k[..n * nkv]),
-                    (&layer.attn.wv, &mut s.v[..n * nkv]),
-                ],
-            )?;
-            for t in 0..n {
-                let pos = (pos0 + t) as u32;
-                ops::rope_norm(
-                    &mut s.q[t * nq..(t + 1) * nq],
-                    c.n_head,
-                    hd,
-                    c.n_rot,
-                    pos,
-                    c.rope_freq_base,
-                )
-                .map_err(kernel("rope q"))?;
-                ops::rope_norm(
-                    &mut s.k[t * nkv..(t + 1) * nkv],
-                    c.n_head_kv,
-                    hd,
-                    c.n_rot,
-                    pos,
-                    c.rope_freq_base,
-                )
-                .map_err(kernel("rope k"))?;
-            }
-            kv.write(il, pos0, n, &s.k[..n * nkv], &s.v[..n * nkv]);
-            let shape = AttnShape {
-                n_head: c.n_head,
-                n_head_kv: c.n_head_kv,
-                head_dim: hd,
-            };
-            causal_attention(
-                pool,
-                kv,
-                il,
-                shape,
-                pos0,
-                n,
-                &s.q[..n * nq],
-                &mut s.attn[..n * nq],
-            );
-            mm(
-                pool,
-                &layer.attn.wo,
-                bytes,
-                &s.attn[..n * nq],
-                n,
-                &mut s.o[..n * e],
-            )?;
-            ops::add_inplace(&mut s.x[..n * e], &s.o[..n * e]).map_err(kernel("residual"))?;
-
-            // MLP block: down(silu(gate(h)) * up(h)).
-            for t in 0..n {
-                ops::rms_norm(
-                    &s.x[t * e..(t + 1) * e],
-                    &layer.ffn_norm,
-                    c.rms_eps,
-                    &mut s.h[t * e..(t + 1) * e],
-                )
-                .map_err(kernel("ffn_norm"))?;
-            }
-            let f = c.n_ff;
-            let buf = MlpBuffers {
-                gate: &mut s.gate[..n * f],
-                up: &mut s.up[..n * f],
-                act: &mut s.act[..n * f],
-                out: &mut s.o[..n * e],
-            };
-            layer.mlp.forward(pool, bytes, &s.h[..n * e], n, buf)?;
-            ops::add_inplace(&mut s.x[..n * e], &s.o[..n * e]).map_err(kernel("residual"))?;
+        let ctx = Ctx {
+            pool,
+            bytes: self.file.bytes(),
+        };
+        let e = self.cfg.n_embd;
+        self.tok_embd.forward(ctx.bytes, tokens, &mut s.x[..n * e])?;
+        for layer in &self.layers {
+            layer.forward(ctx, kv, pos0, n, s)?;
         }
         kv.set_len(pos0 + n);
-        s.rows = output_head(
-            pool,
-            bytes,
-            &s.x[..n * e],
-            n,
-            e,
-            outputs,
-            (&self.output_norm, c.rms_eps, &self.output),
-            &mut s.hidden,
-            &mut s.logits,
-        )?;
-        Ok((s.rows > 0).then(|| &s.logits[..s.rows * c.n_vocab]))
+        let x = &s.x[..n * e];
+        s.rows = self.head.forward(ctx, x, n, outputs, &mut s.hidden, &mut s.logits)?;
+        Ok((s.rows > 0).then(|| &s.logits[..s.rows * self.cfg.n_vocab]))
+    }
+
+    fn hidden(&self) -> &[f32] {
+        &self.scratch.hidden[..self.scratch.rows * self.cfg.n_embd]
     }
 }

@@ -1,35 +1,37 @@
-//! Model files and forward passes. Loading (GGUF names and metadata) stays in each
-//! architecture's `from_gguf`; `forward` never sees tensor names.
+//! Model files and forward passes.
+//!
+//! - [`blocks`]: the blocks every architecture is built from (attention, SwiGLU MLP, RMSNorm,
+//!   token embedding, output head), each bound by name through the [`loader::Loader`].
+//! - One file per architecture (`llama.rs`, `qwen35.rs` with its GDN and MTP blocks) wires
+//!   the blocks in its graph's order and implements [`CausalLm`]; [`ARCHITECTURES`] lists
+//!   them (adding an architecture = its file and one line there).
+//! - [`Model`] is the loaded model the engine, the drafters and the bench use; it owns its
+//!   activation buffers, so no buffer of another architecture can be handed to it.
+pub mod blocks;
 pub mod error;
 pub mod llama;
+pub mod loader;
 pub mod op_profile;
 pub mod parallel;
 pub(crate) mod project;
 pub mod qwen35;
 pub mod weights;
 
+use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use dsp::pool::ThreadPool;
 
+pub use blocks::Outputs;
 pub use error::ModelError;
+pub use llama::LlamaModel;
+pub use qwen35::Qwen35Model;
 use crate::state::mtp::MtpCache;
 use crate::state::rollback::RollbackPrefill;
 use crate::state::sequence::{SequenceShape, SequenceState};
 use gguf::GgufFile;
-pub use llama::LlamaModel;
-pub use project::Outputs;
-pub use qwen35::Qwen35Model;
 
-/// A loaded model of one of the supported architectures. One value lives per engine, so the
-/// variants' size difference does not matter.
-#[allow(clippy::large_enum_variant)]
-pub enum Model {
-    Llama(LlamaModel),
-    Qwen35(Qwen35Model),
-}
-
-/// Which output head an MTP pass drafts with ([`Model::mtp_forward`]).
+/// Which output head an MTP pass drafts with ([`CausalLm::mtp_forward`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MtpHead {
     /// The tied LM head over the whole vocabulary (`mtp`).
@@ -38,35 +40,41 @@ pub enum MtpHead {
     Trimmed,
 }
 
-/// Activation buffers of one architecture's forward pass (see [`Model::new_scratch`]); one
-/// per engine.
-#[allow(clippy::large_enum_variant)]
-pub enum Scratch {
-    Llama(llama::Scratch),
-    Qwen35(qwen35::Scratch),
+/// Binds the weights of a file of one architecture (buffers for 1-token batches; see
+/// [`CausalLm::set_max_batch`]).
+pub type LoadFn = fn(Arc<GgufFile>) -> Result<Box<dyn CausalLm>, ModelError>;
+
+/// The sequence-state shapes of a file of one architecture, reading no tensor (the dry run
+/// and the planner).
+pub type ShapeFn = fn(&GgufFile) -> Result<SequenceShape, ModelError>;
+
+/// One supported architecture (`general.architecture`): how to bind a file of it and its
+/// sequence-state shapes from metadata alone.
+pub struct Architecture {
+    pub name: &'static str,
+    pub load: LoadFn,
+    pub shape: ShapeFn,
 }
 
-impl Scratch {
-    /// Starts (`true`: a fresh [`op_profile::OpProfile`]) or stops per-op timing of the forward
-    /// passes that use this scratch. Returns `false` when the architecture has no per-op
-    /// timing (llama).
-    pub fn set_profiling(&mut self, on: bool) -> bool {
-        match self {
-            Scratch::Qwen35(s) => {
-                s.profile = on.then(op_profile::OpProfile::default);
-                true
-            }
-            Scratch::Llama(_) => false,
-        }
-    }
+/// The architectures this build runs: one line per architecture file.
+pub const ARCHITECTURES: &[Architecture] = &[
+    Architecture { name: "llama", load: llama::load, shape: llama::sequence_shape },
+    Architecture { name: "qwen35", load: qwen35::load, shape: qwen35::sequence_shape },
+];
 
-    /// The per-op timing collected since [`Scratch::set_profiling`]`(true)`.
-    pub fn profile(&self) -> Option<&op_profile::OpProfile> {
-        match self {
-            Scratch::Qwen35(s) => s.profile.as_ref(),
-            Scratch::Llama(_) => None,
-        }
-    }
+/// The registry entry of the architecture of `file`.
+///
+/// Errors: [`ModelError::UnsupportedArchitecture`] naming it and the supported ones;
+/// [`ModelError::Gguf`] without `general.architecture`.
+fn architecture_of(file: &GgufFile) -> Result<&'static Architecture, ModelError> {
+    let arch = file.architecture()?;
+    ARCHITECTURES
+        .iter()
+        .find(|a| a.name == arch)
+        .ok_or_else(|| ModelError::UnsupportedArchitecture {
+            arch: arch.to_string(),
+            supported: Model::supported().collect::<Vec<_>>().join(", "),
+        })
 }
 
 /// The sequence-state shapes of the model in `file`, from its metadata alone (no tensor is
@@ -74,77 +82,201 @@ impl Scratch {
 ///
 /// Errors: [`ModelError::UnsupportedArchitecture`]; a missing or inconsistent hyperparameter.
 pub fn sequence_shape(file: &GgufFile) -> Result<SequenceShape, ModelError> {
-    let arch = file.architecture()?.to_string();
-    match arch.as_str() {
-        "llama" => Ok(llama::LlamaConfig::from_gguf(file)?.sequence_shape()),
-        "qwen35" => Ok(qwen35::Qwen35Config::from_gguf(file)?.sequence_shape()),
-        _ => Err(ModelError::UnsupportedArchitecture {
-            arch,
-            supported: Model::SUPPORTED.join(", "),
-        }),
+    (architecture_of(file)?.shape)(file)
+}
+
+/// A decoder-only language model of one architecture with its activation buffers: a forward
+/// pass over a micro-batch appends to a [`SequenceState`] and yields logits. The MTP,
+/// rollback and hidden-row methods have defaults for architectures without them (no MTP
+/// block; attention-only, whose rollback is a KV truncation).
+pub trait CausalLm: Send + Sync {
+    /// The shapes of one sequence's state (see [`sequence_shape`]).
+    fn sequence_shape(&self) -> SequenceShape;
+
+    /// Vocabulary size (rows of the LM head).
+    fn n_vocab(&self) -> usize;
+
+    /// Hidden size (`n_embd`).
+    fn n_embd(&self) -> usize;
+
+    /// Context length the model was trained with.
+    fn n_ctx_train(&self) -> usize;
+
+    /// Parameter count (every bound tensor; a tied output head counted once).
+    fn n_params(&self) -> u64;
+
+    /// Whether the model has recurrent layers (its sequence state cannot be rewound to an
+    /// arbitrary position; see [`SequenceState::truncate`]).
+    fn is_recurrent(&self) -> bool {
+        false
+    }
+
+    /// Sizes the activation buffers for micro-batches of up to `n_batch` tokens (at least
+    /// 1), keeping the rollback, hidden-row and profiling settings.
+    fn set_max_batch(&mut self, n_batch: usize);
+
+    /// Tokens a micro-batch may hold ([`CausalLm::set_max_batch`]).
+    fn max_batch(&self) -> usize;
+
+    /// One micro-batch: `tokens` at positions `seq.len()..seq.len() + tokens.len()`,
+    /// appended to `seq`. Returns the logits `[rows, n_vocab]` of the positions `outputs`
+    /// asks for (`None` for [`Outputs::None`]); their output-normed hidden states are then
+    /// in [`CausalLm::hidden`].
+    ///
+    /// Errors: [`ModelError::BatchTooLarge`], [`ModelError::ContextFull`],
+    /// [`ModelError::TokenOutOfRange`], [`ModelError::Invalid`] for an empty batch or a
+    /// sequence state of another model; kernel errors.
+    fn pass(
+        &mut self,
+        pool: &ThreadPool,
+        seq: &mut SequenceState,
+        tokens: &[u32],
+        outputs: Outputs,
+    ) -> Result<Option<&[f32]>, ModelError>;
+
+    /// Output-normed hidden states `[rows, n_embd]` of the positions that got logits in the
+    /// last pass (1 row after a prefill's last batch or a decode step, `n` after a
+    /// verification pass).
+    fn hidden(&self) -> &[f32];
+
+    /// Every following pass keeps what a rollback of up to `k − 1` of its tokens needs:
+    /// nothing for attention-only models (the default: the KV cache is truncated), the last
+    /// `k` recurrent states for hybrid ones, produced as `mode` says. `k = 0` turns it off.
+    fn set_rollback(&mut self, _k: usize, _mode: RollbackPrefill) {}
+
+    /// Cuts `seq` back to `len <= seq.len()` positions inside the last pass (rejected
+    /// drafts); [`Model::rollback`] checks `len`. Default: KV truncation.
+    ///
+    /// Errors: [`ModelError::Invalid`] (hybrid) outside the rollback states of the last pass
+    /// or with rollback states off.
+    fn rewind(&self, seq: &mut SequenceState, len: usize) -> Result<(), ModelError> {
+        seq.kv.truncate(len);
+        Ok(())
+    }
+
+    /// Milliseconds the passes spent producing rollback states since the last call.
+    fn take_rollback_ms(&mut self) -> f64 {
+        0.0
+    }
+
+    /// Makes every following pass keep (or not) the output-normed hidden state of every
+    /// position ([`CausalLm::hidden_rows`]). Default: no-op (no MTP block).
+    fn set_hidden_rows(&mut self, _on: bool) {}
+
+    /// Output-normed hidden states `[n, n_embd]` of every position of the last pass, when
+    /// kept ([`CausalLm::set_hidden_rows`]); empty otherwise.
+    fn hidden_rows(&self) -> &[f32] {
+        &[]
+    }
+
+    /// Starts (`true`: a fresh [`op_profile::OpProfile`]) or stops per-op timing of the
+    /// forward passes. Returns `false` when the architecture has no per-op timing (the
+    /// default).
+    fn set_profiling(&mut self, _on: bool) -> bool {
+        false
+    }
+
+    /// The per-op timing collected since [`CausalLm::set_profiling`]`(true)`.
+    fn profile(&self) -> Option<&op_profile::OpProfile> {
+        None
+    }
+
+    /// Whether the model has an MTP block (Qwen3.5 files with the nextn block).
+    fn has_mtp(&self) -> bool {
+        false
+    }
+
+    /// Rows of the MTP block's trimmed draft head (`None`: no such head).
+    fn mtp_draft_rows(&self) -> Option<usize> {
+        None
+    }
+
+    /// An empty MTP cache for a slot of `n_ctx` positions (`None` without an MTP block).
+    fn new_mtp_cache(&self, _n_ctx: usize) -> Option<MtpCache> {
+        None
+    }
+
+    /// Rows one MTP pass may hold (the micro-batch size; 0 without an MTP block).
+    fn mtp_max_rows(&self) -> usize {
+        0
+    }
+
+    /// One pass of the MTP block over the rows of positions `pos0..pos0 + next.len()`
+    /// (`hidden` `[n, n_embd]` their input hidden states, `next` the token after each);
+    /// the entries are appended to `cache`. Returns the last row's logits over `head`
+    /// (`[n_vocab]` or `[N]`), none without `head`; the last row's output hidden is in
+    /// [`CausalLm::mtp_hidden`].
+    ///
+    /// Errors: [`ModelError::Invalid`] without an MTP block (the default), for a trimmed
+    /// head the file lacks, mismatched lengths or entries that cannot be appended;
+    /// [`ModelError::BatchTooLarge`], [`ModelError::TokenOutOfRange`], kernel errors.
+    #[allow(clippy::too_many_arguments)]
+    fn mtp_forward(
+        &mut self,
+        _pool: &ThreadPool,
+        _cache: &mut MtpCache,
+        _pos0: usize,
+        _hidden: &[f32],
+        _next: &[u32],
+        _head: Option<MtpHead>,
+    ) -> Result<Option<&[f32]>, ModelError> {
+        Err(ModelError::Invalid("the model has no MTP block".into()))
+    }
+
+    /// The output hidden `[n_embd]` of the last row of the last MTP pass.
+    fn mtp_hidden(&self) -> &[f32] {
+        &[]
+    }
+
+    /// The original token id of row `row` of an MTP head (identity for [`MtpHead::Full`]);
+    /// `None` outside the head or without an MTP block.
+    fn mtp_token_id(&self, _head: MtpHead, _row: u32) -> Option<u32> {
+        None
+    }
+}
+
+/// A loaded model of one of the [`ARCHITECTURES`] (derefs to its [`CausalLm`]). One value
+/// lives per engine; it owns its activation buffers.
+pub struct Model {
+    lm: Box<dyn CausalLm>,
+    arch: &'static str,
+}
+
+impl Deref for Model {
+    type Target = dyn CausalLm;
+    fn deref(&self) -> &Self::Target {
+        &*self.lm
+    }
+}
+
+impl DerefMut for Model {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut *self.lm
     }
 }
 
 impl Model {
-    /// Architectures this build runs (`general.architecture`).
-    pub const SUPPORTED: &'static [&'static str] = &["llama", "qwen35"];
-
-    /// The shapes of one sequence's state (see [`sequence_shape`]).
-    pub fn sequence_shape(&self) -> SequenceShape {
-        match self {
-            Self::Llama(m) => m.cfg.sequence_shape(),
-            Self::Qwen35(m) => m.cfg.sequence_shape(),
-        }
+    /// Names of the architectures this build runs (`general.architecture`).
+    pub fn supported() -> impl Iterator<Item = &'static str> {
+        ARCHITECTURES.iter().map(|a| a.name)
     }
 
-    /// Binds the weights of `file` for its architecture.
+    /// Binds the weights of `file` for its architecture, with buffers for 1-token batches
+    /// ([`CausalLm::set_max_batch`] sizes them).
     ///
     /// Errors: [`ModelError::UnsupportedArchitecture`] naming the architecture and the
     /// supported ones; missing tensors or metadata.
     pub fn load(file: Arc<GgufFile>) -> Result<Self, ModelError> {
-        let arch = file.architecture()?.to_string();
-        match arch.as_str() {
-            "llama" => Ok(Self::Llama(LlamaModel::from_gguf(file)?)),
-            "qwen35" => Ok(Self::Qwen35(Qwen35Model::from_gguf(file)?)),
-            _ => Err(ModelError::UnsupportedArchitecture {
-                arch,
-                supported: Self::SUPPORTED.join(", "),
-            }),
-        }
+        let arch = architecture_of(&file)?;
+        Ok(Self {
+            lm: (arch.load)(file)?,
+            arch: arch.name,
+        })
     }
 
+    /// The architecture's name (`general.architecture`).
     pub fn architecture(&self) -> &'static str {
-        match self {
-            Self::Llama(_) => "llama",
-            Self::Qwen35(_) => "qwen35",
-        }
-    }
-
-    pub fn n_vocab(&self) -> usize {
-        match self {
-            Self::Llama(m) => m.cfg.n_vocab,
-            Self::Qwen35(m) => m.cfg.n_vocab,
-        }
-    }
-
-    pub fn n_ctx_train(&self) -> usize {
-        match self {
-            Self::Llama(m) => m.cfg.n_ctx_train,
-            Self::Qwen35(m) => m.cfg.n_ctx_train,
-        }
-    }
-
-    pub fn n_params(&self) -> u64 {
-        match self {
-            Self::Llama(m) => m.n_params(),
-            Self::Qwen35(m) => m.n_params(),
-        }
-    }
-
-    /// Whether the model has recurrent layers (its sequence state cannot be rewound to an
-    /// arbitrary position; see [`SequenceState::truncate`]).
-    pub fn is_recurrent(&self) -> bool {
-        matches!(self, Self::Qwen35(_))
+        self.arch
     }
 
     /// Per-sequence state (KV cache, and recurrent state for hybrid models) for `n_ctx`
@@ -153,231 +285,57 @@ impl Model {
         self.sequence_shape().new_state(n_ctx)
     }
 
-    /// Buffers for micro-batches of up to `n_batch` tokens.
-    pub fn new_scratch(&self, n_batch: usize) -> Scratch {
-        match self {
-            Self::Llama(m) => Scratch::Llama(m.new_scratch(n_batch)),
-            Self::Qwen35(m) => Scratch::Qwen35(m.new_scratch(n_batch)),
-        }
-    }
-
-    /// One micro-batch at positions `seq.len()..`; see [`LlamaModel::forward`] and
-    /// [`Qwen35Model::forward`]. Returns the last token's logits `[n_vocab]` when
-    /// `want_logits`.
+    /// One micro-batch at positions `seq.len()..` ([`CausalLm::pass`]). Returns the last
+    /// token's logits `[n_vocab]` when `want_logits`.
     ///
-    /// Errors: as the architecture's `forward`; [`ModelError::Invalid`] for a scratch made by
-    /// another architecture.
-    pub fn forward<'s>(
-        &self,
+    /// Errors: as [`CausalLm::pass`].
+    pub fn forward(
+        &mut self,
         pool: &ThreadPool,
         seq: &mut SequenceState,
         tokens: &[u32],
-        scratch: &'s mut Scratch,
         want_logits: bool,
-    ) -> Result<Option<&'s [f32]>, ModelError> {
+    ) -> Result<Option<&[f32]>, ModelError> {
         let outputs = if want_logits {
             Outputs::Last
         } else {
             Outputs::None
         };
-        self.pass(pool, seq, tokens, scratch, outputs)
+        self.lm.pass(pool, seq, tokens, outputs)
     }
 
     /// A verification pass of speculative decoding (Tandem §3.3): `tokens` = the last
     /// accepted token followed by the drafts, in one pass. Returns the logits
     /// `[tokens.len(), n_vocab]` of every position (row `i` predicts the token after
-    /// `tokens[..=i]`); hidden states in [`Model::hidden`]. With rollback states on
-    /// ([`Model::set_rollback`] with `K ≥ tokens.len()`) the sequence can then be cut back to
-    /// any position of the pass ([`Model::rollback`]).
+    /// `tokens[..=i]`); hidden states in [`CausalLm::hidden`]. With rollback states on
+    /// ([`CausalLm::set_rollback`] with `K ≥ tokens.len()`) the sequence can then be cut back
+    /// to any position of the pass ([`Model::rollback`]).
     ///
-    /// Errors: as [`Model::forward`].
-    pub fn verify<'s>(
-        &self,
+    /// Errors: as [`CausalLm::pass`].
+    pub fn verify(
+        &mut self,
         pool: &ThreadPool,
         seq: &mut SequenceState,
         tokens: &[u32],
-        scratch: &'s mut Scratch,
-    ) -> Result<&'s [f32], ModelError> {
-        self.pass(pool, seq, tokens, scratch, Outputs::All)?
+    ) -> Result<&[f32], ModelError> {
+        self.lm
+            .pass(pool, seq, tokens, Outputs::All)?
             .ok_or_else(|| ModelError::Invalid("verification pass returned no logits".into()))
     }
 
-    fn pass<'s>(
-        &self,
-        pool: &ThreadPool,
-        seq: &mut SequenceState,
-        tokens: &[u32],
-        scratch: &'s mut Scratch,
-        outputs: Outputs,
-    ) -> Result<Option<&'s [f32]>, ModelError> {
-        match (self, scratch) {
-            (Self::Llama(m), Scratch::Llama(s)) => m.forward(pool, &mut seq.kv, tokens, s, outputs),
-            (Self::Qwen35(m), Scratch::Qwen35(s)) => m.forward(pool, seq, tokens, s, outputs),
-            _ => Err(ModelError::Invalid(
-                "scratch buffers were made for another architecture".into(),
-            )),
-        }
-    }
-
-    /// Hidden size (`n_embd`).
-    pub fn n_embd(&self) -> usize {
-        match self {
-            Self::Llama(m) => m.cfg.n_embd,
-            Self::Qwen35(m) => m.cfg.n_embd,
-        }
-    }
-
-    /// Output-normed hidden states `[rows, n_embd]` of the positions that got logits in the
-    /// last pass with `scratch` (1 row after a prefill's last batch or a decode step, `n`
-    /// after a verification pass). Empty for a scratch of another architecture.
-    pub fn hidden<'s>(&self, scratch: &'s Scratch) -> &'s [f32] {
-        match scratch {
-            Scratch::Llama(s) => s.hidden(self.n_embd()),
-            Scratch::Qwen35(s) => s.hidden(self.n_embd()),
-        }
-    }
-
-    /// Every following pass keeps what a rollback of up to `k − 1` of its tokens needs:
-    /// nothing for attention-only models (the KV cache is truncated), the last `k` recurrent
-    /// states for hybrid ones, produced as `mode` says. `k = 0` turns it off.
-    pub fn set_rollback(&self, scratch: &mut Scratch, k: usize, mode: RollbackPrefill) {
-        if let (Self::Qwen35(m), Scratch::Qwen35(s)) = (self, scratch) {
-            m.set_rollback(s, k, mode);
-        }
-    }
-
-    /// Cuts `seq` back to `len` positions inside the last pass run with `scratch` (rejected
-    /// drafts): KV truncation, and for hybrid models the recurrent state of position `len`
-    /// from the rollback states.
+    /// Cuts `seq` back to `len` positions inside the last pass (rejected drafts): KV
+    /// truncation, and for hybrid models the recurrent state of position `len` from the
+    /// rollback states ([`CausalLm::rewind`]).
     ///
     /// Errors: [`ModelError::Invalid`] when `len` is beyond the sequence, or (hybrid) outside
     /// the rollback states of the last pass or with rollback states off.
-    pub fn rollback(
-        &self,
-        seq: &mut SequenceState,
-        scratch: &Scratch,
-        len: usize,
-    ) -> Result<(), ModelError> {
+    pub fn rollback(&self, seq: &mut SequenceState, len: usize) -> Result<(), ModelError> {
         if len > seq.len() {
             return Err(ModelError::Invalid(format!(
                 "rollback to {len}: the sequence has only {} positions",
                 seq.len()
             )));
         }
-        match (self, scratch) {
-            (Self::Qwen35(_), Scratch::Qwen35(s)) => match &s.rollback {
-                Some(rb) => Ok(rb.rollback(seq, len)?),
-                None if len == seq.len() => Ok(()),
-                None => Err(ModelError::Invalid(
-                    "rollback of a hybrid model needs rollback states (set_rollback)".into(),
-                )),
-            },
-            _ => {
-                seq.kv.truncate(len);
-                Ok(())
-            }
-        }
-    }
-
-    /// Whether the model has an MTP block (Qwen3.5 files with the nextn block).
-    pub fn has_mtp(&self) -> bool {
-        matches!(self, Self::Qwen35(m) if m.has_mtp())
-    }
-
-    /// Rows of the MTP block's trimmed draft head (`None`: no such head).
-    pub fn mtp_draft_rows(&self) -> Option<usize> {
-        match self {
-            Self::Qwen35(m) => m.mtp_draft_rows(),
-            Self::Llama(_) => None,
-        }
-    }
-
-    /// An empty MTP cache for a slot of `n_ctx` positions (`None` without an MTP block).
-    pub fn new_mtp_cache(&self, n_ctx: usize) -> Option<MtpCache> {
-        match self {
-            Self::Qwen35(m) => m.new_mtp_cache(n_ctx),
-            Self::Llama(_) => None,
-        }
-    }
-
-    /// Makes every following pass with `scratch` keep (or not) the output-normed hidden
-    /// state of every position ([`Model::hidden_rows`]). No-op for architectures without
-    /// an MTP block.
-    pub fn set_hidden_rows(&self, scratch: &mut Scratch, on: bool) {
-        if let (Self::Qwen35(m), Scratch::Qwen35(s)) = (self, scratch) {
-            m.set_hidden_rows(s, on);
-        }
-    }
-
-    /// Output-normed hidden states `[n, n_embd]` of every position of the last pass with
-    /// `scratch`, when kept ([`Model::set_hidden_rows`]); empty otherwise.
-    pub fn hidden_rows<'s>(&self, scratch: &'s Scratch) -> &'s [f32] {
-        match scratch {
-            Scratch::Qwen35(s) => s.hidden_rows(self.n_embd()),
-            Scratch::Llama(_) => &[],
-        }
-    }
-
-    /// One pass of the MTP block over the rows of positions `pos0..pos0 + next.len()`; see
-    /// [`Qwen35Model::mtp_forward`]. Returns the last row's logits over `head` (`[n_vocab]`
-    /// or `[N]`), none without `head`; the last row's output hidden is in
-    /// [`Model::mtp_hidden`].
-    ///
-    /// Errors: as [`Qwen35Model::mtp_forward`]; [`ModelError::Invalid`] for a model without
-    /// an MTP block or a scratch of another architecture.
-    #[allow(clippy::too_many_arguments)]
-    pub fn mtp_forward<'s>(
-        &self,
-        pool: &ThreadPool,
-        cache: &mut MtpCache,
-        pos0: usize,
-        hidden: &[f32],
-        next: &[u32],
-        scratch: &'s mut Scratch,
-        head: Option<MtpHead>,
-    ) -> Result<Option<&'s [f32]>, ModelError> {
-        match (self, scratch) {
-            (Self::Qwen35(m), Scratch::Qwen35(s)) => {
-                m.mtp_forward(pool, cache, pos0, hidden, next, s, head)
-            }
-            _ => Err(ModelError::Invalid(format!(
-                "the {} model has no MTP block",
-                self.architecture()
-            ))),
-        }
-    }
-
-    /// The output hidden `[n_embd]` of the last row of the last MTP pass with `scratch`.
-    pub fn mtp_hidden<'s>(&self, scratch: &'s Scratch) -> &'s [f32] {
-        match scratch {
-            Scratch::Qwen35(s) => s.mtp_hidden(),
-            Scratch::Llama(_) => &[],
-        }
-    }
-
-    /// The original token id of row `row` of an MTP head (identity for [`MtpHead::Full`]);
-    /// `None` outside the head.
-    pub fn mtp_token_id(&self, head: MtpHead, row: u32) -> Option<u32> {
-        match self {
-            Self::Qwen35(m) => m.mtp_token_id(head, row),
-            Self::Llama(_) => None,
-        }
-    }
-
-    /// Rows one MTP pass with `scratch` may hold (its micro-batch size; 0 for
-    /// architectures without an MTP block).
-    pub fn mtp_max_rows(&self, scratch: &Scratch) -> usize {
-        match scratch {
-            Scratch::Qwen35(s) => s.n_batch(),
-            Scratch::Llama(_) => 0,
-        }
-    }
-
-    /// Milliseconds the passes spent producing rollback states since the last call.
-    pub fn take_rollback_ms(&self, scratch: &mut Scratch) -> f64 {
-        match scratch {
-            Scratch::Qwen35(s) => s.take_rollback_ms(),
-            Scratch::Llama(_) => 0.0,
-        }
+        self.lm.rewind(seq, len)
     }
 }

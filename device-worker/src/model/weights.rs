@@ -9,7 +9,7 @@ use std::ops::Range;
 use dsp::matmul::QMatRef;
 use dsp::GgmlType;
 
-use crate::error::ModelError;
+use super::ModelError;
 use gguf::reader::GgufFile;
 
 /// A 2-D weight `[rows, cols]` in GGUF order (each of the `rows` output features is a
@@ -70,28 +70,4 @@ impl Linear {
     pub fn numel(&self) -> usize {
         self.rows * self.cols
     }
-}
-
-/// Loads a 1-D f32 vector (norm weights), dequantizing if needed.
-///
-/// Errors: [`ModelError::MissingTensor`], [`ModelError::TensorShape`].
-pub fn load_vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
-    let view = file
-        .tensor_opt(name)
-        .ok_or_else(|| ModelError::MissingTensor {
-            name: name.to_string(),
-        })?;
-    if view.dims.iter().product::<u64>() as usize != len {
-        return Err(ModelError::TensorShape {
-            name: name.to_string(),
-            expected: vec![len as u64],
-            actual: view.dims.clone(),
-        });
-    }
-    let mut out = vec![0f32; len];
-    dsp::quant::dequantize_row(view.ty, view.data, &mut out).map_err(|e| ModelError::Kernel {
-        name: name.to_string(),
-        source: e,
-    })?;
-    Ok(out)
 }

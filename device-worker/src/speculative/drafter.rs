@@ -5,16 +5,15 @@ use std::path::Path;
 use dsp::pool::ThreadPool;
 
 use super::{Draft, DraftContext, DrafterKind, SpecError};
-use crate::model::{Model, Scratch};
+use crate::model::Model;
 use crate::state::mtp::MtpCache;
 
-/// The model and the slot's MTP cache, for drafters that run the model's MTP block (absent
-/// when the slot keeps no MTP cache). `tokens` are the sequence's tokens (`seq.len()` of
+/// The model (with its activation buffers) and the slot's MTP cache, for drafters that run
+/// the model's MTP block (absent when the slot keeps no MTP cache). `tokens` are the sequence's tokens (`seq.len()` of
 /// them).
 pub struct ModelAccess<'a> {
-    pub model: &'a Model,
+    pub model: &'a mut Model,
     pub pool: &'a ThreadPool,
-    pub scratch: &'a mut Scratch,
     pub cache: &'a mut MtpCache,
     pub tokens: &'a [u32],
 }

@@ -1,7 +1,7 @@
 //! The `mtp` and `mtp-trimmed` drafters ([`MtpDrafter`], Tandem §4.3; DESIGN.md
 //! "Within-request"): which MTP entries are written when, how a draft recurses, and what is
 //! discarded after a round. The MTP block's forward pass itself is the model's
-//! ([`crate::model::Model::mtp_forward`]); it reaches this module through [`MtpStep`]
+//! ([`crate::model::CausalLm::mtp_forward`]); it reaches this module through [`MtpStep`]
 //! ([`ModelMtp`] adapts the model), so the logic here is tested without a model.
 //!
 //! Per slot, the [`MtpCache`] holds the MTP entries of positions whose next token is known
@@ -25,7 +25,7 @@ use std::time::Instant;
 use dsp::pool::ThreadPool;
 
 use super::{Draft, DraftContext, Drafter, DrafterKind, ModelAccess};
-use crate::model::{Model, ModelError, MtpHead, Scratch};
+use crate::model::{Model, ModelError, MtpHead};
 use crate::sampling::argmax;
 use crate::state::mtp::MtpCache;
 
@@ -78,9 +78,8 @@ impl Drafter for MtpDrafter {
         let src = model?;
         let newest = *ctx.output.last()?;
         let mut step = ModelMtp {
-            model: src.model,
+            model: &mut *src.model,
             pool: src.pool,
-            scratch: &mut *src.scratch,
         };
         let t = Instant::now();
         let tokens = match draft(&mut step, src.cache, src.tokens, newest, max, self.head) {
@@ -106,17 +105,16 @@ impl Drafter for MtpDrafter {
     }
 }
 
-/// The model's MTP block as a [`MtpStep`]: [`Model::mtp_forward`], the head's argmax mapped
+/// The model's MTP block as a [`MtpStep`]: [`crate::model::CausalLm::mtp_forward`], the head's argmax mapped
 /// to an original token id.
 pub struct ModelMtp<'a> {
-    pub model: &'a Model,
+    pub model: &'a mut Model,
     pub pool: &'a ThreadPool,
-    pub scratch: &'a mut Scratch,
 }
 
 impl MtpStep for ModelMtp<'_> {
     fn max_rows(&self) -> usize {
-        self.model.mtp_max_rows(self.scratch)
+        self.model.mtp_max_rows()
     }
 
     fn step(
@@ -128,15 +126,13 @@ impl MtpStep for ModelMtp<'_> {
         head: Option<MtpHead>,
         h_out: &mut Vec<f32>,
     ) -> Result<Option<u32>, ModelError> {
-        let logits =
-            self.model
-                .mtp_forward(self.pool, cache, pos0, hidden, next, self.scratch, head)?;
+        let logits = self.model.mtp_forward(self.pool, cache, pos0, hidden, next, head)?;
         let (Some(head), Some(logits)) = (head, logits) else {
             return Ok(None);
         };
         let token = argmax(logits).and_then(|row| self.model.mtp_token_id(head, row));
         h_out.clear();
-        h_out.extend_from_slice(self.model.mtp_hidden(self.scratch));
+        h_out.extend_from_slice(self.model.mtp_hidden());
         Ok(token)
     }
 }
@@ -147,13 +143,12 @@ impl MtpStep for ModelMtp<'_> {
 ///
 /// Errors: the model's (the cache is then reset).
 pub fn fill_with_model(
-    model: &Model,
+    model: &mut Model,
     pool: &ThreadPool,
-    scratch: &mut Scratch,
     cache: &mut MtpCache,
     tokens: &[u32],
 ) -> Result<usize, ModelError> {
-    fill(&mut ModelMtp { model, pool, scratch }, cache, tokens)
+    fill(&mut ModelMtp { model, pool }, cache, tokens)
 }
 
 /// One pass of the MTP block, as the drafter needs it.
@@ -166,7 +161,7 @@ pub trait MtpStep {
     /// returns the drafted token after the last row (the head's argmax, as an original
     /// token id) and writes the last row's output hidden `[n_embd]` to `h_out`.
     ///
-    /// Errors: the model's ([`crate::model::Model::mtp_forward`]).
+    /// Errors: the model's ([`crate::model::CausalLm::mtp_forward`]).
     fn step(
         &mut self,
         cache: &mut MtpCache,

@@ -10,8 +10,9 @@
 //!   same token (the snapshot layout of [`dsp::gdn::gdn_recurrent`]).
 //!
 //! `m = min(K, n)` slots are valid after a pass of `n` tokens; slot `m − 1` equals the live
-//! state. One set lives in the engine's scratch buffers: it describes the last pass of
-//! whichever sequence ran it, so a rollback must follow that pass before any other.
+//! state. One set lives in the model's activation buffers (`CausalLm::set_rollback`): it
+//! describes the last pass of whichever sequence ran it, so a rollback must follow that pass
+//! before any other.
 
 use super::sequence::SequenceState;
 

@@ -18,7 +18,7 @@ use std::ops::Range;
 
 use dsp::pool::ThreadPool;
 
-use device_worker::model::{Model, ModelError, Scratch};
+use device_worker::model::{Model, ModelError};
 use device_worker::state::checkpoint::Checkpoint;
 use device_worker::state::sequence::SequenceState;
 
@@ -81,7 +81,7 @@ pub fn micro_batches(
 }
 
 /// Feeds `tokens` at positions `seq.len()..` in the micro-batches of [`micro_batches`]
-/// (`n_batch` must not exceed the scratch size) and saves a checkpoint after each position of
+/// (`n_batch` must not exceed the model's batch size, `set_max_batch`) and saves a checkpoint after each position of
 /// `save_at` (absolute, strictly increasing, within `seq.len()..=seq.len() + tokens.len()`).
 /// Returns the checkpoints in `save_at` order (none for attention-only models, whose KV cache
 /// can simply be truncated) and the last token's logits `[n_vocab]`.
@@ -89,11 +89,10 @@ pub fn micro_batches(
 /// Errors: as [`micro_batches`] (checked before anything runs, `seq` unchanged) and
 /// [`Model::forward`] (`seq` then holds the micro-batches that completed).
 pub fn prefill_with_checkpoints<'s>(
-    model: &Model,
+    model: &'s mut Model,
     pool: &ThreadPool,
     seq: &mut SequenceState,
     tokens: &[u32],
-    scratch: &'s mut Scratch,
     n_batch: usize,
     save_at: &[usize],
 ) -> Result<(Vec<Checkpoint>, &'s [f32]), PrefillError> {
@@ -115,7 +114,6 @@ pub fn prefill_with_checkpoints<'s>(
             pool,
             seq,
             &tokens[r.start - start..r.end - start],
-            scratch,
             false,
         )?;
         save_if_wanted(seq, &mut checkpoints);
@@ -125,7 +123,6 @@ pub fn prefill_with_checkpoints<'s>(
             pool,
             seq,
             &tokens[last.start - start..last.end - start],
-            scratch,
             true,
         )?
         .ok_or_else(|| ModelError::Invalid("forward returned no logits".into()))?;

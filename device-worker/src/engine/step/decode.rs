@@ -137,7 +137,7 @@ impl Decoder<'_> {
         };
         sp.end_round(r, &mut self.tally);
         let slot = &mut c.slots[si];
-        if let Err(e) = c.model.rollback(&mut slot.seq, &c.scratch, plain_len) {
+        if let Err(e) = c.model.rollback(&mut slot.seq, plain_len) {
             slot.reset();
             return Err(e.into());
         }
@@ -204,15 +204,15 @@ impl Decoder<'_> {
         if let Some(d) = &draft {
             batch.extend_from_slice(&d.tokens);
         }
-        let Compute { model, pool, slots, scratch, .. } = c;
+        let Compute { model, pool, slots, .. } = c;
         let slot = &mut slots[si];
         let pos0 = slot.seq.len();
         env.begin_batch(pool);
         let t_pass = Instant::now();
         let res = if batch.len() > 1 {
-            model.verify(pool, &mut slot.seq, &batch, scratch).map(Some)
+            model.verify(pool, &mut slot.seq, &batch).map(Some)
         } else {
-            model.forward(pool, &mut slot.seq, &batch, scratch, true)
+            model.forward(pool, &mut slot.seq, &batch, true)
         };
         let pass_ms = ms(t_pass.elapsed());
         env.end_batch()?;
@@ -232,9 +232,9 @@ impl Decoder<'_> {
         self.row = 0;
         let n_embd = model.n_embd();
         self.out_hidden.truncate((self.out.len() - 1) * n_embd);
-        self.out_hidden.extend_from_slice(model.hidden(scratch));
+        self.out_hidden.extend_from_slice(model.hidden());
         if let Some(m) = slot.mtp.as_mut() {
-            m.push_hidden(pos0, model.hidden_rows(scratch));
+            m.push_hidden(pos0, model.hidden_rows());
         }
         slot.tokens.extend_from_slice(&batch);
         if let Some(sp) = self.spec.as_deref_mut() {
@@ -270,9 +270,8 @@ impl Decoder<'_> {
         let slot = &mut c.slots[si];
         let room = (slot.seq.n_ctx() - slot.seq.len() - 1).min(sp.pass_capacity() - 1);
         let model = slot.mtp.as_mut().map(|cache| ModelAccess {
-            model: &c.model,
+            model: &mut c.model,
             pool: &c.pool,
-            scratch: &mut c.scratch,
             cache,
             tokens: &slot.tokens,
         });

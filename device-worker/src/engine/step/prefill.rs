@@ -43,10 +43,10 @@ pub(super) fn run(
         }
         let tokens = &req.prompt[b.start..b.end];
         let last = b.end == n_prompt;
-        let Compute { model, pool, slots, scratch, .. } = c;
+        let Compute { model, pool, slots, .. } = c;
         let slot = &mut slots[si];
         env.begin_batch(pool);
-        let out = model.forward(pool, &mut slot.seq, tokens, scratch, last);
+        let out = model.forward(pool, &mut slot.seq, tokens, last);
         env.end_batch()?;
         match out {
             Ok(Some(l)) => {
@@ -61,8 +61,8 @@ pub(super) fn run(
         }
         slot.tokens.extend_from_slice(tokens);
         if let Some(m) = slot.mtp.as_mut() {
-            m.push_hidden(b.start, model.hidden_rows(scratch));
-            if let Err(e) = fill_with_model(model, pool, scratch, m, &slot.tokens) {
+            m.push_hidden(b.start, model.hidden_rows());
+            if let Err(e) = fill_with_model(model, pool, m, &slot.tokens) {
                 tracing::warn!(error = %e, "MTP entries not filled (MTP cache reset)");
             }
         }
@@ -72,8 +72,8 @@ pub(super) fn run(
     }
     let prefilled = Prefilled {
         prefill_ms: ms(env.t_start.elapsed()),
-        rollback_ms: c.model.take_rollback_ms(&mut c.scratch),
-        prompt_hidden: c.model.hidden(&c.scratch).to_vec(),
+        rollback_ms: c.model.take_rollback_ms(),
+        prompt_hidden: c.model.hidden().to_vec(),
     };
     let stats = pb::PrefillStats {
         slot_id: c.slots[si].id,

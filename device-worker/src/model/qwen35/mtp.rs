@@ -18,31 +18,31 @@
 //!
 //! The trimmed draft head (`mtp-trimmed`): tensor `blk.{n_layer}.nextn.draft_output.weight`
 //! (`ne0 = n_embd`, `ne1 = N`) and metadata `{arch}.nextn_draft_token_ids` (N original token
-//! ids, one per row), written by `agent-gateway draft-vocab`. The draft is the argmax over
+//! ids, one per row), written by `tandem-tools draft-vocab`. The draft is the argmax over
 //! the N rows, mapped back to its original id.
 
-use dsp::ops;
 use dsp::pool::ThreadPool;
 
-use super::{load_attn, Layer, LayerKind, Qwen35Config, Qwen35Model, Scratch};
-use crate::error::ModelError;
-use gguf::reader::{GgufFile, MetaValue};
+use super::{Layer, LayerIo, Mixer, Qwen35Config, Qwen35Model, Scratch};
+use crate::model::blocks::{Attention, Ctx, Embedding, RmsNorm};
+use crate::model::loader::Loader;
 use crate::model::op_profile::Laps;
-use crate::model::project::{kernel, mm, Mlp, MlpBuffers};
-use crate::model::weights::{load_vector, Linear};
-use crate::model::MtpHead;
+use crate::model::project::mm;
+use crate::model::weights::Linear;
+use crate::model::{ModelError, MtpHead};
 use crate::state::mtp::MtpCache;
+use gguf::reader::MetaValue;
 
 /// The tool that adds a trimmed draft head to a GGUF (named in errors).
-pub const DRAFT_VOCAB_TOOL: &str = "agent-gateway draft-vocab --model IN --out OUT";
+pub const DRAFT_VOCAB_TOOL: &str = "tandem-tools draft-vocab --model IN --out OUT";
 
 /// The MTP block (`blk.{n_layer}.nextn.*` plus one full-attention decoder layer whose KV
 /// lives in the slot's [`MtpCache`], cache layer 0).
 pub(super) struct MtpBlock {
     eh_proj: Linear,
-    enorm: Vec<f32>,
-    hnorm: Vec<f32>,
-    shared_head_norm: Option<Vec<f32>>,
+    enorm: RmsNorm,
+    hnorm: RmsNorm,
+    shared_head_norm: Option<RmsNorm>,
     pub(super) layer: Layer,
     /// The trimmed draft head, when the file has one.
     draft: Option<DraftHead>,
@@ -62,30 +62,26 @@ impl MtpBlock {
     /// Errors: missing or misshapen tensors of a block that is present; a draft head with
     /// only one of its tensor and id list, ids of another length than its rows, or ids
     /// outside the vocabulary ([`ModelError::Invalid`] naming [`DRAFT_VOCAB_TOOL`]).
-    pub(super) fn load(f: &GgufFile, cfg: &Qwen35Config) -> Result<Option<Self>, ModelError> {
-        let il = cfg.n_layer;
-        let e = cfg.n_embd;
-        let n = |s: &str| format!("blk.{il}.{s}.weight");
-        if cfg.n_nextn == 0 || f.tensor_opt(&n("nextn.eh_proj")).is_none() {
+    pub(super) fn load(loader: &Loader<'_>, cfg: &Qwen35Config) -> Result<Option<Self>, ModelError> {
+        let p = format!("blk.{}", cfg.n_layer);
+        let (e, eps) = (cfg.n_embd, cfg.rms_eps);
+        let nextn = |t: &str| format!("{p}.nextn.{t}");
+        if cfg.n_nextn == 0 || !loader.has(&Loader::weight_name(&p, "nextn.eh_proj")) {
             return Ok(None);
         }
-        let shared_head_norm = match f.tensor_opt(&n("nextn.shared_head_norm")) {
-            Some(_) => Some(load_vector(f, &n("nextn.shared_head_norm"), e)?),
-            None => None,
+        let shared_head_norm = match loader.has(&Loader::weight_name(&p, "nextn.shared_head_norm")) {
+            true => Some(RmsNorm::new(loader, &nextn("shared_head_norm"), e, eps)?),
+            false => None,
         };
+        // Its own KV cache: layer 0 of the slot's MtpCache.
+        let attn = Attention::new(loader, &p, cfg.attention(), e, 0)?;
         Ok(Some(Self {
-            eh_proj: Linear::load(f, &n("nextn.eh_proj"), e, 2 * e)?,
-            enorm: load_vector(f, &n("nextn.enorm"), e)?,
-            hnorm: load_vector(f, &n("nextn.hnorm"), e)?,
+            eh_proj: loader.linear(&Loader::weight_name(&p, "nextn.eh_proj"), e, 2 * e)?,
+            enorm: RmsNorm::new(loader, &nextn("enorm"), e, eps)?,
+            hnorm: RmsNorm::new(loader, &nextn("hnorm"), e, eps)?,
             shared_head_norm,
-            layer: Layer {
-                attn_norm: load_vector(f, &n("attn_norm"), e)?,
-                // Its own KV cache: layer 0 of the slot's MtpCache.
-                kind: LayerKind::Attention(load_attn(f, &n, cfg, 0)?),
-                post_attn_norm: load_vector(f, &n("post_attention_norm"), e)?,
-                mlp: Mlp::load(f, &n, e, cfg.n_ff)?,
-            },
-            draft: DraftHead::load(f, cfg)?,
+            layer: Layer::new(loader, &p, cfg, Mixer::Attention(attn))?,
+            draft: DraftHead::load(loader, cfg)?,
         }))
     }
 
@@ -94,7 +90,7 @@ impl MtpBlock {
         self.eh_proj.numel()
             + self.enorm.len()
             + self.hnorm.len()
-            + self.shared_head_norm.as_ref().map_or(0, Vec::len)
+            + self.shared_head_norm.as_ref().map_or(0, RmsNorm::len)
             + layer_params
             + self.draft.as_ref().map_or(0, |d| d.output.numel())
     }
@@ -103,10 +99,38 @@ impl MtpBlock {
     pub(super) fn draft_rows(&self) -> Option<usize> {
         self.draft.as_ref().map(|d| d.ids.len())
     }
+
+    /// The block's input rows `s.x[..n·e] = eh_proj · [enorm(embed(next_t)) ; hnorm(h_t)]`.
+    ///
+    /// Errors: [`ModelError::TokenOutOfRange`], kernel errors.
+    fn input(
+        &self,
+        ctx: Ctx<'_>,
+        tok_embd: &Embedding,
+        hidden: &[f32],
+        next: &[u32],
+        s: &mut Scratch,
+    ) -> Result<(), ModelError> {
+        let (n, e) = (next.len(), self.enorm.len());
+        s.mtp_cat.resize(n * 2 * e, 0.0);
+        for t in 0..n {
+            tok_embd.forward(ctx.bytes, &next[t..t + 1], &mut s.h[..e])?;
+            let row = &mut s.mtp_cat[t * 2 * e..(t + 1) * 2 * e];
+            let (re, rh) = row.split_at_mut(e);
+            self.enorm.forward(&s.h[..e], re)?;
+            self.hnorm.forward(&hidden[t * e..(t + 1) * e], rh)?;
+        }
+        mm(ctx.pool, &self.eh_proj, ctx.bytes, &s.mtp_cat, n, &mut s.x[..n * e])
+    }
 }
 
 impl DraftHead {
-    fn load(f: &GgufFile, cfg: &Qwen35Config) -> Result<Option<Self>, ModelError> {
+    /// Binds `blk.{n_layer}.nextn.draft_output.weight` with the id list
+    /// `{arch}.nextn_draft_token_ids` (`None` when the file has neither).
+    ///
+    /// Errors: see [`MtpBlock::load`].
+    fn load(loader: &Loader<'_>, cfg: &Qwen35Config) -> Result<Option<Self>, ModelError> {
+        let f = loader.file();
         let name = format!("blk.{}.nextn.draft_output.weight", cfg.n_layer);
         let key = format!("{}.nextn_draft_token_ids", f.architecture()?);
         let (tensor, ids) = (f.tensor_opt(&name), f.get(&key));
@@ -149,75 +173,40 @@ impl DraftHead {
             )));
         }
         Ok(Some(Self {
-            output: Linear::load(f, &name, rows, cfg.n_embd)?,
+            output: loader.linear(&name, rows, cfg.n_embd)?,
             ids,
         }))
     }
 }
 
 impl Qwen35Model {
-    /// Rows of the trimmed draft head (`None`: the file has none, or no MTP block).
-    pub fn mtp_draft_rows(&self) -> Option<usize> {
-        self.mtp.as_ref().and_then(MtpBlock::draft_rows)
-    }
-
-    /// An empty [`MtpCache`] for `n_ctx` entries (`None` without an MTP block).
-    pub fn new_mtp_cache(&self, n_ctx: usize) -> Option<MtpCache> {
-        let c = &self.cfg;
-        self.mtp
-            .as_ref()
-            .map(|_| MtpCache::new(c.n_head_kv, c.head_dim, n_ctx, c.n_embd))
-    }
-
     /// One MTP pass over `n = next.len()` rows for positions `pos0..pos0 + n` (module docs):
     /// `hidden` `[n, n_embd]` are the rows' input hidden states (target `h_i`, or the MTP
     /// block's own output for recursive draft steps), `next` the token after each position.
     /// The `n` entries are appended to `cache` (RoPE at their positions). The output hidden
-    /// `o` of the last row is left in [`Scratch::mtp_hidden`]; with `head`, the last row's
-    /// logits (`[n_vocab]` full, `[N]` trimmed) are returned.
+    /// `o` of the last row is left in [`crate::model::CausalLm::mtp_hidden`]; with `head`,
+    /// the last row's logits (`[n_vocab]` full, `[N]` trimmed) are returned.
     ///
     /// Errors: [`ModelError::Invalid`] without an MTP block, for a trimmed head the file
     /// lacks, mismatched lengths, or entries that cannot be appended (cache full, `pos0` not
     /// after the last entry); [`ModelError::BatchTooLarge`], [`ModelError::TokenOutOfRange`],
     /// kernel errors.
-    #[allow(clippy::too_many_arguments)]
-    pub fn mtp_forward<'s>(
-        &self,
+    pub(super) fn mtp_pass(
+        &mut self,
         pool: &ThreadPool,
         cache: &mut MtpCache,
         pos0: usize,
         hidden: &[f32],
         next: &[u32],
-        scratch: &'s mut Scratch,
         head: Option<MtpHead>,
-    ) -> Result<Option<&'s [f32]>, ModelError> {
-        let c = &self.cfg;
+    ) -> Result<Option<&[f32]>, ModelError> {
         let m = self
             .mtp
             .as_ref()
             .ok_or_else(|| ModelError::Invalid("the model has no MTP block".into()))?;
-        let (n, e) = (next.len(), c.n_embd);
-        if n == 0 || hidden.len() != n * e {
-            return Err(ModelError::Invalid(format!(
-                "MTP pass: {n} tokens and {} hidden values (need n > 0 and n × {e})",
-                hidden.len()
-            )));
-        }
-        if n > scratch.n_batch {
-            return Err(ModelError::BatchTooLarge {
-                n,
-                max: scratch.n_batch,
-            });
-        }
-        if !cache.can_append(pos0, n) {
-            return Err(ModelError::Invalid(format!(
-                "MTP pass at positions {pos0}..{}: the MTP cache holds {} of {} entries, the last at {:?}",
-                pos0 + n,
-                cache.n_entries(),
-                cache.n_ctx(),
-                cache.positions().last()
-            )));
-        }
+        let s = &mut self.scratch;
+        let (n, e) = (next.len(), self.cfg.n_embd);
+        check_mtp_pass(cache, pos0, hidden, n, e, s.n_batch)?;
         let draft_head = match head {
             Some(MtpHead::Trimmed) => Some(m.draft.as_ref().ok_or_else(|| {
                 ModelError::Invalid(format!(
@@ -226,90 +215,38 @@ impl Qwen35Model {
             })?),
             _ => None,
         };
-        let bytes = self.file.bytes();
-        let s = scratch;
-        s.mtp_cat.resize(n * 2 * e, 0.0);
+        let ctx = Ctx {
+            pool,
+            bytes: self.file.bytes(),
+        };
         s.mtp_hidden.resize(e, 0.0);
-        // [enorm(embed(t_{i+1})) ; hnorm(h_i)] per row.
-        for (t, &id) in next.iter().enumerate() {
-            if id as usize >= c.n_vocab {
-                return Err(ModelError::TokenOutOfRange {
-                    id,
-                    n_vocab: c.n_vocab,
-                });
-            }
-            dsp::quant::dequantize_row(
-                self.tok_embd.ty,
-                self.tok_embd.row_bytes(bytes, id as usize),
-                &mut s.h[..e],
-            )
-            .map_err(kernel("nextn embedding"))?;
-            let row = &mut s.mtp_cat[t * 2 * e..(t + 1) * 2 * e];
-            let (re, rh) = row.split_at_mut(e);
-            ops::rms_norm(&s.h[..e], &m.enorm, c.rms_eps, re).map_err(kernel("nextn.enorm"))?;
-            ops::rms_norm(&hidden[t * e..(t + 1) * e], &m.hnorm, c.rms_eps, rh)
-                .map_err(kernel("nextn.hnorm"))?;
-        }
-        mm(pool, &m.eh_proj, bytes, &s.mtp_cat, n, &mut s.x[..n * e])?;
-
-        let layer = &m.layer;
-        let LayerKind::Attention(a) = &layer.kind else {
-            return Err(ModelError::Invalid(
-                "the MTP layer is not an attention layer".into(),
-            ));
-        };
-        let mut laps = Laps::new(None);
-        ops::rms_norm(
-            &s.x[..n * e],
-            &layer.attn_norm,
-            c.rms_eps,
-            &mut s.h[..n * e],
-        )
-        .map_err(kernel("nextn attn_norm"))?;
+        m.input(ctx, &self.tok_embd, hidden, next, s)?;
         let idx0 = cache.n_entries();
-        self.attn_block(pool, a, cache.kv_mut(), idx0, pos0, n, s, &mut laps)?;
-        cache.commit_entries(pos0, n);
-        ops::add_inplace(&mut s.x[..n * e], &s.o[..n * e]).map_err(kernel("residual"))?;
-        ops::rms_norm(
-            &s.x[..n * e],
-            &layer.post_attn_norm,
-            c.rms_eps,
-            &mut s.h[..n * e],
-        )
-        .map_err(kernel("nextn post_attention_norm"))?;
-        let f = c.n_ff;
-        let buf = MlpBuffers {
-            gate: &mut s.ffn_gate[..n * f],
-            up: &mut s.ffn_up[..n * f],
-            act: &mut s.act[..n * f],
-            out: &mut s.o[..n * e],
+        let mut io = LayerIo {
+            kv: cache.kv_mut(),
+            rec: None,
+            pos0: idx0,
+            rope0: pos0,
         };
-        layer.mlp.forward(pool, bytes, &s.h[..n * e], n, buf)?;
-        ops::add_inplace(&mut s.x[..n * e], &s.o[..n * e]).map_err(kernel("residual"))?;
-
-        let norm = m.shared_head_norm.as_deref().unwrap_or(&self.output_norm);
-        ops::rms_norm(
-            &s.x[(n - 1) * e..n * e],
-            norm,
-            c.rms_eps,
-            &mut s.mtp_hidden[..e],
-        )
-        .map_err(kernel("nextn.shared_head_norm"))?;
+        m.layer.forward(ctx, &mut io, n, s, &mut Laps::new(None))?;
+        cache.commit_entries(pos0, n);
+        let norm = m.shared_head_norm.as_ref().unwrap_or(self.head.norm());
+        norm.forward(&s.x[(n - 1) * e..n * e], &mut s.mtp_hidden[..e])?;
         let Some(head) = head else {
             return Ok(None);
         };
         let w = match (head, draft_head) {
             (MtpHead::Trimmed, Some(d)) => &d.output,
-            _ => &self.output,
+            _ => self.head.output(),
         };
         s.mtp_logits.resize(w.rows, 0.0);
-        mm(pool, w, bytes, &s.mtp_hidden, 1, &mut s.mtp_logits)?;
+        mm(pool, w, ctx.bytes, &s.mtp_hidden, 1, &mut s.mtp_logits)?;
         Ok(Some(&s.mtp_logits[..w.rows]))
     }
 
     /// The original token id of row `row` of the head `head` (the identity for the full head;
     /// the trimmed head's id list otherwise). `None` for a row outside the head.
-    pub fn mtp_token_id(&self, head: MtpHead, row: u32) -> Option<u32> {
+    pub(super) fn mtp_row_id(&self, head: MtpHead, row: u32) -> Option<u32> {
         match head {
             MtpHead::Full => ((row as usize) < self.cfg.n_vocab).then_some(row),
             MtpHead::Trimmed => self
@@ -319,4 +256,38 @@ impl Qwen35Model {
                 .and_then(|d| d.ids.get(row as usize).copied()),
         }
     }
+}
+
+/// The checks of an MTP pass of `n` rows at `pos0` with `hidden` `[n, e]`, before anything
+/// runs.
+///
+/// Errors: [`ModelError::Invalid`] for mismatched lengths or entries that cannot be
+/// appended; [`ModelError::BatchTooLarge`] over `max` rows.
+fn check_mtp_pass(
+    cache: &MtpCache,
+    pos0: usize,
+    hidden: &[f32],
+    n: usize,
+    e: usize,
+    max: usize,
+) -> Result<(), ModelError> {
+    if n == 0 || hidden.len() != n * e {
+        return Err(ModelError::Invalid(format!(
+            "MTP pass: {n} tokens and {} hidden values (need n > 0 and n × {e})",
+            hidden.len()
+        )));
+    }
+    if n > max {
+        return Err(ModelError::BatchTooLarge { n, max });
+    }
+    if !cache.can_append(pos0, n) {
+        return Err(ModelError::Invalid(format!(
+            "MTP pass at positions {pos0}..{}: the MTP cache holds {} of {} entries, the last at {:?}",
+            pos0 + n,
+            cache.n_entries(),
+            cache.n_ctx(),
+            cache.positions().last()
+        )));
+    }
+    Ok(())
 }

@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 TANDEM_MODEL="$(tools/fetch_model.sh)"
 export TANDEM_MODEL
 export TANDEM_CORPUS="${TANDEM_CORPUS:-$(cd .. && pwd)/shared/corpus/raw}"
+tools/check_structure.sh
 cargo test --workspace --locked "$@"
 cargo build -p device-worker -p agent-gateway --locked
 tools/test_python.sh

@@ -153,7 +153,18 @@ pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
         }
     }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-    let (p, d, dd) = (mean(&pp), mean(&tg), mean(&tg_depth));
+    print_speed(cfg, &path, [mean(&pp), mean(&tg), mean(&tg_depth)], &profile, reps);
+    Ok(())
+}
+
+/// Prints the pp / tg / tg-at-depth rates (tokens/s) and the prefill profile as JSON or text.
+fn print_speed(
+    cfg: &BenchOptions,
+    path: &std::path::Path,
+    [p, d, dd]: [f64; 3],
+    profile: &[(&str, f64, f64)],
+    reps: usize,
+) {
     if cfg.json {
         println!(
             "{}",
@@ -190,7 +201,7 @@ pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
                 cfg.prompt_tokens
             );
             println!("| op | ms per run | share |\n|---|---:|---:|");
-            for (op, secs, share) in &profile {
+            for (op, secs, share) in profile {
                 println!(
                     "| {op} | {:.1} | {:.1}% |",
                     secs * 1e3 / reps as f64,
@@ -199,7 +210,6 @@ pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
             }
         }
     }
-    Ok(())
 }
 
 /// `--rollback-ablation`: plain vs rollback-aware vs per-token prefill of `prompt`.
@@ -385,15 +395,43 @@ fn mtp_overhead(
         }
         draft_ms.push((name, rows, secs * 1e3 / drafted.max(1) as f64));
     }
-    let (decode_ms, verify_ms) = (
-        decode_s * 1e3 / rounds as f64,
-        verify_s * 1e3 / rounds as f64,
-    );
+    let m = MtpOverheadRun {
+        prompt_tokens: prompt.len(),
+        n_tok,
+        plain_s,
+        fill_s,
+        decode_ms: decode_s * 1e3 / rounds as f64,
+        verify_ms: verify_s * 1e3 / rounds as f64,
+        draft_ms,
+    };
+    print_mtp_overhead(cfg, &m, reps, rounds);
+    Ok(())
+}
+
+/// What `--mtp-overhead` measured.
+struct MtpOverheadRun {
+    prompt_tokens: usize,
+    /// Prompt tokens over all prefill repetitions.
+    n_tok: f64,
+    /// Prefill seconds without and with the MTP KV fill.
+    plain_s: f64,
+    fill_s: f64,
+    /// One decode pass and one verification pass of 1 + n_draft tokens, ms.
+    decode_ms: f64,
+    verify_ms: f64,
+    /// Per MTP head: (name, rows, ms per drafted token).
+    draft_ms: Vec<(&'static str, usize, f64)>,
+}
+
+/// Prints `--mtp-overhead`'s measurements as JSON or as a table.
+fn print_mtp_overhead(cfg: &BenchOptions, m: &MtpOverheadRun, reps: usize, rounds: usize) {
+    let MtpOverheadRun { n_tok, plain_s, fill_s, decode_ms, verify_ms, .. } = *m;
+    let draft_ms = &m.draft_ms;
     if cfg.json {
         println!(
             "{}",
             serde_json::json!({
-                "prompt_tokens": prompt.len(), "threads": cfg.threads, "n_draft": cfg.n_draft,
+                "prompt_tokens": m.prompt_tokens, "threads": cfg.threads, "n_draft": cfg.n_draft,
                 "prefill_tokens_per_s": n_tok / plain_s,
                 "prefill_mtp_fill_tokens_per_s": n_tok / fill_s,
                 "decode_pass_ms": decode_ms, "verify_pass_ms": verify_ms,
@@ -402,11 +440,11 @@ fn mtp_overhead(
                 })).collect::<Vec<_>>(),
             })
         );
-        return Ok(());
+        return;
     }
     println!(
         "MTP overhead: prompt {} tokens, n_draft {}, {} threads, kernels {}, {reps} prefill runs, {rounds} rounds",
-        prompt.len(),
+        m.prompt_tokens,
         cfg.n_draft,
         cfg.threads,
         dsp::backend::select().name()
@@ -427,11 +465,10 @@ fn mtp_overhead(
         cfg.n_draft,
         verify_ms / decode_ms
     );
-    for (name, rows, ms) in &draft_ms {
+    for (name, rows, ms) in draft_ms {
         println!(
             "| MTP draft token, {name} ({rows} rows) | {ms:.2} ms | {:.3}x decode |",
             ms / decode_ms
         );
     }
-    Ok(())
 }

@@ -137,6 +137,9 @@ pub enum ApiError {
     /// A field has a value the endpoint does not accept (400); `param` names the field.
     #[error("{param}: expected {expected}, found {found}")]
     InvalidParam { param: &'static str, expected: &'static str, found: String },
+    /// The body is longer than [`crate::http::MAX_BODY_BYTES`] (413).
+    #[error("request body is larger than {limit} bytes")]
+    BodyTooLarge { limit: usize },
     /// No route for this method and path (404).
     #[error("unknown endpoint {method} {path}; served: POST /v1/chat/completions, GET /v1/models, GET /health")]
     NotFound { method: String, path: String },
@@ -158,6 +161,7 @@ impl ApiError {
         match self {
             ApiError::BadJson(_) | ApiError::InvalidParam { .. } => 400,
             ApiError::NotFound { .. } => 404,
+            ApiError::BodyTooLarge { .. } => 413,
             ApiError::Worker { code, .. } => match code {
                 tonic::Code::InvalidArgument | tonic::Code::OutOfRange => 400,
                 tonic::Code::ResourceExhausted => 429,
@@ -174,9 +178,20 @@ impl ApiError {
     /// `rate_limit_error` for 429, `server_error` otherwise.
     pub fn error_type(&self) -> &'static str {
         match self.http_status() {
-            400 | 404 => "invalid_request_error",
+            400 | 404 | 413 => "invalid_request_error",
             429 => "rate_limit_error",
             _ => "server_error",
+        }
+    }
+
+    /// Seconds a client should wait before retrying (the `Retry-After` header): 1 for 429
+    /// (the worker's queue is full: a slot frees within a step), 5 for 503 (a worker is
+    /// restarting or reloading its model); `None` for errors a retry does not cure.
+    pub fn retry_after_s(&self) -> Option<u32> {
+        match self.http_status() {
+            429 => Some(1),
+            503 => Some(5),
+            _ => None,
         }
     }
 
@@ -190,6 +205,7 @@ impl ApiError {
             ApiError::BadJson(_) => "invalid_json",
             ApiError::InvalidParam { .. } => "invalid_value",
             ApiError::NotFound { .. } => "unknown_url",
+            ApiError::BodyTooLarge { .. } => "request_too_large",
             ApiError::Worker { .. } | ApiError::WorkerStreamEnded { .. } => "worker_error",
             ApiError::NoWorker(_) => "no_worker",
         };

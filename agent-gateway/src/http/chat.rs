@@ -25,7 +25,19 @@ type WorkerStream = tonic::Streaming<spb::GenerateEvent>;
 /// The handler. Errors before the first byte are OpenAI error JSON with a 4xx/5xx status;
 /// errors during a stream are one `data: {"error": {...}}` event, after which the stream ends
 /// without `[DONE]`.
-pub async fn chat_completions(State(state): State<HttpState>, headers: HeaderMap, body: Bytes) -> Response {
+pub async fn chat_completions(
+    State(state): State<HttpState>,
+    headers: HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    // Over the body limit: OpenAI error JSON (axum's own rejection is plain text).
+    let body = match body {
+        Ok(b) => b,
+        Err(r) if r.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE => {
+            return ApiError::BodyTooLarge { limit: super::MAX_BODY_BYTES }.into_response()
+        }
+        Err(r) => return ApiError::BadJson(r.body_text()).into_response(),
+    };
     match run(state, headers, body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),

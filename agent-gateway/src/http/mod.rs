@@ -113,7 +113,11 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         tracing::info!(status = status.as_u16(), error = %self, "HTTP request failed");
-        json_response(status, &self.to_json())
+        let mut resp = json_response(status, &self.to_json());
+        if let Some(s) = self.retry_after_s() {
+            resp.headers_mut().insert(axum::http::header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        resp
     }
 }
 
@@ -128,4 +132,50 @@ pub(crate) fn unique_id(prefix: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros()).unwrap_or(0);
     format!("{prefix}-{t:x}-{}", N.fetch_add(1, Ordering::Relaxed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower::ServiceExt;
+
+    fn state() -> HttpState {
+        HttpState { router: Router::new(&["http://127.0.0.1:1".to_string()]).unwrap(), metrics: None }
+    }
+
+    async fn json_of(resp: Response) -> serde_json::Value {
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+        serde_json::from_slice(&bytes).expect("an OpenAI error object")
+    }
+
+    /// A body over the limit is refused before it is parsed, as OpenAI error JSON (axum's own
+    /// rejection would be plain text).
+    #[tokio::test]
+    async fn an_oversized_body_is_a_413_with_openai_error_json() {
+        let body = vec![b' '; MAX_BODY_BYTES + 1];
+        let req = axum::http::Request::post("/v1/chat/completions")
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(body))
+            .unwrap();
+        let resp = app(state()).oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), 413);
+        assert_eq!(resp.headers()["content-type"], "application/json");
+        let v = json_of(resp).await;
+        assert_eq!(v["error"]["code"], "request_too_large", "{v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+    }
+
+    /// 429 and 503 tell the client when to retry; other errors do not.
+    #[tokio::test]
+    async fn retryable_errors_carry_retry_after() {
+        let worker = |code| ApiError::Worker { worker: "w".into(), code, message: "m".into() };
+        let busy = worker(tonic::Code::ResourceExhausted).into_response();
+        assert_eq!((busy.status().as_u16(), &busy.headers()["retry-after"]), (429, &HeaderValue::from(1)));
+        let down = ApiError::NoWorker("none".into()).into_response();
+        assert_eq!((down.status().as_u16(), &down.headers()["retry-after"]), (503, &HeaderValue::from(5)));
+        let bad = worker(tonic::Code::InvalidArgument).into_response();
+        assert_eq!(bad.status(), 400);
+        assert!(bad.headers().get("retry-after").is_none());
+        assert_eq!(json_of(busy).await["error"]["type"], "rate_limit_error");
+    }
 }

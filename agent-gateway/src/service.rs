@@ -170,7 +170,10 @@ pub async fn serve_with_auth(
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(AgentServiceServer::new(AgentServiceImpl::new(runner)))
+        .add_service(
+            AgentServiceServer::new(AgentServiceImpl::new(runner))
+                .max_decoding_message_size(tandem_proto::MAX_MESSAGE_BYTES),
+        )
         .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
         .await
         .map_err(|e| GatewayError::Config(format!("gRPC server: {e}")))

@@ -29,6 +29,8 @@ pub enum WorkerError {
     EmptyPrompt,
     #[error("the prompt has {n_tokens} tokens; the context holds {n_ctx} (prompt + at least one output token)")]
     PromptTooLong { n_tokens: usize, n_ctx: usize },
+    #[error("the prompt has {n_bytes} bytes of text, at least {min_tokens} tokens; the context holds {n_ctx} (refused before tokenizing)")]
+    PromptTextTooLong { n_bytes: usize, min_tokens: usize, n_ctx: usize },
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     #[error("the request queue is full; retry later")]
@@ -70,6 +72,7 @@ impl WorkerError {
         match self {
             Self::EmptyPrompt
             | Self::PromptTooLong { .. }
+            | Self::PromptTextTooLong { .. }
             | Self::InvalidRequest(_)
             | Self::Tokenizer(_)
             | Self::Template(_) => ErrorClass::InvalidArgument,

@@ -310,3 +310,25 @@ async fn reflection_lists_the_services_and_health_reports_serving() {
     }
     assert_eq!(status, serving);
 }
+
+/// A hostile 3 MB prompt is refused from its length alone, before it is tokenized (bounded
+/// work and memory per request), for raw text and for chat messages; the worker keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_prompt_is_refused_before_tokenizing() {
+    let Some(model) = model_path() else { return };
+    let mut w = start_worker(config(model)).await;
+    let huge = "tap the button ".repeat(200_000);
+    let text = pb::GenerateRequest {
+        prompt: Some(pb::generate_request::Prompt::Text(huge.clone())),
+        max_tokens: 4,
+        ..Default::default()
+    };
+    for req in [text, chat("", SYSTEM, &huge, 4)] {
+        let err = generate(&mut w.client, req).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains("refused before tokenizing"), "{}", err.message());
+        assert!(err.message().contains("bytes of text"), "{}", err.message());
+    }
+    let ok = generate(&mut w.client, chat("", SYSTEM, "hi", 2)).await.expect("still serving");
+    assert!(ok.done.is_some());
+}

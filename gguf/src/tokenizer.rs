@@ -438,6 +438,15 @@ impl Tokenizer {
     }
 
     /// Number of tokens in the GGUF vocabulary.
+    /// The longest token, in bytes of text (special tokens by their text). A text of `n`
+    /// bytes encodes to at least `n / max_token_bytes()` tokens (byte-level BPE has no
+    /// normaliser that shortens text), which lets a caller refuse an over-long prompt before
+    /// tokenizing it.
+    pub fn max_token_bytes(&self) -> usize {
+        let special = self.special_texts.iter().map(String::len);
+        self.bytes.iter().map(Vec::len).chain(special).max().unwrap_or(1).max(1)
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.texts.len()
     }

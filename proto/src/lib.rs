@@ -19,3 +19,10 @@ pub mod agent {
 
 /// Encoded `FileDescriptorSet` of every tandem proto, for `tonic-reflection`.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("tandem_descriptor");
+
+/// The one request-size budget of the whole path, in bytes: the largest gRPC message either
+/// server decodes (StepService, AgentService; tonic's default, stated here once) and the
+/// gateway's HTTP body limit, so whatever the HTTP endpoint accepts also fits the gRPC hop to
+/// the worker (a JSON chat request is never smaller than its protobuf form). Inside it, the
+/// worker refuses a prompt whose text alone is over the context before tokenizing it.
+pub const MAX_MESSAGE_BYTES: usize = 4 << 20;

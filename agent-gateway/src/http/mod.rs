@@ -29,8 +29,10 @@ use crate::worker::Router;
 /// Header naming the episode a request belongs to.
 pub const EPISODE_HEADER: &str = "x-episode-id";
 
-/// Largest request body accepted, in bytes (screens with hundreds of controls fit easily).
-pub const MAX_BODY_BYTES: usize = 16 << 20;
+/// Largest request body accepted, in bytes: the path's one budget,
+/// [`tandem_proto::MAX_MESSAGE_BYTES`] (screens with hundreds of controls fit easily; a
+/// larger body would only fail at the gRPC hop to the worker).
+pub const MAX_BODY_BYTES: usize = tandem_proto::MAX_MESSAGE_BYTES;
 
 /// Shared state of the HTTP handlers.
 #[derive(Clone)]

@@ -27,10 +27,32 @@ pub struct Admission {
 }
 
 impl Admission {
+    /// Refuses a text or chat prompt whose text alone proves it over the context, before it
+    /// is tokenized (so a hostile 3 MB prompt costs a length check, not a second of
+    /// tokenization and its memory): `n` bytes are at least `n / max_token_bytes` tokens.
+    ///
+    /// Errors: [`WorkerError::PromptTextTooLong`].
+    fn check_text_length(&self, req: &pb::GenerateRequest) -> Result<(), WorkerError> {
+        let n_bytes = match &req.prompt {
+            Some(pb::generate_request::Prompt::Text(t)) => t.len(),
+            Some(pb::generate_request::Prompt::Chat(c)) => c.messages.iter().map(|m| m.content.len()).sum(),
+            _ => return Ok(()),
+        };
+        let min_tokens = n_bytes / self.tokenizer.max_token_bytes();
+        if min_tokens >= self.n_ctx {
+            return Err(WorkerError::PromptTextTooLong {
+                n_bytes,
+                min_tokens,
+                n_ctx: self.n_ctx,
+            });
+        }
+        Ok(())
+    }
+
     /// Renders and tokenizes the prompt, checks it fits the context, compiles the JSON schema.
     ///
     /// Errors (all map to INVALID_ARGUMENT): [`WorkerError::EmptyPrompt`],
-    /// [`WorkerError::PromptTooLong`], [`WorkerError::InvalidRequest`] (unknown token ids,
+    /// [`WorkerError::PromptTooLong`], [`WorkerError::PromptTextTooLong`], [`WorkerError::InvalidRequest`] (unknown token ids,
     /// bad sampling), constraint errors for an invalid schema, template errors.
     pub fn admit(
         &self,
@@ -39,6 +61,7 @@ impl Admission {
     ) -> Result<EngineRequest, WorkerError> {
         let enqueued_at = Instant::now();
         let mut last_user_start = None;
+        self.check_text_length(&req)?;
         let prompt = match req.prompt {
             None => return Err(WorkerError::EmptyPrompt),
             Some(pb::generate_request::Prompt::Chat(chat)) => {

@@ -29,8 +29,9 @@ impl StepServiceImpl {
         Self { engine }
     }
 
+    /// The tonic service, decoding requests up to [`tandem_proto::MAX_MESSAGE_BYTES`].
     pub fn into_server(self) -> StepServiceServer<Self> {
-        StepServiceServer::new(self)
+        StepServiceServer::new(self).max_decoding_message_size(tandem_proto::MAX_MESSAGE_BYTES)
     }
 }
 

@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use agent_gateway::corpus::{default_corpus_root, load_episodes};
+use agent_gateway::corpus::load_episodes;
 use model_tools::draft_vocab::{run, DraftVocabArgs, DraftVocabError, DraftVocabSummary};
 use gguf::reader::GgufFile;
 use gguf::tokenizer::{token_type, Tokenizer};
@@ -33,14 +33,14 @@ fn draft(
         model: model.to_path_buf(),
         out: out.to_path_buf(),
         top,
-        corpus: default_corpus_root(),
+        corpus: test_support::corpus_dir(),
         force,
     })
 }
 
 /// Corpus output token counts, computed here from the recorded actions.
 fn corpus_counts(tok: &Tokenizer) -> HashMap<u32, u64> {
-    let episodes = load_episodes(&default_corpus_root()).expect("corpus");
+    let episodes = load_episodes(&test_support::corpus_dir()).expect("corpus");
     let mut counts = HashMap::new();
     for a in episodes
         .iter()

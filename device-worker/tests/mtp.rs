@@ -17,6 +17,7 @@ use device_worker::model::{Model, MtpHead, Scratch};
 use device_worker::speculative::mtp;
 use device_worker::state::mtp::MtpCache;
 use dsp::pool::ThreadPool;
+use test_support::max_abs_diff;
 
 /// F32 GGUF vs HF float32. The MTP block reads the main model's hidden states, which carry
 /// that model's own error (within 1e-3 in logits, `tests/qwen35.rs`: f16 KV cache, f32
@@ -127,13 +128,6 @@ impl Runner {
     }
 }
 
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
 
 /// Gap between the best and second-best logit.
 fn margin(l: &[f32]) -> f32 {

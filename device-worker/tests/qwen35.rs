@@ -16,6 +16,7 @@ use gguf::reader::GgufFile;
 use device_worker::model::{Model, Scratch};
 use device_worker::state::sequence::SequenceState;
 use dsp::pool::ThreadPool;
+use test_support::max_abs_diff;
 use tandem_proto::step::v1 as pb;
 
 /// F32 GGUF vs HF float32: llama.cpp itself is ~7e-4 away in log-prob on this fixture
@@ -149,13 +150,6 @@ impl Runner {
     }
 }
 
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
 
 /// Number of leading greedy steps whose decision cannot be flipped by an error of `tol` on
 /// each logit (margin > 2·tol); after the first fragile step the sequences may diverge.
@@ -247,11 +241,10 @@ fn greedy_tokens_and_first_logprobs_match_llama_cpp() {
                     run.gguf
                 );
             }
-            let d = theirs
-                .first_top_logprobs
-                .iter()
-                .map(|t| (lp[t.id as usize] - t.logprob).abs())
-                .fold(0.0, f64::max);
+            let ours: Vec<f64> =
+                theirs.first_top_logprobs.iter().map(|t| lp[t.id as usize]).collect();
+            let want: Vec<f64> = theirs.first_top_logprobs.iter().map(|t| t.logprob).collect();
+            let d = max_abs_diff(&ours, &want);
             eprintln!(
                 "{} case {i}: max |Δlogprob| vs llama.cpp (top-5) = {d:.2e}",
                 run.gguf

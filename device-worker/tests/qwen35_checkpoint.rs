@@ -29,6 +29,7 @@ use device_worker::state::kv::KvCache;
 use device_worker::state::recurrent::RecurrentState;
 use device_worker::state::sequence::SequenceState;
 use dsp::pool::ThreadPool;
+use test_support::max_abs_diff;
 
 /// Micro-batch size: the prompt's 130 tokens mix chunked (≥ 16 tokens) and recurrent GDN
 /// micro-batches once cut at a random position.
@@ -195,12 +196,6 @@ impl Runner {
     }
 }
 
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
 
 #[test]
 fn restore_at_20_random_positions_continues_bit_identically() {

@@ -58,6 +58,7 @@ pub fn untested(what: &str) {
     }
 }
 
+#[track_caller]
 fn missing(what: &str, path: &Path, how: &str) -> ! {
     panic!(
         "required test input missing: {what} {} not found; {how}",
@@ -80,6 +81,7 @@ pub fn model_location() -> PathBuf {
 }
 
 /// The real SmolLM2 model (required): fails the test when the file is missing.
+#[track_caller]
 pub fn model_path() -> PathBuf {
     let p = model_location();
     if !p.is_file() {
@@ -95,6 +97,7 @@ pub fn model_path() -> PathBuf {
 
 /// The real model for a test that may be skipped: `None` (with an `UNTESTED` line) when the
 /// file is missing, unless `TANDEM_REQUIRE_INPUTS=1`, where it fails like [`model_path`].
+#[track_caller]
 pub fn optional_model_path() -> Option<PathBuf> {
     let p = model_location();
     if p.is_file() {
@@ -119,6 +122,7 @@ pub fn corpus_location() -> PathBuf {
 }
 
 /// The corpus root (required): fails the test when it is not a folder.
+#[track_caller]
 pub fn corpus_dir() -> PathBuf {
     let p = corpus_location();
     if !p.is_dir() {
@@ -129,6 +133,7 @@ pub fn corpus_dir() -> PathBuf {
 
 /// A committed fixture file or folder (required): fails the test, saying how the fixture is
 /// made (`how`), when `path` does not exist.
+#[track_caller]
 pub fn fixture(path: impl AsRef<Path>, how: &str) -> PathBuf {
     let p = path.as_ref();
     if !p.exists() {
@@ -178,6 +183,7 @@ pub fn cpuinfo_kernels() -> Vec<String> {
 
 /// A kernel backend for a conformance test: `backend` when available; when not, a failure if
 /// `name` is required ([`required_kernels`]), else `None` after an `UNTESTED` line.
+#[track_caller]
 pub fn kernel_backend<B>(name: &str, backend: Option<B>) -> Option<B> {
     if backend.is_some() {
         return backend;

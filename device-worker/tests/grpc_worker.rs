@@ -185,25 +185,35 @@ async fn a_stream_dropped_mid_prefill_cancels_and_the_next_request_runs() {
         .unwrap()
         .into_inner();
     drop(stream);
-
     let t = std::time::Instant::now();
+
+    // The engine publishes its slots when a request ends, so the cancelled request's slot
+    // shows up in Status once it stopped (and before another request can take the slot over
+    // for its shared prefix, as the next one would). It must show up: it holds what was
+    // cached of the prompt.
+    let s = loop {
+        let status = w
+            .client
+            .status(pb::StatusRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        if let Some(s) = status.slots.iter().find(|s| s.session_id == "cancel-me") {
+            break s.clone();
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(60),
+            "no slot of the cancelled session in Status after 60 s: {:?}",
+            status.slots
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
     let next = generate(&mut w.client, chat("other", SYSTEM, "hi", 3))
         .await
         .expect("next request");
     assert!(next.done.is_some());
-    let status = w
-        .client
-        .status(pb::StatusRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    // The cancelled request's slot is listed (it holds what was cached of its prompt), and it
-    // stopped before finishing its prompt.
-    let s = status
-        .slots
-        .iter()
-        .find(|s| s.session_id == "cancel-me")
-        .unwrap_or_else(|| panic!("no slot of the cancelled session in Status: {:?}", status.slots));
+    eprintln!("next request served {:?} after the drop", t.elapsed());
+    // The cancelled request stopped before finishing its prompt.
     let full = generate(
         &mut w.client,
         pb::GenerateRequest {
@@ -221,7 +231,6 @@ async fn a_stream_dropped_mid_prefill_cancels_and_the_next_request_runs() {
         "cached {} of {full}: the prefill was not cancelled",
         s.cached_tokens
     );
-    eprintln!("next request served {:?} after the drop", t.elapsed());
 
     // A stream dropped after the first token also cancels decode.
     let mut s = w

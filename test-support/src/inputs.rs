@@ -218,4 +218,23 @@ mod tests {
     fn an_available_backend_is_returned() {
         assert_eq!(kernel_backend("scalar", Some(7)), Some(7));
     }
+
+    /// The only test here that touches the environment (the others never read it).
+    #[test]
+    fn a_missing_backend_is_untested_unless_required() {
+        std::env::remove_var(REQUIRE_INPUTS_ENV);
+        std::env::set_var(REQUIRE_KERNELS_ENV, "avx2");
+        assert_eq!(kernel_backend::<u8>("avx9000", None), None, "not required: UNTESTED");
+        std::env::set_var(REQUIRE_KERNELS_ENV, "avx2, AVX9000");
+        let err = std::panic::catch_unwind(|| kernel_backend::<u8>("avx9000", None))
+            .expect_err("a required backend that is missing fails");
+        let msg = err.downcast_ref::<String>().expect("a formatted message");
+        assert!(msg.contains("required kernel backend avx9000 is not available"), "{msg}");
+        // Unset under TANDEM_REQUIRE_INPUTS=1: the backends the CPU flags allow.
+        std::env::remove_var(REQUIRE_KERNELS_ENV);
+        std::env::set_var(REQUIRE_INPUTS_ENV, "1");
+        assert_eq!(required_kernels(), cpuinfo_kernels());
+        std::env::remove_var(REQUIRE_INPUTS_ENV);
+        assert!(required_kernels().is_empty());
+    }
 }

@@ -49,10 +49,12 @@ struct MtpRef {
     argmax: u32,
 }
 
+/// A committed fixture of `tests/fixtures/qwen35` (a required input).
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/qwen35")
-        .join(name)
+    test_support::fixture(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen35").join(name),
+        "committed in device-worker/tests/fixtures/qwen35 (made by tools/fixtures/, see its README.md)",
+    )
 }
 
 fn reference() -> Reference {

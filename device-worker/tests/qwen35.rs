@@ -79,15 +79,23 @@ fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen35")
 }
 
+/// A committed fixture of `tests/fixtures/qwen35` (a required input).
+fn fixture(name: &str) -> PathBuf {
+    test_support::fixture(
+        fixture_dir().join(name),
+        "committed in device-worker/tests/fixtures/qwen35 (made by tools/fixtures/, see its README.md)",
+    )
+}
+
 fn reference() -> Reference {
     serde_json::from_slice(
-        &std::fs::read(fixture_dir().join("reference.json")).expect("reference.json"),
+        &std::fs::read(fixture("reference.json")).expect("reference.json"),
     )
     .expect("reference.json parses")
 }
 
 fn load(name: &str) -> Model {
-    let file = Arc::new(GgufFile::open(&fixture_dir().join(name)).expect("fixture GGUF opens"));
+    let file = Arc::new(GgufFile::open(&fixture(name)).expect("fixture GGUF opens"));
     let m = Model::load(file).expect("qwen35 fixture loads");
     assert_eq!(m.architecture(), "qwen35");
     m
@@ -353,7 +361,7 @@ fn token_request(session: &str, ids: &[u32], max_tokens: u32) -> pb::GenerateReq
 async fn grpc_worker_serves_qwen35_and_reuses_prefix_only_at_full_length() {
     let r = reference();
     let case = &r.cases[1];
-    let path = fixture_dir().join("tiny-qwen35-f32.gguf");
+    let path = fixture("tiny-qwen35-f32.gguf");
     let mut expect = Runner::new("tiny-qwen35-f32.gguf", 256);
     let mut cfg = config(path);
     cfg.ctx_size = 512;

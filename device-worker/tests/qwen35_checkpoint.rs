@@ -57,10 +57,18 @@ fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen35")
 }
 
+/// A committed fixture of `tests/fixtures/qwen35` (a required input).
+fn fixture(name: &str) -> PathBuf {
+    test_support::fixture(
+        fixture_dir().join(name),
+        "committed in device-worker/tests/fixtures/qwen35 (made by tools/fixtures/, see its README.md)",
+    )
+}
+
 /// The longest reference prompt (130 tokens) and its reference greedy continuation.
 fn longest_case() -> Case {
     let r: Reference = serde_json::from_slice(
-        &std::fs::read(fixture_dir().join("reference.json")).expect("reference.json"),
+        &std::fs::read(fixture("reference.json")).expect("reference.json"),
     )
     .expect("reference.json parses");
     r.cases
@@ -103,7 +111,7 @@ struct Continuation {
 impl Runner {
     fn new() -> Self {
         let file = Arc::new(
-            GgufFile::open(&fixture_dir().join("tiny-qwen35-f32.gguf")).expect("fixture opens"),
+            GgufFile::open(&fixture("tiny-qwen35-f32.gguf")).expect("fixture opens"),
         );
         let model = Model::load(file).expect("qwen35 fixture loads");
         let scratch = model.new_scratch(N_BATCH);

@@ -24,10 +24,12 @@ const ROW_TOL: f32 = 0.0;
 /// Chunked vs per-token GDN forms round differently (tests/qwen35.rs `SPLIT_LOGIT_TOL`).
 const CHUNKED_TOL: f32 = 2e-4;
 
+/// A committed fixture of `tests/fixtures/qwen35` (a required input).
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/qwen35")
-        .join(name)
+    test_support::fixture(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen35").join(name),
+        "committed in device-worker/tests/fixtures/qwen35 (made by tools/fixtures/, see its README.md)",
+    )
 }
 
 struct Run {

@@ -19,8 +19,12 @@ const FIXTURES: &str = concat!(
 const TENSOR: &str = "blk.4.nextn.draft_output.weight";
 const KEY: &str = "qwen35.nextn_draft_token_ids";
 
+/// A committed fixture of `device-worker/tests/fixtures/qwen35` (a required input).
 fn fixture(name: &str) -> PathBuf {
-    Path::new(FIXTURES).join(name)
+    test_support::fixture(
+        Path::new(FIXTURES).join(name),
+        "committed in device-worker/tests/fixtures/qwen35 (made by tools/fixtures/, see its README.md)",
+    )
 }
 
 fn draft(

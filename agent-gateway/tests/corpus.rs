@@ -6,8 +6,10 @@ use agent_gateway::action::{parse_action, Action};
 use agent_gateway::corpus::{load_episode, load_episodes, scan_corpus, ObservationSource};
 use agent_gateway::error::CorpusError;
 
+/// The corpus root (`TANDEM_CORPUS`, else `<repo>/../shared/corpus/raw`): a required input,
+/// the test fails when it is missing.
 fn corpus() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/raw")
+    test_support::corpus_dir()
 }
 
 #[test]

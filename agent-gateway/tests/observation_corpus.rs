@@ -9,8 +9,10 @@ use agent_gateway::observation::{
     parse_android_world, parse_android_world_repr, parse_uiautomator, parse_uiautomator_bytes, Screen,
 };
 
+/// The corpus root (`TANDEM_CORPUS`, else `<repo>/../shared/corpus/raw`): a required input,
+/// the test fails when it is missing.
 fn corpus() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/raw")
+    test_support::corpus_dir()
 }
 
 

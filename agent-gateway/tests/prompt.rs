@@ -1,15 +1,17 @@
 //! The agent prompt: fixed section order, shared prefixes between consecutive steps, the
 //! history window, caps, and that every example in the rules is a valid action.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use agent_gateway::action::{parse_action, ACTION_TYPES};
 use agent_gateway::corpus::load_episode;
 use agent_gateway::observation::{Control, Screen};
 use agent_gateway::prompt::{build_prompt, PromptInput, HISTORY_WINDOW, MAX_CONTROLS, RULES};
 
+/// The corpus root (`TANDEM_CORPUS`, else `<repo>/../shared/corpus/raw`): a required input,
+/// the test fails when it is missing.
 fn corpus() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/raw")
+    test_support::corpus_dir()
 }
 
 fn common_prefix_len(a: &str, b: &str) -> usize {

@@ -13,12 +13,13 @@ const CLICK_SCHEMA: &str = r#"{"type":"object","properties":{"action_type":{"con
 /// Steps before a drive is declared non-terminating.
 const MAX_STEPS: usize = 200;
 
-fn setup(test: &str) -> Option<(Tokenizer, ConstraintFactory)> {
-    let path = model_path(test)?;
-    let g = GgufFile::open(&path).expect("model opens");
+/// The default model's tokenizer and a constraint factory over it (the model is a required
+/// input).
+fn setup() -> (Tokenizer, ConstraintFactory) {
+    let g = GgufFile::open(&model_path()).expect("model opens");
     let tok = Tokenizer::from_gguf(&g).expect("tokenizer");
     let f = ConstraintFactory::new(&tok).expect("factory");
-    Some((tok, f))
+    (tok, f)
 }
 
 /// Runs the lead's decoding loop with `choose` picking among the allowed ids; returns the
@@ -68,9 +69,7 @@ fn check_click(text: &str) {
 
 #[test]
 fn lowest_id_drive_terminates_with_valid_json() {
-    let Some((tok, f)) = setup("lowest_id_drive_terminates_with_valid_json") else {
-        return;
-    };
+    let (tok, f) = setup();
     let mut c = f.json_schema(CLICK_SCHEMA).expect("schema compiles");
     // Prefer the lowest allowed id that is not an end-of-generation token, so the drive only
     // stops when the grammar itself is complete.
@@ -95,9 +94,7 @@ fn lowest_id_drive_terminates_with_valid_json() {
 
 #[test]
 fn highest_id_drive_also_yields_valid_json() {
-    let Some((tok, f)) = setup("highest_id_drive_also_yields_valid_json") else {
-        return;
-    };
+    let (tok, f) = setup();
     let mut c = f.json_schema(CLICK_SCHEMA).expect("schema compiles");
     let mut steps = 0;
     let ids = drive(&mut c, &tok, |allowed| {
@@ -116,11 +113,7 @@ fn highest_id_drive_also_yields_valid_json() {
 
 #[test]
 fn model_style_tokenization_is_accepted_and_wrong_tokens_are_rejected() {
-    let Some((tok, f)) =
-        setup("model_style_tokenization_is_accepted_and_wrong_tokens_are_rejected")
-    else {
-        return;
-    };
+    let (tok, f) = setup();
     let mut c = f.json_schema(CLICK_SCHEMA).expect("schema compiles");
 
     // Before anything: an object must start; a word or '[' cannot.
@@ -187,9 +180,7 @@ fn model_style_tokenization_is_accepted_and_wrong_tokens_are_rejected() {
 
 #[test]
 fn invalid_schemas_are_reported() {
-    let Some((_tok, f)) = setup("invalid_schemas_are_reported") else {
-        return;
-    };
+    let (_tok, f) = setup();
     match f.json_schema(r#"{"type": 12}"#) {
         Err(ConstraintError::InvalidSchema(msg)) => assert!(!msg.is_empty()),
         other => panic!("expected InvalidSchema, got {other:?}"),
@@ -202,9 +193,7 @@ fn invalid_schemas_are_reported() {
 
 #[test]
 fn masks_cover_the_vocabulary_and_apply_to_logits() {
-    let Some((tok, f)) = setup("masks_cover_the_vocabulary_and_apply_to_logits") else {
-        return;
-    };
+    let (tok, f) = setup();
     let mut c = f.json_schema(CLICK_SCHEMA).expect("schema compiles");
     let mask = c.allowed_tokens().expect("mask");
     let mut logits = vec![0.0f32; tok.vocab_size() + 16];
@@ -227,9 +216,7 @@ fn masks_cover_the_vocabulary_and_apply_to_logits() {
 /// paths (argmax allowed / not allowed) are taken many times.
 #[test]
 fn lazy_greedy_choice_equals_the_masked_argmax() {
-    let Some((tok, f)) = setup("lazy_greedy_choice_equals_the_masked_argmax") else {
-        return;
-    };
+    let (tok, f) = setup();
     let schema = r#"{"type":"object","properties":{"action_type":{"enum":["click","input_text","scroll"]},"index":{"type":"integer","minimum":0,"maximum":40},"text":{"type":"string","maxLength":12}},"required":["action_type","index"],"additionalProperties":false}"#;
     let n = tok.vocab_size() + 16;
     let mut x = 0x9E37_79B9_7F4A_7C15u64;

@@ -17,6 +17,7 @@ use device_worker::model::{Model, MtpHead};
 use device_worker::speculative::mtp;
 use device_worker::state::mtp::MtpCache;
 use dsp::pool::ThreadPool;
+use test_support::max_abs_diff;
 
 /// F32 GGUF vs HF float32. The MTP block reads the main model's hidden states, which carry
 /// that model's own error (within 1e-3 in logits, `tests/qwen35.rs`: f16 KV cache, f32
@@ -48,10 +49,12 @@ struct MtpRef {
     argmax: u32,
 }
 
+/// A committed fixture of `tests/fixtures/qwen35` (a required input).
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/qwen35")
-        .join(name)
+    test_support::fixture(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen35").join(name),
+        "committed in device-worker/tests/fixtures/qwen35 (made by tools/fixtures/, see its README.md)",
+    )
 }
 
 fn reference() -> Reference {
@@ -124,13 +127,6 @@ impl Runner {
     }
 }
 
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
 
 /// Gap between the best and second-best logit.
 fn margin(l: &[f32]) -> f32 {

@@ -54,7 +54,7 @@ const DEFAULT_MODEL_SHA256: &str =
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn greedy_tokens_equal_llama_cpp_on_corpus_prompts() {
-    let Some(model) = model_path() else { return };
+    let model = model_path();
     let fx = fixtures();
     assert!(
         fx.len() >= 3,
@@ -123,7 +123,7 @@ async fn greedy_tokens_equal_llama_cpp_on_corpus_prompts() {
 
 #[test]
 fn our_tokenizer_matches_llama_cpp_prompt_tokens() {
-    let Some(model) = model_path() else { return };
+    let model = model_path();
     let file = gguf::reader::GgufFile::open(&model).unwrap();
     let tok = gguf::tokenizer::Tokenizer::from_gguf(&file).unwrap();
     for (name, f) in fixtures() {

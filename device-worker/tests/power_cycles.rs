@@ -16,7 +16,7 @@ const CYCLES: usize = 400;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_hundred_release_cycles_give_identical_outputs() {
-    let Some(model) = model_path() else { return };
+    let model = model_path();
     let mut cfg = config(model);
     cfg.idle_release_ms = 2;
     cfg.power_backend = PowerBackendKind::Recording;

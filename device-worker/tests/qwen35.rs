@@ -16,6 +16,7 @@ use gguf::reader::GgufFile;
 use device_worker::model::Model;
 use device_worker::state::sequence::SequenceState;
 use dsp::pool::ThreadPool;
+use test_support::max_abs_diff;
 use tandem_proto::step::v1 as pb;
 
 /// F32 GGUF vs HF float32: llama.cpp itself is ~7e-4 away in log-prob on this fixture
@@ -78,15 +79,23 @@ fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen35")
 }
 
+/// A committed fixture of `tests/fixtures/qwen35` (a required input).
+fn fixture(name: &str) -> PathBuf {
+    test_support::fixture(
+        fixture_dir().join(name),
+        "committed in device-worker/tests/fixtures/qwen35 (made by tools/fixtures/, see its README.md)",
+    )
+}
+
 fn reference() -> Reference {
     serde_json::from_slice(
-        &std::fs::read(fixture_dir().join("reference.json")).expect("reference.json"),
+        &std::fs::read(fixture("reference.json")).expect("reference.json"),
     )
     .expect("reference.json parses")
 }
 
 fn load(name: &str) -> Model {
-    let file = Arc::new(GgufFile::open(&fixture_dir().join(name)).expect("fixture GGUF opens"));
+    let file = Arc::new(GgufFile::open(&fixture(name)).expect("fixture GGUF opens"));
     let m = Model::load(file).expect("qwen35 fixture loads");
     assert_eq!(m.architecture(), "qwen35");
     m
@@ -147,13 +156,6 @@ impl Runner {
     }
 }
 
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
 
 /// Number of leading greedy steps whose decision cannot be flipped by an error of `tol` on
 /// each logit (margin > 2·tol); after the first fragile step the sequences may diverge.
@@ -245,11 +247,10 @@ fn greedy_tokens_and_first_logprobs_match_llama_cpp() {
                     run.gguf
                 );
             }
-            let d = theirs
-                .first_top_logprobs
-                .iter()
-                .map(|t| (lp[t.id as usize] - t.logprob).abs())
-                .fold(0.0, f64::max);
+            let ours: Vec<f64> =
+                theirs.first_top_logprobs.iter().map(|t| lp[t.id as usize]).collect();
+            let want: Vec<f64> = theirs.first_top_logprobs.iter().map(|t| t.logprob).collect();
+            let d = max_abs_diff(&ours, &want);
             eprintln!(
                 "{} case {i}: max |Δlogprob| vs llama.cpp (top-5) = {d:.2e}",
                 run.gguf
@@ -358,7 +359,7 @@ fn token_request(session: &str, ids: &[u32], max_tokens: u32) -> pb::GenerateReq
 async fn grpc_worker_serves_qwen35_and_reuses_prefix_only_at_full_length() {
     let r = reference();
     let case = &r.cases[1];
-    let path = fixture_dir().join("tiny-qwen35-f32.gguf");
+    let path = fixture("tiny-qwen35-f32.gguf");
     let mut expect = Runner::new("tiny-qwen35-f32.gguf", 256);
     let mut cfg = config(path);
     cfg.ctx_size = 512;

@@ -29,6 +29,7 @@ use device_worker::state::kv::KvCache;
 use device_worker::state::recurrent::RecurrentState;
 use device_worker::state::sequence::SequenceState;
 use dsp::pool::ThreadPool;
+use test_support::max_abs_diff;
 
 /// Micro-batch size: the prompt's 130 tokens mix chunked (≥ 16 tokens) and recurrent GDN
 /// micro-batches once cut at a random position.
@@ -56,10 +57,18 @@ fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen35")
 }
 
+/// A committed fixture of `tests/fixtures/qwen35` (a required input).
+fn fixture(name: &str) -> PathBuf {
+    test_support::fixture(
+        fixture_dir().join(name),
+        "committed in device-worker/tests/fixtures/qwen35 (made by tools/fixtures/, see its README.md)",
+    )
+}
+
 /// The longest reference prompt (130 tokens) and its reference greedy continuation.
 fn longest_case() -> Case {
     let r: Reference = serde_json::from_slice(
-        &std::fs::read(fixture_dir().join("reference.json")).expect("reference.json"),
+        &std::fs::read(fixture("reference.json")).expect("reference.json"),
     )
     .expect("reference.json parses");
     r.cases
@@ -101,7 +110,7 @@ struct Continuation {
 impl Runner {
     fn new() -> Self {
         let file = Arc::new(
-            GgufFile::open(&fixture_dir().join("tiny-qwen35-f32.gguf")).expect("fixture opens"),
+            GgufFile::open(&fixture("tiny-qwen35-f32.gguf")).expect("fixture opens"),
         );
         let mut model = Model::load(file).expect("qwen35 fixture loads");
         model.set_max_batch(N_BATCH);
@@ -191,12 +200,6 @@ impl Runner {
     }
 }
 
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
 
 #[test]
 fn restore_at_20_random_positions_continues_bit_identically() {

@@ -59,8 +59,16 @@ fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen35")
 }
 
+/// A committed fixture of `tests/fixtures/qwen35` (a required input).
+fn fixture(name: &str) -> PathBuf {
+    test_support::fixture(
+        fixture_dir().join(name),
+        "committed in device-worker/tests/fixtures/qwen35 (made by tools/fixtures/, see its README.md)",
+    )
+}
+
 fn read_json<T: serde::de::DeserializeOwned>(name: &str) -> T {
-    let bytes = std::fs::read(fixture_dir().join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let bytes = std::fs::read(fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
     serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{name} parses: {e}"))
 }
 
@@ -76,7 +84,7 @@ fn quant_model<'a>(r: &'a QuantReference, gguf: &str) -> &'a QuantModel {
 }
 
 fn load(name: &str) -> Model {
-    let file = Arc::new(GgufFile::open(&fixture_dir().join(name)).expect("fixture GGUF opens"));
+    let file = Arc::new(GgufFile::open(&fixture(name)).expect("fixture GGUF opens"));
     let m = Model::load(file).unwrap_or_else(|e| panic!("{name} loads: {e}"));
     assert_eq!(m.architecture(), "qwen35");
     m

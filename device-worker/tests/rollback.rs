@@ -15,6 +15,7 @@ use device_worker::model::Model;
 use device_worker::state::rollback::RollbackPrefill;
 use device_worker::state::sequence::SequenceState;
 use dsp::pool::ThreadPool;
+use test_support::{assert_close, max_abs_diff};
 
 /// Verification rows vs one-token passes. The column-shared product and attention treat
 /// each column independently with the same summation order; the only difference allowed is
@@ -23,10 +24,12 @@ const ROW_TOL: f32 = 0.0;
 /// Chunked vs per-token GDN forms round differently (tests/qwen35.rs `SPLIT_LOGIT_TOL`).
 const CHUNKED_TOL: f32 = 2e-4;
 
+/// A committed fixture of `tests/fixtures/qwen35` (a required input).
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/qwen35")
-        .join(name)
+    test_support::fixture(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen35").join(name),
+        "committed in device-worker/tests/fixtures/qwen35 (made by tools/fixtures/, see its README.md)",
+    )
 }
 
 struct Run {
@@ -65,13 +68,6 @@ impl Run {
     }
 }
 
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
 
 fn prompt(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
     let mut x = seed;
@@ -120,15 +116,16 @@ fn verify_and_rollback_match_plain_decoding(path: &Path, k: usize) {
 
     let mut spec = run.model.new_sequence_state(256);
     let l0s = run.prefill(&mut spec, &p);
-    assert_eq!(max_abs_diff(&l0, &l0s), 0.0);
+    assert_close(&l0, &l0s, 0.0, "prefill logits of two equal sequences");
     let wrong = (g[3] + 1) % n_vocab as u32;
     let batch = [g[0], g[1], g[2], wrong];
     let v = run.verify(&mut spec, &batch);
     assert_eq!(v.len(), 4 * n_vocab);
     for i in 0..3 {
-        let d = max_abs_diff(&v[i * n_vocab..(i + 1) * n_vocab], &rows[i + 1]);
+        let row = &v[i * n_vocab..(i + 1) * n_vocab];
+        let d = max_abs_diff(row, &rows[i + 1]);
         eprintln!("{}: verify row {i} vs plain: {d:.2e}", path.display());
-        assert!(d <= ROW_TOL, "row {i}: {d}");
+        assert_close(row, &rows[i + 1], ROW_TOL, &format!("verify row {i} vs plain decoding"));
         assert_eq!(argmax(&v[i * n_vocab..(i + 1) * n_vocab]), Some(g[i + 1]));
     }
     let hidden = run.model.hidden();
@@ -150,7 +147,7 @@ fn verify_and_rollback_match_plain_decoding(path: &Path, k: usize) {
     );
     let a = run.step(&mut spec, g[2]);
     let b = run.step(&mut reference, g[2]);
-    assert_eq!(max_abs_diff(&a, &b), 0.0);
+    assert_close(&a, &b, 0.0, "next-step logits after rollback vs plain decoding");
     assert_eq!(argmax(&a), Some(g[3]));
 
     // Outside the pass: refused, nothing changed.
@@ -178,9 +175,7 @@ fn wide_hybrid_q4_k_m_verify_and_rollback() {
 
 #[test]
 fn default_model_verify_and_rollback() {
-    let Some(path) = common::model_path() else {
-        return;
-    };
+    let path = common::model_path();
     verify_and_rollback_match_plain_decoding(&path, 4);
 }
 
@@ -215,10 +210,11 @@ fn rollback_prefill_modes_match_plain_prefill() {
             for l in 0..a.n_layers() {
                 // Layer 0's conv inputs do not depend on the GDN form: exact; deeper layers
                 // see the chunked / per-token rounding of the layers below.
-                let dc = max_abs_diff(&a.layer(l).conv, &b.layer(l).conv);
-                assert!(
-                    dc <= if l == 0 { 0.0 } else { CHUNKED_TOL },
-                    "{mode:?} keep {keep} layer {l}: conv {dc}"
+                assert_close(
+                    &a.layer(l).conv,
+                    &b.layer(l).conv,
+                    if l == 0 { 0.0 } else { CHUNKED_TOL },
+                    &format!("{mode:?} keep {keep} layer {l}: conv"),
                 );
                 let d = max_abs_diff(&a.layer(l).ssm, &b.layer(l).ssm);
                 assert!(d <= CHUNKED_TOL, "{mode:?} keep {keep} layer {l}: ssm {d}");

@@ -20,7 +20,7 @@ const LIMIT_MS: u64 = 1500;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hung_batch_fails_with_unavailable_and_the_engine_restarts() {
-    let Some(model) = model_path() else { return };
+    let model = model_path();
     let mut cfg = config(model);
     cfg.watchdog_ms = LIMIT_MS;
     cfg.fault_hang_after_batches = Some(3);

@@ -16,6 +16,7 @@ use dsp::quant::{dequantize_row, GgmlType};
 use dsp::ThreadPool;
 use half::{bf16, f16};
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 
 /// Backends may only reorder f32 sums: allowed error relative to `sum |w_i * x_i|`.
 const SUM_ORDER_TOL: f32 = 2e-6;
@@ -129,17 +130,37 @@ fn reference_matmul(w: &[f32], rows: usize, cols: usize, x: &[f32], n: usize) ->
     y
 }
 
+/// Property tests: failures are saved to and replayed from the committed
+/// `conformance.proptest-regressions` beside this file (proptest prints the failing input,
+/// its `seed` included, and the saved `cc` line). A case costs microseconds: 256 of them.
+fn proptest_config() -> ProptestConfig {
+    ProptestConfig {
+        cases: 256,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+            "proptest-regressions",
+        ))),
+        ..ProptestConfig::default()
+    }
+}
+
+/// `$label` is the backend's name (`KernelBackend::name`, the names `TANDEM_REQUIRE_KERNELS`
+/// lists); a backend this CPU lacks is reported `UNTESTED` unless it is required
+/// (`test_support::kernel_backend`).
 macro_rules! backend_conformance {
-    ($name:ident, $get:expr) => {
+    ($name:ident, $label:literal, $get:expr) => {
         mod $name {
             use super::*;
 
             fn be() -> Option<&'static dyn KernelBackend> {
-                $get
+                let be = test_support::kernel_backend($label, $get);
+                if let Some(b) = be {
+                    assert_eq!(b.name(), $label);
+                }
+                be
             }
 
             proptest! {
-                #![proptest_config(ProptestConfig { cases: 24, failure_persistence: None, ..ProptestConfig::default() })]
+                #![proptest_config(proptest_config())]
 
                 #[test]
                 fn vec_dot_matches_scalar(ti in 0usize..8, nb in 0usize..6, float_len in 0usize..70, seed in any::<u64>()) {
@@ -364,20 +385,23 @@ macro_rules! backend_conformance {
     };
 }
 
-backend_conformance!(scalar, Some(backend::scalar()));
+backend_conformance!(scalar, "scalar", Some(backend::scalar()));
 #[cfg(target_arch = "x86_64")]
 backend_conformance!(
     avx2,
+    "avx2",
     backend::avx2::Avx2::get().map(|b| b as &'static dyn KernelBackend)
 );
 #[cfg(target_arch = "x86_64")]
 backend_conformance!(
     avx512,
+    "avx512-vnni",
     backend::avx512::Avx512::get().map(|b| b as &'static dyn KernelBackend)
 );
 #[cfg(target_arch = "aarch64")]
 backend_conformance!(
     neon,
+    "neon",
     Some(backend::neon::Neon::get() as &'static dyn KernelBackend)
 );
 
@@ -427,8 +451,10 @@ fn qmatref_rejects_bad_weights() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn avx512_q4_0_q4_1_q8_0_products_equal_avx2_bitwise() {
-    let (Some(a2), Some(a5)) = (backend::avx2::Avx2::get(), backend::avx512::Avx512::get()) else {
-        eprintln!("skipped: this CPU lacks AVX-512 VNNI");
+    let (Some(a2), Some(a5)) = (
+        test_support::kernel_backend("avx2", backend::avx2::Avx2::get()),
+        test_support::kernel_backend("avx512-vnni", backend::avx512::Avx512::get()),
+    ) else {
         return;
     };
     let mut rng = Rng(19);

@@ -12,6 +12,7 @@ use dsp::gdn::{
 };
 use dsp::{DspError, ThreadPool};
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 
 /// Chunked vs recurrent: the same sums in another order (products of decays `e^{G_t−G_s}`
 /// instead of running decays, a triangular solve instead of sequential updates), in f32 over
@@ -123,13 +124,10 @@ impl Case {
     }
 }
 
-/// Largest `|a − b| / (1 + |b|)`.
+/// Largest `|a − b| / (1 + |b|)`; fails on a NaN or different lengths.
+#[track_caller]
 fn max_rel_err(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
-        .fold(0.0, f32::max)
+    test_support::max_rel_diff(a, b)
 }
 
 fn assert_chunked_matches(case: &Case, chunk: usize) {
@@ -186,7 +184,7 @@ fn chunked_with_chunk_one_and_odd_chunks() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 12, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))), ..ProptestConfig::default() })]
 
     #[test]
     fn chunked_matches_recurrent_random(

@@ -7,6 +7,7 @@ use common::Rng;
 use dsp::ops;
 use dsp::DspError;
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 
 /// f32 ops against f64 definitions: a few ulps of the largest magnitude involved.
 const OP_TOL: f32 = 1e-5;
@@ -16,7 +17,7 @@ const OP_TOL: f32 = 1e-5;
 const ROPE_TOL: f32 = 2e-3;
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 32, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))), ..ProptestConfig::default() })]
 
     #[test]
     fn rms_norm_matches_definition(d in 1usize..96, rows in 1usize..4, seed in any::<u64>()) {

@@ -10,7 +10,7 @@ use tokio_stream::StreamExt;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_gives_a_schema_valid_action_per_step_and_reuses_the_prefix() {
-    let Some(model) = model_path() else { return };
+    let model = model_path();
     let servers = start(model).await;
     let out = tempfile::tempdir().unwrap();
     let cfg = ReplayConfig {
@@ -42,7 +42,7 @@ async fn replay_gives_a_schema_valid_action_per_step_and_reuses_the_prefix() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_observations_give_clear_errors_and_the_episode_goes_on() {
-    let Some(model) = model_path() else { return };
+    let model = model_path();
     let servers = start(model).await;
     let mut client = AgentServiceClient::connect(servers.gateway.clone()).await.unwrap();
 

@@ -15,7 +15,7 @@ const EPISODE: &str = "androidworld/ContactsAddContact_base_o4-mini_trial1";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn steps_for_a_dead_worker_are_served_by_the_live_one() {
-    let Some(model) = common::model_path() else { return };
+    let model = common::model_path();
     let cfg = EngineOptions { model: Some(model), threads: Some(2), ctx_size: 4096, slots: 2, ..Default::default() };
     let engine = EngineHandle::spawn(cfg.settings().expect("valid options")).expect("engine");
     let mut st = engine.state();

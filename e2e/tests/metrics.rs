@@ -9,7 +9,7 @@ use common::{corpus, http_get, model_path, sample, start, start_http, start_work
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_agree_with_the_replay_jsonl() {
-    let Some(model) = model_path() else { return };
+    let model = model_path();
     let mut servers = start(model).await;
     let http = start_http(&mut servers).await;
     let worker_http = start_worker_metrics(&mut servers).await;
@@ -47,8 +47,12 @@ async fn metrics_agree_with_the_replay_jsonl() {
     let (status, text) = http_get(&http, "/metrics").await;
     assert_eq!(status, 200);
     // The counters are process-wide: compare increases over the replay.
+    // A series missing after the replay is a failure; before it, a counter not yet touched
+    // is not rendered and counts 0.
     let delta = |series: &str| {
-        sample(&text, series).unwrap_or(0.0) - sample(&before, series).unwrap_or(0.0)
+        let after = sample(&text, series)
+            .unwrap_or_else(|| panic!("gateway /metrics has no series {series}:\n{text}"));
+        after - sample(&before, series).unwrap_or(0.0)
     };
     assert_eq!(
         delta("agent_steps_total{kind=\"episode\",outcome=\"ok\"}"),
@@ -98,7 +102,9 @@ async fn metrics_agree_with_the_replay_jsonl() {
     let (status, wtext) = http_get(&worker_http, "/metrics").await;
     assert_eq!(status, 200);
     let wdelta = |series: &str| {
-        sample(&wtext, series).unwrap_or(0.0) - sample(&worker_before, series).unwrap_or(0.0)
+        let after = sample(&wtext, series)
+            .unwrap_or_else(|| panic!("worker /metrics has no series {series}:\n{wtext}"));
+        after - sample(&worker_before, series).unwrap_or(0.0)
     };
     // Requests the worker finished carry its server time (a worker error leaves it 0).
     let worker_ok = rows

@@ -19,9 +19,13 @@ use tandem_proto::step::v1::step_service_client::StepServiceClient;
 
 mod common;
 
+/// A committed fixture (a required input).
 fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../device-worker/tests/fixtures/qwen35/tiny-qwen35-q8_0.gguf")
+    test_support::fixture(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../device-worker/tests/fixtures/qwen35/tiny-qwen35-q8_0.gguf"),
+        "committed in device-worker/tests/fixtures/qwen35 (made by tools/fixtures/, see its README.md)",
+    )
 }
 
 /// Serves an engine with `policy` / `consolidate` on a free port; returns its address and a

@@ -53,7 +53,7 @@ fn assert_streamed(t: &Timed) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_action_token_arrives_before_the_step_result() {
-    let Some(model) = common::model_path() else { return };
+    let model = common::model_path();
     let episode = agent_gateway::corpus::load_episode(&common::corpus(), EPISODE).expect("corpus episode");
     let servers = common::start(model).await;
     let mut client = AgentServiceClient::connect(servers.gateway.clone()).await.unwrap();

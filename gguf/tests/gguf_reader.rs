@@ -299,9 +299,7 @@ fn corrupted_bytes_never_panic() {
 
 #[test]
 fn real_smollm2_file_loads() {
-    let Some(path) = model_path("real_smollm2_file_loads") else {
-        return;
-    };
+    let path = model_path();
     let g = GgufFile::open(&path).expect("real model opens");
     assert_eq!(g.version(), 3);
     assert_eq!(g.architecture().expect("arch"), "llama");
@@ -372,9 +370,7 @@ fn gguf_string(s: &str) -> Vec<u8> {
 
 #[test]
 fn truncated_real_file_gives_errors_not_sigbus() {
-    let Some(path) = model_path("truncated_real_file_gives_errors_not_sigbus") else {
-        return;
-    };
+    let path = model_path();
     let bytes = std::fs::read(&path).expect("read model");
     let full = GgufFile::open(&path).expect("opens");
     let data_start = full
@@ -437,9 +433,7 @@ fn truncated_real_file_gives_errors_not_sigbus() {
 
 #[test]
 fn edited_real_file_with_unknown_type_or_version_is_rejected() {
-    let Some(path) = model_path("edited_real_file_with_unknown_type_or_version_is_rejected") else {
-        return;
-    };
+    let path = model_path();
     let bytes = std::fs::read(&path).expect("read model");
     // token_embd.weight: name, n_dims=2 (u32), two u64 dims, then the u32 type id.
     let name_at = find(&bytes, &gguf_string("token_embd.weight"));

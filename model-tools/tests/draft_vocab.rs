@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use agent_gateway::corpus::{default_corpus_root, load_episodes};
+use agent_gateway::corpus::load_episodes;
 use model_tools::draft_vocab::{run, DraftVocabArgs, DraftVocabError, DraftVocabSummary};
 use gguf::reader::GgufFile;
 use gguf::tokenizer::{token_type, Tokenizer};
@@ -19,8 +19,12 @@ const FIXTURES: &str = concat!(
 const TENSOR: &str = "blk.4.nextn.draft_output.weight";
 const KEY: &str = "qwen35.nextn_draft_token_ids";
 
+/// A committed fixture of `device-worker/tests/fixtures/qwen35` (a required input).
 fn fixture(name: &str) -> PathBuf {
-    Path::new(FIXTURES).join(name)
+    test_support::fixture(
+        Path::new(FIXTURES).join(name),
+        "committed in device-worker/tests/fixtures/qwen35 (made by tools/fixtures/, see its README.md)",
+    )
 }
 
 fn draft(
@@ -33,14 +37,14 @@ fn draft(
         model: model.to_path_buf(),
         out: out.to_path_buf(),
         top,
-        corpus: default_corpus_root(),
+        corpus: test_support::corpus_dir(),
         force,
     })
 }
 
 /// Corpus output token counts, computed here from the recorded actions.
 fn corpus_counts(tok: &Tokenizer) -> HashMap<u32, u64> {
-    let episodes = load_episodes(&default_corpus_root()).expect("corpus");
+    let episodes = load_episodes(&test_support::corpus_dir()).expect("corpus");
     let mut counts = HashMap::new();
     for a in episodes
         .iter()

@@ -2,16 +2,17 @@
 //! and worker do): with the gateway's prompt format (rules as a system message) the divergence
 //! policy with batch consolidation processes at most 1.05× the new prompt tokens a KV cache
 //! would; in both formats it processes no more than the stock policy, in fewer passes. Needs
-//! TANDEM_MODEL (the tokenizer; the default model in CI); the planned state sizes are those of
-//! the Qwen3.5-0.8B hybrid (the committed metadata-only `qwen35-0.8b-shapes.gguf`).
+//! the default model (the tokenizer; `TANDEM_MODEL`) and the corpus, required inputs; the
+//! planned state sizes are those of the Qwen3.5-0.8B hybrid (the committed metadata-only
+//! `qwen35-0.8b-shapes.gguf`).
 
 use model_tools::dry_run::{run, DryRunArgs, PromptFormat};
 
 #[test]
 fn divergence_with_consolidation_stays_within_5_percent_of_the_kv_bound() {
-    let corpus = agent_gateway::corpus::default_corpus_root();
+    let corpus = test_support::corpus_dir();
     let args = DryRunArgs {
-        model: std::env::var_os("TANDEM_MODEL").map(Into::into),
+        model: Some(test_support::model_path()),
         state_shapes: Some(
             std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../device-worker/tests/fixtures/qwen35/qwen35-0.8b-shapes.gguf"),

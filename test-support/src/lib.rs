@@ -1,9 +1,14 @@
-//! Test support shared by the workspace's test suites (a dev-dependency only): where the real
-//! inputs are ([`inputs`]) and a writer of synthetic GGUF files ([`gguf_builder`]).
+//! Test support shared by the workspace's test suites (a dev-dependency only): the real inputs
+//! and what a test does without them ([`inputs`]), NaN-aware numeric comparisons
+//! ([`compare`]) and a writer of synthetic GGUF files ([`gguf_builder`]).
 #![forbid(unsafe_code)]
 
+pub mod compare;
 pub mod gguf_builder;
 pub mod inputs;
 
+pub use compare::{assert_close, max_abs_diff, max_rel_diff};
 pub use gguf_builder::{write_temp_bytes, GgufBuilder, RawTensor, Val};
-pub use inputs::model_path;
+pub use inputs::{
+    corpus_dir, fixture, kernel_backend, model_path, optional_model_path, require_inputs, untested,
+};

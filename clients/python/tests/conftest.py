@@ -4,6 +4,10 @@
 Environment: TANDEM_MODEL (GGUF; default ~/.cache/tandem/models/SmolLM2-135M-Instruct.Q4_1.gguf),
 TANDEM_CORPUS (default <repo>/../shared/corpus/raw), TANDEM_BIN_DIR (default
 $CARGO_TARGET_DIR/debug or <repo>/target/debug).
+
+A missing model or corpus skips the tests that need it, or fails them when
+TANDEM_REQUIRE_INPUTS=1 (exported by tools/test.sh, hence CI): there, a test that cannot run
+never passes as skipped.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import subprocess
 import time
 import types
 import urllib.request
+from typing import NoReturn
 
 import pytest
 
@@ -37,8 +42,24 @@ def _model() -> pathlib.Path:
     return pathlib.Path(os.environ.get("TANDEM_MODEL") or default)
 
 
+def require_inputs() -> bool:
+    """Whether TANDEM_REQUIRE_INPUTS=1: every test input is required."""
+    return os.environ.get("TANDEM_REQUIRE_INPUTS", "").strip() == "1"
+
+
+def missing_input(what: str) -> NoReturn:
+    """A test input is missing: a failure under TANDEM_REQUIRE_INPUTS=1, else a skip."""
+    message = f"required test input missing: {what}"
+    if require_inputs():
+        pytest.fail(f"{message} (TANDEM_REQUIRE_INPUTS=1)", pytrace=False)
+    pytest.skip(f"{message} (a failure with TANDEM_REQUIRE_INPUTS=1)")
+
+
 def corpus_root() -> pathlib.Path:
-    return pathlib.Path(os.environ.get("TANDEM_CORPUS") or REPO.parent / "shared/corpus/raw")
+    root = pathlib.Path(os.environ.get("TANDEM_CORPUS") or REPO.parent / "shared/corpus/raw")
+    if not root.is_dir():
+        missing_input(f"corpus folder {root} not found; set TANDEM_CORPUS=<corpus>/raw")
+    return root
 
 
 def load_androidworld_episode(rel: str = CONTACTS_EPISODE) -> tuple[str, list[list[dict]]]:
@@ -82,15 +103,22 @@ def _wait_http(url: str, proc: subprocess.Popen, seconds: int) -> None:
 
 
 @pytest.fixture(scope="session")
-def servers(tmp_path_factory):
+def model_path() -> pathlib.Path:
+    """The default model (TANDEM_MODEL): skipped, or failed under TANDEM_REQUIRE_INPUTS=1, when missing."""
+    model = _model()
+    if not model.is_file():
+        missing_input(f"model file {model} not found; run tools/fetch_model.sh and set TANDEM_MODEL=<the path it prints>")
+    return model
+
+
+@pytest.fixture(scope="session")
+def servers(tmp_path_factory, model_path):
     """A device-worker (2 slots) and an agent-gateway with its HTTP endpoint, both on loopback.
 
     Yields a namespace: `grpc_target` (gateway host:port), `worker_target`, `http_base`
     (`http://127.0.0.1:PORT`), `openai_base` (`.../v1`).
     """
-    model = _model()
-    if not model.exists():
-        pytest.skip(f"model {model} not found; run tools/fetch_model.sh")
+    model = model_path
     bins = _bin_dir()
     worker_bin, gateway_bin = bins / "device-worker", bins / "agent-gateway"
     for b in (worker_bin, gateway_bin):

@@ -10,21 +10,10 @@ use tandem_proto::step::v1::step_service_client::StepServiceClient;
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 
-/// The default model: $TANDEM_MODEL or the cache path `tools/fetch_model.sh` writes.
-pub fn model_path() -> Option<PathBuf> {
-    let p = std::env::var_os("TANDEM_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(device_worker::config::default_model_path);
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!(
-            "SKIPPED: model {} not found; run tools/fetch_model.sh (tools/test.sh does)",
-            p.display()
-        );
-        None
-    }
-}
+/// The default model ($TANDEM_MODEL or the cache path `tools/fetch_model.sh` writes): a
+/// required input, the test fails when it is missing.
+#[allow(unused_imports)] // not every test binary uses it
+pub use test_support::model_path;
 
 pub struct TestWorker {
     pub client: StepServiceClient<Channel>,

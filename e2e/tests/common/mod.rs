@@ -5,24 +5,15 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// The model (`TANDEM_MODEL`, else the worker's default path); `None` (test skipped, with a
-/// note on stderr) when the file is absent.
-pub fn model_path() -> Option<PathBuf> {
-    let p = std::env::var_os("TANDEM_MODEL").map(PathBuf::from).unwrap_or_else(device_worker::config::default_model_path);
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("SKIPPED: model {} not found; run tools/fetch_model.sh", p.display());
-        None
-    }
-}
+/// The model (`TANDEM_MODEL`, else the worker's default path): a required input, the test
+/// fails when the file is missing.
+#[allow(unused_imports)] // not every test binary uses it
+pub use test_support::model_path;
 
-/// The corpus root (`TANDEM_CORPUS`, else `<repo>/../shared/corpus/raw`).
-pub fn corpus() -> PathBuf {
-    std::env::var_os("TANDEM_CORPUS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/raw"))
-}
+/// The corpus root (`TANDEM_CORPUS`, else `<repo>/../shared/corpus/raw`): a required input,
+/// the test fails when it is missing.
+#[allow(unused_imports)]
+pub use test_support::corpus_dir as corpus;
 
 /// Running servers; dropping this stops them.
 pub struct Servers {

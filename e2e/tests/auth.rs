@@ -34,7 +34,7 @@ async fn http_get_with_token(addr: &str, path: &str, token: &str) -> (u16, Strin
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_endpoint_needs_its_token_and_the_chain_passes_with_them() {
-    let Some(model) = model_path() else { return };
+    let model = model_path();
     let dir = tempfile::tempdir().unwrap();
     let (worker_file, gateway_file) = (dir.path().join("worker"), dir.path().join("gateway"));
     std::fs::write(&worker_file, format!("# the worker's token\n{WORKER_TOKEN}\n")).unwrap();

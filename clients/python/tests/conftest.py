@@ -157,3 +157,35 @@ def servers(tmp_path_factory, model_path):
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+@pytest.fixture(scope="module")
+def authed_gateway(servers, tmp_path_factory):
+    """A second agent-gateway in front of the same worker that requires a bearer token
+    (`--auth-token-file`) on AgentService and its HTTP endpoint. Yields a namespace:
+    `grpc_target`, `http_base`, `token`, `token_file`."""
+    import secrets
+
+    bins = _bin_dir()
+    gateway_bin = bins / "agent-gateway"
+    d = tmp_path_factory.mktemp("auth")
+    token = secrets.token_hex(32)
+    token_file = d / "tokens"
+    token_file.write_text(f"# test token\n{token}\n")
+    gp, hp = _free_port(), _free_port()
+    glog = d / "gateway.log"
+    gateway = subprocess.Popen(
+        [str(gateway_bin), "serve", "--listen", f"127.0.0.1:{gp}", "--worker", f"http://{servers.worker_target}",
+         "--http-listen", f"127.0.0.1:{hp}", "--auth-token-file", str(token_file)],
+        stdout=glog.open("w"), stderr=subprocess.STDOUT)
+    try:
+        _wait_health(gateway_bin, gateway, f"http://127.0.0.1:{gp}", "", glog, 30)
+        _wait_http(f"http://127.0.0.1:{hp}/health", gateway, 30)
+        yield types.SimpleNamespace(grpc_target=f"127.0.0.1:{gp}", http_base=f"http://127.0.0.1:{hp}",
+                                    token=token, token_file=str(token_file))
+    finally:
+        gateway.terminate()
+        try:
+            gateway.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            gateway.kill()

@@ -14,7 +14,10 @@ use dsp::backend::{self, DotTile, KernelBackend};
 use dsp::ThreadPool;
 use half::{bf16, f16};
 
-const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/avx2_golden.txt");
+const GOLDEN: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/avx2_golden.txt"
+);
 
 /// `label bits` lines of every recorded output.
 fn outputs(be: &dyn KernelBackend) -> Vec<String> {
@@ -59,7 +62,11 @@ fn outputs(be: &dyn KernelBackend) -> Vec<String> {
         );
         put(
             format!("dots_{len}"),
-            &[be.vec_dot_f32(&a, &b), be.vec_dot_f16(&ah, &bh), be.vec_dot_bf16(&ab, &bb)],
+            &[
+                be.vec_dot_f32(&a, &b),
+                be.vec_dot_f16(&ah, &bh),
+                be.vec_dot_bf16(&ab, &bb),
+            ],
         );
         let g: Vec<f32> = rng.vec(len).iter().map(|v| v * 1.5 + 1.0).collect();
         let mut o = vec![0f32; len];
@@ -108,7 +115,14 @@ fn avx2_numerics_backends_match_the_recorded_avx2_outputs() {
             .filter(|(g, w)| g != w)
             .map(|(g, w)| format!("got {g}, avx2 {w}"))
             .collect();
-        assert!(diffs.is_empty(), "{}: {} of {} differ from avx2: {:#?}", be.name(), diffs.len(), want.len(), &diffs[..diffs.len().min(12)]);
+        assert!(
+            diffs.is_empty(),
+            "{}: {} of {} differ from avx2: {:#?}",
+            be.name(),
+            diffs.len(),
+            want.len(),
+            &diffs[..diffs.len().min(12)]
+        );
         checked += 1;
     }
     if checked == 0 {

@@ -80,7 +80,9 @@ impl Neon {
     pub fn at(level: Level) -> Option<&'static Neon> {
         match level {
             Level::Neon => Some(&NEON),
-            Level::DotProd => std::arch::is_aarch64_feature_detected!("dotprod").then_some(&NEON_DOTPROD),
+            Level::DotProd => {
+                std::arch::is_aarch64_feature_detected!("dotprod").then_some(&NEON_DOTPROD)
+            }
             Level::I8mm => (std::arch::is_aarch64_feature_detected!("dotprod")
                 && std::arch::is_aarch64_feature_detected!("i8mm"))
             .then_some(&NEON_I8MM),
@@ -478,7 +480,10 @@ fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
         let mut i = 0;
         while i + 4 <= n {
             let v = vmulq_f32(vld1q_f32(x.as_ptr().add(i)), sv);
-            vst1q_f32(out.as_mut_ptr().add(i), vmulq_f32(v, vld1q_f32(w.as_ptr().add(i))));
+            vst1q_f32(
+                out.as_mut_ptr().add(i),
+                vmulq_f32(v, vld1q_f32(w.as_ptr().add(i))),
+            );
             i += 4;
         }
         for j in i..n {
@@ -493,7 +498,10 @@ fn add_inplace(dst: &mut [f32], src: &[f32]) {
     // SAFETY: NEON is baseline; every access is below `n`.
     unsafe {
         while i + 4 <= n {
-            let s = vaddq_f32(vld1q_f32(dst.as_ptr().add(i)), vld1q_f32(src.as_ptr().add(i)));
+            let s = vaddq_f32(
+                vld1q_f32(dst.as_ptr().add(i)),
+                vld1q_f32(src.as_ptr().add(i)),
+            );
             vst1q_f32(dst.as_mut_ptr().add(i), s);
             i += 4;
         }
@@ -569,13 +577,29 @@ impl KernelBackend for Neon {
     fn vec_dot_q4_k_q8_k(&self, w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
         let nb = w.len().min(x.len());
         // SAFETY: see the impl comment; both slices hold >= nb blocks, aligned as slices.
-        unsafe { dot_kquant(self.dot(), KQuant::Q4K, w.as_ptr().cast(), x.as_ptr().cast(), nb) }
+        unsafe {
+            dot_kquant(
+                self.dot(),
+                KQuant::Q4K,
+                w.as_ptr().cast(),
+                x.as_ptr().cast(),
+                nb,
+            )
+        }
     }
 
     fn vec_dot_q6_k_q8_k(&self, w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
         let nb = w.len().min(x.len());
         // SAFETY: see the impl comment; both slices hold >= nb blocks, aligned as slices.
-        unsafe { dot_kquant(self.dot(), KQuant::Q6K, w.as_ptr().cast(), x.as_ptr().cast(), nb) }
+        unsafe {
+            dot_kquant(
+                self.dot(),
+                KQuant::Q6K,
+                w.as_ptr().cast(),
+                x.as_ptr().cast(),
+                nb,
+            )
+        }
     }
 
     fn vec_dot_f16(&self, w: &[f16], x: &[f16]) -> f32 {

@@ -131,7 +131,10 @@ unsafe fn accumulate<const Q4K: bool, const DOT: bool>(
             sumi[h] = vmlaq_n_s32(sumi[h], dot4::<DOT>(u.q[j][h], xv), u.s[j][h]);
         }
     }
-    let bs = [vld1q_s16(x.bsums.as_ptr()), vld1q_s16(x.bsums.as_ptr().add(8))];
+    let bs = [
+        vld1q_s16(x.bsums.as_ptr()),
+        vld1q_s16(x.bsums.as_ptr().add(8)),
+    ];
     let mut corr = [vdupq_n_s32(0); 2];
     for h in 0..2 {
         corr[h] = if Q4K {
@@ -310,7 +313,13 @@ unsafe fn single_dot(kind: KQuant, w: *const u8, x: *const u8, nb: usize) -> f32
 ///
 /// # Safety
 /// Needs dotprod when `dot`; `w` and `x` point at `nb` aligned blocks each.
-pub(super) unsafe fn dot_kquant(dot: bool, kind: KQuant, w: *const u8, x: *const u8, nb: usize) -> f32 {
+pub(super) unsafe fn dot_kquant(
+    dot: bool,
+    kind: KQuant,
+    w: *const u8,
+    x: *const u8,
+    nb: usize,
+) -> f32 {
     if dot {
         single_dot(kind, w, x, nb)
     } else {

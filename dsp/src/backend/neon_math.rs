@@ -89,7 +89,10 @@ pub(super) fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     unsafe {
         while i + 4 <= n {
             let g = silu_ps(vld1q_f32(gate.as_ptr().add(i)));
-            vst1q_f32(out.as_mut_ptr().add(i), vmulq_f32(g, vld1q_f32(up.as_ptr().add(i))));
+            vst1q_f32(
+                out.as_mut_ptr().add(i),
+                vmulq_f32(g, vld1q_f32(up.as_ptr().add(i))),
+            );
             i += 4;
         }
         if i < n {

@@ -3,7 +3,7 @@
 # worker: for each model, an x86_64 worker (--kernels avx2: the numerics the NEON backends
 # reproduce; the AVX-512 K-quant kernels round differently) and the static aarch64 worker at
 # each QEMU_CPU level serve on local ports, the x86_64 `device-worker request` sends the same
-# prompts to both (greedy, max 16 tokens) and their output token ids must be equal.
+# prompts to both (greedy, MAX_TOKENS tokens, default 32) and their output token ids must be equal.
 # Usage: tools/aarch64/worker_test.sh AARCH64_WORKER X86_64_WORKER [MODEL.gguf...]
 #   (default models: the tiny/wide qwen35 fixtures and the default SmolLM2 model)
 #   AARCH64_WORKER_CPUS="max cortex-a53" (QEMU_CPU levels; each runs its best backend, named
@@ -46,7 +46,7 @@ stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
 # tokens PORT PROMPT: the output token ids as one line.
 tokens() {
-  "$x86" request --addr "http://127.0.0.1:$1" --text "$2" --max-tokens 16 |
+  "$x86" request --addr "http://127.0.0.1:$1" --text "$2" --max-tokens "${MAX_TOKENS:-32}" |
     python3 -c 'import json,sys; d=json.loads(sys.stdin.readline()); print(" ".join(map(str, d["tokens"])), "|", json.dumps(d["text"]))'
 }
 

@@ -11,7 +11,10 @@ use std::arch::aarch64::*;
 /// `exp(x)` of 2 f64 lanes, `x` in `[−110, 90]` (relative error < 1e-14).
 #[inline(always)]
 unsafe fn exp_pd(x: float64x2_t) -> float64x2_t {
+    // The literals of `avx2_math::exp_pd`, digit for digit.
+    #[allow(clippy::excessive_precision)]
     const LN2_HI: f64 = 6.931_471_803_691_238_164_9e-1;
+    #[allow(clippy::excessive_precision)]
     const LN2_LO: f64 = 1.908_214_929_270_587_700_0e-10;
     // Round to nearest, ties to even (as `_MM_FROUND_TO_NEAREST_INT`).
     let n = vrndnq_f64(vmulq_f64(x, vdupq_n_f64(std::f64::consts::LOG2_E)));

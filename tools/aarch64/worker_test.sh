@@ -28,7 +28,7 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
-# serve PORT LOG MODEL KERNELS CMD...: starts a worker in the background, waits for its port.
+# serve PORT LOG MODEL KERNELS CMD...: starts a worker in the background, waits until it serves.
 serve() {
   local port=$1 log=$2 model=$3 kernels=$4
   shift 4
@@ -36,7 +36,8 @@ serve() {
     --slots 1 --ctx-size 512 >"$log" 2>&1 &
   pids+=($!)
   local pid=$! t0=$SECONDS
-  until (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do
+  # Up when the port accepts and the model is loaded (requests before that are refused).
+  until (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && grep -q "model loaded" "$log"; do
     kill -0 "$pid" 2>/dev/null || { echo "worker on $port exited:" >&2; cat "$log" >&2; exit 1; }
     (( SECONDS - t0 < 600 )) || { echo "worker on $port not up after 600 s" >&2; exit 1; }
     sleep 1

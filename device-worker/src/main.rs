@@ -81,7 +81,6 @@ fn main() -> anyhow::Result<()> {
         Ok(None) => {}
         Err(e) => anyhow::bail!(e),
     }
-    tracing::info!("kernel backend: {}", dsp::backend::select().name());
     rt.block_on(async move {
         let model = settings.model.clone();
         if !model.exists() {

@@ -67,7 +67,7 @@ for model in "${models[@]}"; do
     esac
     QEMU_CPU=$cpu serve 50172 "$logs/arm.log" "$model" "$k" qemu-aarch64 "$arm"
     arm_pid=${pids[-1]}
-    grep -q "kernel backend: $k" "$logs/arm.log" || { echo "the worker runs no $k:" >&2; cat "$logs/arm.log" >&2; exit 1; }
+    grep -q "model loaded.* kernels=\"$k\"" "$logs/arm.log" || { echo "the worker runs no $k:" >&2; cat "$logs/arm.log" >&2; exit 1; }
     kernels=$k
     for p in "${prompts[@]}"; do
       got=$(tokens 50172 "$p")

@@ -44,7 +44,9 @@ esac
 
 MODEL="${2:-${TANDEM_MODEL:-$(tools/fetch_model.sh)}}"
 [[ -x "$WORKER_BIN" ]] || { echo "error: $WORKER_BIN not found; build the static aarch64 worker with tools/aarch64/build.sh (or an NDK build: cargo build --release --target aarch64-linux-android -p device-worker), or set WORKER_BIN" >&2; exit 1; }
-file -b "$WORKER_BIN" 2>/dev/null | grep -q "ARM aarch64" || { echo "error: $WORKER_BIN is not an aarch64 executable" >&2; exit 1; }
+if command -v file >/dev/null && ! file -b "$WORKER_BIN" | grep -q "ARM aarch64"; then
+  echo "error: $WORKER_BIN is not an aarch64 executable ($(file -b "$WORKER_BIN"))" >&2; exit 1
+fi
 [[ -f "$MODEL" ]] || { echo "error: model $MODEL not found" >&2; exit 1; }
 
 # Push only what changed (same size on the phone: skip; models are hundreds of MB).

@@ -7,8 +7,10 @@
 #   deploy/android_worker.sh stop                 stop the worker started by this script
 #   deploy/android_worker.sh log                  print the worker's log on the phone
 #
-# Environment: ANDROID_SERIAL (which device), ADB (adb binary), WORKER_BIN (the aarch64 Android
-# build; default target/aarch64-linux-android/release/device-worker), PORT (gRPC, default
+# Environment: ANDROID_SERIAL (which device), ADB (adb binary), WORKER_BIN (the aarch64 binary;
+# default: the static build of tools/aarch64/build.sh,
+# target/aarch64-unknown-linux-gnu/release/device-worker, else an Android NDK build in
+# target/aarch64-linux-android/release/device-worker), PORT (gRPC, default
 # 50051), METRICS_PORT (worker /metrics on the phone, forwarded too; default off, needs a
 # worker built with --metrics-listen), THREADS, DIR (folder on the phone, default
 # /data/local/tmp/tandem), WAIT (seconds for the model to load, default 180).
@@ -17,7 +19,12 @@ cd "$(dirname "$0")/.."
 ADB="${ADB:-adb}"
 PORT="${PORT:-50051}"
 DIR="${DIR:-/data/local/tmp/tandem}"
-WORKER_BIN="${WORKER_BIN:-${CARGO_TARGET_DIR:-target}/aarch64-linux-android/release/device-worker}"
+static_bin="${CARGO_TARGET_DIR:-target}/aarch64-unknown-linux-gnu/release/device-worker"
+ndk_bin="${CARGO_TARGET_DIR:-target}/aarch64-linux-android/release/device-worker"
+if [[ -z "${WORKER_BIN:-}" ]]; then
+  WORKER_BIN="$static_bin"
+  [[ ! -x "$static_bin" && -x "$ndk_bin" ]] && WORKER_BIN="$ndk_bin"
+fi
 WAIT="${WAIT:-180}"
 cmd="${1:-start}"
 
@@ -36,7 +43,10 @@ case "$cmd" in
 esac
 
 MODEL="${2:-${TANDEM_MODEL:-$(tools/fetch_model.sh)}}"
-[[ -x "$WORKER_BIN" ]] || { echo "error: $WORKER_BIN not found; build it with cargo build --release --target aarch64-linux-android -p device-worker (Android NDK linker), or set WORKER_BIN" >&2; exit 1; }
+[[ -x "$WORKER_BIN" ]] || { echo "error: $WORKER_BIN not found; build the static aarch64 worker with tools/aarch64/build.sh (or an NDK build: cargo build --release --target aarch64-linux-android -p device-worker), or set WORKER_BIN" >&2; exit 1; }
+if command -v file >/dev/null && ! file -b "$WORKER_BIN" | grep -q "ARM aarch64"; then
+  echo "error: $WORKER_BIN is not an aarch64 executable ($(file -b "$WORKER_BIN"))" >&2; exit 1
+fi
 [[ -f "$MODEL" ]] || { echo "error: model $MODEL not found" >&2; exit 1; }
 
 # Push only what changed (same size on the phone: skip; models are hundreds of MB).

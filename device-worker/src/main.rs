@@ -23,7 +23,8 @@ enum Command {
     /// Measure prefill and decode speed on the model (no server).
     Bench(device_worker::bench::BenchOptions),
     /// Send one Generate request to a running worker and print one JSON line with the
-    /// client-side and server-reported times (for bench/idle_power.sh).
+    /// client-side and server-reported times (for bench/idle_power.sh) and the output token
+    /// ids and text (tools/aarch64/worker_test.sh compares them across builds).
     Request {
         /// Worker address.
         #[arg(long, default_value = "http://127.0.0.1:50051")]
@@ -231,10 +232,13 @@ async fn request(
         .into_inner();
     let mut first_token_ms = None;
     let mut done = None;
+    let (mut tokens, mut out_text) = (Vec::new(), String::new());
     while let Some(ev) = stream.next().await {
         match ev?.event {
-            Some(pb::generate_event::Event::Token(_)) => {
+            Some(pb::generate_event::Event::Token(t)) => {
                 first_token_ms.get_or_insert(t0.elapsed().as_secs_f64() * 1e3);
+                tokens.push(t.id);
+                out_text.push_str(&t.text);
             }
             Some(pb::generate_event::Event::Done(d)) => done = Some(d),
             _ => {}
@@ -251,6 +255,8 @@ async fn request(
             "server_ms": d.server_ms,
             "queue_ms": d.queue_ms,
             "decode_tokens": d.decode_tokens,
+            "tokens": tokens,
+            "text": out_text,
         })
     );
     Ok(())

@@ -404,6 +404,16 @@ backend_conformance!(
     "neon",
     Some(backend::neon::Neon::get() as &'static dyn KernelBackend)
 );
+#[cfg(target_arch = "aarch64")]
+backend_conformance!(
+    neon_dotprod,
+    backend::neon::Neon::at(backend::neon::Level::DotProd).map(|b| b as &'static dyn KernelBackend)
+);
+#[cfg(target_arch = "aarch64")]
+backend_conformance!(
+    neon_i8mm,
+    backend::neon::Neon::at(backend::neon::Level::I8mm).map(|b| b as &'static dyn KernelBackend)
+);
 
 #[test]
 fn qmatref_rejects_bad_weights() {
@@ -488,6 +498,64 @@ fn avx512_q4_0_q4_1_q8_0_products_equal_avx2_bitwise() {
             let single =
                 a5.vec_dot_bytes(ty, &tile.w[..tile.w_row_bytes], &tile.x[..tile.x_row_bytes]);
             assert_eq!(single.to_bits(), o2[0].to_bits(), "{ty} single dot");
+        }
+    }
+}
+
+/// `TANDEM_REQUIRE_KERNELS=neon,neon-dotprod` (comma-separated backend names): every backend
+/// named must be available on this CPU, so a CI run on the wrong machine (or an emulator at
+/// the wrong CPU level) fails instead of silently skipping the per-backend tests above.
+#[test]
+fn required_backends_are_available() {
+    let Ok(required) = std::env::var("TANDEM_REQUIRE_KERNELS") else {
+        return;
+    };
+    let names: Vec<_> = backend::available().iter().map(|b| b.name()).collect();
+    let missing: Vec<_> = required
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty() && !names.iter().any(|a| a.eq_ignore_ascii_case(n)))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "TANDEM_REQUIRE_KERNELS={required}: {missing:?} not available on this CPU (it has {names:?})"
+    );
+}
+
+/// Every NEON level computes the same bits (dotprod's `sdot` builds the same exact i32 lanes
+/// as the NEON-only `vmull` + pairwise adds), on every tile shape.
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn neon_levels_are_bit_identical() {
+    let levels = backend::neon::Neon::all();
+    let mut rng = Rng(23);
+    let pool = ThreadPool::new(1).expect("pool");
+    for ty in WEIGHT_TYPES {
+        let cols = 1024;
+        for (rows, toks) in [(1, 1), (5, 3), (4, 9)] {
+            let w: Vec<f32> = rng.vec(rows * cols).iter().map(|v| v * 40.0).collect();
+            let w = quantize_matrix(ty, &w, rows, cols);
+            let x = rng.vec(toks * cols);
+            let acts = dsp::matmul::quantize_activations(&pool, ty.vec_dot_type(), &x, toks, cols)
+                .expect("quantize");
+            let tile = DotTile {
+                ty,
+                w: w.bytes(),
+                w_row_bytes: ty.row_bytes(cols).expect("rb"),
+                x: acts.bytes(),
+                x_row_bytes: acts.row_bytes,
+            };
+            let outs: Vec<Vec<u32>> = levels
+                .iter()
+                .map(|b| {
+                    let mut o = vec![0f32; rows * toks];
+                    b.dot_tile(&tile, &mut o);
+                    o.iter().map(|v| v.to_bits()).collect()
+                })
+                .collect();
+            for (b, o) in levels.iter().zip(&outs) {
+                assert_eq!(o, &outs[0], "{ty} {rows}x{toks}: {} vs neon", b.name());
+            }
         }
     }
 }

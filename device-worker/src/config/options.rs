@@ -135,10 +135,10 @@ pub struct EngineOptions {
 /// no environment.
 #[derive(Clone, Debug, Default, PartialEq, Eq, clap::Args, serde::Serialize)]
 pub struct KernelArgs {
-    /// Kernel backend: `scalar` (the reference), `avx2`, `avx512-vnni` (x86_64) or `neon`
-    /// (aarch64), among those this CPU has; default: the fastest. For ablations and for
-    /// bisecting numerical differences; a name this CPU has no backend for is warned about
-    /// and the fastest is used.
+    /// Kernel backend: `scalar` (the reference), `avx2`, `avx512-vnni` (x86_64) or `neon`,
+    /// `neon-dotprod`, `neon-i8mm` (aarch64), among those this CPU has; default: the fastest.
+    /// For ablations and for bisecting numerical differences; a name this CPU has no backend
+    /// for is warned about and the fastest is used.
     #[arg(long, env = "TANDEM_KERNELS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernels: Option<String>,

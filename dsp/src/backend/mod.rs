@@ -4,8 +4,8 @@
 //! Selection is the caller's: a program resolves the name its user asked for ([`resolve`];
 //! the binaries read `--kernels` / `TANDEM_KERNELS`) and [`install`]s the result before the
 //! first kernel runs; [`select`] then returns it to every kernel entry point. Without an
-//! install, [`select`] returns [`best`] (AVX-512 VNNI, else AVX2+FMA+F16C on x86_64; NEON on
-//! aarch64; else scalar). dsp itself reads no environment variable.
+//! install, [`select`] returns [`best`] (AVX-512 VNNI, else AVX2+FMA+F16C on x86_64;
+//! NEON+i8mm, else NEON+dotprod, else NEON on aarch64; else scalar). dsp itself reads no environment variable.
 
 use std::sync::OnceLock;
 
@@ -28,6 +28,10 @@ pub mod avx512;
 mod avx512_kquants;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
+#[cfg(target_arch = "aarch64")]
+mod neon_kquants;
+#[cfg(target_arch = "aarch64")]
+mod neon_math;
 pub mod scalar;
 
 /// A tile of dot products between `n_rows` weight rows and `n_tok` activation rows.
@@ -185,7 +189,9 @@ pub fn available() -> Vec<&'static dyn KernelBackend> {
         v.push(b);
     }
     #[cfg(target_arch = "aarch64")]
-    v.push(neon::Neon::get());
+    for b in neon::Neon::all() {
+        v.push(b);
+    }
     v
 }
 
@@ -254,7 +260,7 @@ impl Selection {
 }
 
 /// The available backend called `requested` (case and surrounding spaces ignored; `scalar`,
-/// `avx2`, `avx512-vnni`, `neon`), else [`best`] with `unknown` set. `None` or an empty name
+/// `avx2`, `avx512-vnni`, `neon`, `neon-dotprod`, `neon-i8mm`), else [`best`] with `unknown` set. `None` or an empty name
 /// asks for the best.
 pub fn resolve(requested: Option<&str>) -> Selection {
     let wanted = requested.map(str::trim).unwrap_or_default();

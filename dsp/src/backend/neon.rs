@@ -1,68 +1,661 @@
-//! aarch64 backend. NEON kernels are not written yet: this backend delegates every kernel to
-//! the scalar reference so that the aarch64 build and the per-backend conformance tests have
-//! the same shape as on x86_64. Replace method by method (dotprod/i8mm detection at run time).
+//! aarch64 NEON backends: `neon` (Armv8-A Advanced SIMD, every aarch64 CPU), `neon-dotprod`
+//! (+ `sdot`, Armv8.2-A dotprod) and `neon-i8mm` (+ i8mm), chosen at run time with
+//! `is_aarch64_feature_detected!` ([`Neon::get`]).
+//!
+//! # Numerics: the AVX2 backend's, bit for bit
+//! Every kernel reproduces the f32 (and f64) operations of the AVX2 backend
+//! ([`super::avx2`], [`super::avx2_kquants`], [`super::avx2_math`]) in the same order, so an
+//! aarch64 build computes the same logits as the x86_64 AVX2 build and greedy decoding picks
+//! the same tokens:
+//! - an AVX2 `__m256` accumulator is a pair of `float32x4_t` (lanes 0..4, 4..8), updated with
+//!   the same fused multiply-adds (`vfmaq_f32` / `vfmsq_f32` for `fmadd` / `fnmadd`) and
+//!   reduced as `hsum_ps` does: `(s0 + s2) + (s1 + s3)` of `s = lo + hi` ([`hsum8`]);
+//! - quantized blocks give the same exact i32 lanes: lane `k` of a 32-byte group is the sum
+//!   of products of bytes `4k..4k+4` (`maddubs` + `madd` on x86). At `neon` level
+//!   `vmull_s8` + `vpaddlq_s16` + `vpaddq_s32` build it ([`dot4`]); at `neon-dotprod` one
+//!   `sdot` does (lane `k` of `sdot` is exactly bytes `4k..4k+4`);
+//! - the float dots keep the two 8-lane FMA chains of `dot_widened`, `rms_norm_row` its two
+//!   4-lane f64 sums, and `exp` the f64 Cody–Waite + degree-11 polynomial of `avx2_math`
+//!   ([`super::neon_math`]).
+//!
+//! `neon-i8mm`: `smmla` sums 8 adjacent byte products per i32 lane, which cannot give the
+//! 4-byte lanes above without zero-padding half of each operand (then one `smmla` does the
+//! useful work of one `sdot`, plus the shuffles to build and unzip its 2 × 2 layout). Keeping
+//! results equal to the x86 build is worth more than that, so `neon-i8mm` runs the dotprod
+//! kernels (it exists so that `--kernels neon-i8mm` and the tests can name the level; an
+//! i8mm-specific tile that changes the lane split would need its own bit-identity story).
+//!
+//! Q4_0, Q4_1 and Q8_0 have a register-blocked tile kernel ([`TILE_R`] rows × [`TILE_T`]
+//! tokens) in which each weight block is unpacked once per tile; single dot products run the
+//! same kernel at 1 × 1, so tiles are bit-identical to single dots. Q4_K and Q6_K are in
+//! [`super::neon_kquants`].
+
+use std::arch::aarch64::*;
 
 use half::{bf16, f16};
 
-use super::scalar::Scalar;
-use super::KernelBackend;
+use super::neon_kquants::{dot_kquant, dot_tile_kquant, KQuant};
+use super::{dot_tile_by_pairs, DotTile, KernelBackend};
 use crate::quant::blocks::{
     BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
+use crate::quant::GgmlType;
 
-/// The aarch64 backend (currently the scalar kernels).
+/// Weight rows per register tile (as AVX2).
+const TILE_R: usize = 4;
+/// Tokens per register tile (as AVX2).
+const TILE_T: usize = 2;
+
+/// Instruction-set level of a NEON backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    /// Armv8-A Advanced SIMD (always present on aarch64).
+    Neon,
+    /// + `sdot` (FEAT_DotProd).
+    DotProd,
+    /// + `smmla` (FEAT_I8MM); runs the dotprod kernels (see the module docs).
+    I8mm,
+}
+
+/// A NEON backend. Only obtainable through [`Neon::get`] / [`Neon::all`], which check the CPU
+/// features, so holding one proves its level is available.
 #[derive(Debug)]
-pub struct Neon;
+pub struct Neon {
+    level: Level,
+}
 
-static NEON: Neon = Neon;
+static NEON: Neon = Neon { level: Level::Neon };
+static NEON_DOTPROD: Neon = Neon {
+    level: Level::DotProd,
+};
+static NEON_I8MM: Neon = Neon { level: Level::I8mm };
 
 impl Neon {
+    /// The base NEON backend (every aarch64 CPU has Advanced SIMD).
     pub fn get() -> &'static Neon {
         &NEON
     }
+
+    /// The backend of `level` if this CPU has it (checked at run time).
+    pub fn at(level: Level) -> Option<&'static Neon> {
+        match level {
+            Level::Neon => Some(&NEON),
+            Level::DotProd => {
+                std::arch::is_aarch64_feature_detected!("dotprod").then_some(&NEON_DOTPROD)
+            }
+            Level::I8mm => (std::arch::is_aarch64_feature_detected!("dotprod")
+                && std::arch::is_aarch64_feature_detected!("i8mm"))
+            .then_some(&NEON_I8MM),
+        }
+    }
+
+    /// Every level this CPU has, lowest first.
+    pub fn all() -> Vec<&'static Neon> {
+        [Level::Neon, Level::DotProd, Level::I8mm]
+            .into_iter()
+            .filter_map(Neon::at)
+            .collect()
+    }
+
+    /// This backend's level.
+    pub fn level(&self) -> Level {
+        self.level
+    }
+
+    fn dot(&self) -> bool {
+        self.level != Level::Neon
+    }
 }
 
+// === helpers ===
+
+/// 8 f32 lanes (an AVX2 `__m256`): lanes 0..4 and 4..8.
+type F8 = [float32x4_t; 2];
+
+/// `hsum_ps` of the AVX2 backend: `(s0 + s2) + (s1 + s3)` where `s = lo + hi`.
+#[inline(always)]
+pub(super) unsafe fn hsum8(v: F8) -> f32 {
+    let s = vaddq_f32(v[0], v[1]);
+    let t = vadd_f32(vget_low_f32(s), vget_high_f32(s));
+    vget_lane_f32::<0>(t) + vget_lane_f32::<1>(t)
+}
+
+/// `a + b` lane-wise on 8 lanes.
+#[inline(always)]
+unsafe fn add8(a: F8, b: F8) -> F8 {
+    [vaddq_f32(a[0], b[0]), vaddq_f32(a[1], b[1])]
+}
+
+/// f16 bits at `p` (unaligned) to f32 (exact).
+#[inline(always)]
+pub(super) unsafe fn load_f16(p: *const u8) -> f32 {
+    f16::from_bits(p.cast::<u16>().read_unaligned()).to_f32()
+}
+
+/// 4 f16 (as bits) widened to f32 (`fcvtl`, exact; the `float16x4_t` intrinsics are not
+/// stable Rust).
+#[inline(always)]
+unsafe fn cvt_f16x4(h: uint16x4_t) -> float32x4_t {
+    let o: float32x4_t;
+    std::arch::asm!("fcvtl {0:v}.4s, {1:v}.4h", out(vreg) o, in(vreg) h,
+        options(pure, nomem, nostack, preserves_flags));
+    o
+}
+
+/// The high 4 of 8 f16 (as bits) widened to f32 (`fcvtl2`).
+#[inline(always)]
+unsafe fn cvt_f16x4_high(h: uint16x8_t) -> float32x4_t {
+    let o: float32x4_t;
+    std::arch::asm!("fcvtl2 {0:v}.4s, {1:v}.8h", out(vreg) o, in(vreg) h,
+        options(pure, nomem, nostack, preserves_flags));
+    o
+}
+
+/// `acc + sdot(a, b)`: lane `k` gains `Σ_{i<4} a[4k+i]·b[4k+i]` (the `vdotq_s32` intrinsic is
+/// not stable Rust, hence the instruction).
+///
+/// # Safety
+/// Needs dotprod.
+#[inline]
+#[target_feature(enable = "dotprod")]
+unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    let mut acc = acc;
+    std::arch::asm!("sdot {0:v}.4s, {1:v}.16b, {2:v}.16b", inout(vreg) acc, in(vreg) a, in(vreg) b,
+        options(pure, nomem, nostack, preserves_flags));
+    acc
+}
+
+/// Sums of 4 adjacent products of signed bytes: lane `k` = `Σ_{i<4} w[4k+i]·x[4k+i]`, exact.
+/// `DOT`: one `sdot`; else `vmull_s8` (i16 products) + pairwise widening adds.
+///
+/// # Safety
+/// Needs dotprod when `DOT`.
+#[inline(always)]
+pub(super) unsafe fn dot4<const DOT: bool>(w: int8x16_t, x: int8x16_t) -> int32x4_t {
+    if DOT {
+        sdot(vdupq_n_s32(0), w, x)
+    } else {
+        let lo = vpaddlq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(x)));
+        let hi = vpaddlq_s16(vmull_high_s8(w, x));
+        vpaddq_s32(lo, hi)
+    }
+}
+
+const K_Q4_0: u8 = 0;
+const K_Q4_1: u8 = 1;
+const K_Q8_0: u8 = 2;
+
+/// (weight block bytes, activation block bytes, offset of the activation quants).
+const fn geometry(k: u8) -> (usize, usize, usize) {
+    match k {
+        K_Q4_0 => (18, 34, 2),
+        K_Q4_1 => (20, 36, 4),
+        _ => (34, 34, 2),
+    }
+}
+
+/// 16 bytes at `p` as 32 nibbles: low nibbles (elements 0..16), then high nibbles (16..32).
+#[inline(always)]
+unsafe fn load_nibbles(p: *const u8) -> [int8x16_t; 2] {
+    let t = vld1q_u8(p);
+    [
+        vreinterpretq_s8_u8(vandq_u8(t, vdupq_n_u8(0x0F))),
+        vreinterpretq_s8_u8(vshrq_n_u8::<4>(t)),
+    ]
+}
+
+/// `R × T` dot products of `nb` blocks of weight kind `K` (Q4_0 / Q4_1 / Q8_0) against its
+/// activation type; `out[t * out_stride + r] = w_row(r) · x_row(t)`. The arithmetic of the
+/// AVX2 `tile_q` per (row, token).
+///
+/// # Safety
+/// Needs dotprod when `DOT`. `w + r*w_stride` for `r < R` and `x + t*x_stride` for `t < T`
+/// must each point at `nb` readable blocks; `out + t*out_stride + r` must be writable.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_q<const K: u8, const R: usize, const T: usize, const DOT: bool>(
+    w: *const u8,
+    w_stride: usize,
+    x: *const u8,
+    x_stride: usize,
+    nb: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let (wb, xb, xq) = geometry(K);
+    let zero = vdupq_n_f32(0.0);
+    let mut acc = [[[zero; 2]; T]; R];
+    let mut accm = [[0f32; T]; R];
+    for ib in 0..nb {
+        let mut qw = [[vdupq_n_s8(0); 2]; R];
+        let mut dw = [0f32; R];
+        let mut mw = [0f32; R];
+        for r in 0..R {
+            let p = w.add(r * w_stride + ib * wb);
+            dw[r] = load_f16(p);
+            qw[r] = match K {
+                K_Q4_0 => {
+                    let [lo, hi] = load_nibbles(p.add(2));
+                    let eight = vdupq_n_s8(8);
+                    [vsubq_s8(lo, eight), vsubq_s8(hi, eight)]
+                }
+                K_Q4_1 => {
+                    mw[r] = load_f16(p.add(2));
+                    load_nibbles(p.add(4))
+                }
+                _ => [vld1q_s8(p.add(2).cast()), vld1q_s8(p.add(18).cast())],
+            };
+        }
+        for t in 0..T {
+            let p = x.add(t * x_stride + ib * xb);
+            let dx = load_f16(p);
+            let qx = [vld1q_s8(p.add(xq).cast()), vld1q_s8(p.add(xq + 16).cast())];
+            let sx = if K == K_Q4_1 { load_f16(p.add(2)) } else { 0.0 };
+            for r in 0..R {
+                let d = vdupq_n_f32(dw[r] * dx);
+                for h in 0..2 {
+                    let dot = dot4::<DOT>(qw[r][h], qx[h]);
+                    acc[r][t][h] = vfmaq_f32(acc[r][t][h], d, vcvtq_f32_s32(dot));
+                }
+                if K == K_Q4_1 {
+                    accm[r][t] += mw[r] * sx;
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        for t in 0..T {
+            *out.add(t * out_stride + r) = hsum8(acc[r][t]) + accm[r][t];
+        }
+    }
+}
+
+/// [`tile_q`] at `neon` level.
+///
+/// # Safety
+/// As [`tile_q`].
+#[inline]
+unsafe fn tile_neon<const K: u8, const R: usize, const T: usize>(
+    w: *const u8,
+    w_stride: usize,
+    x: *const u8,
+    x_stride: usize,
+    nb: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    tile_q::<K, R, T, false>(w, w_stride, x, x_stride, nb, out, out_stride)
+}
+
+/// [`tile_q`] with `sdot` (bit-identical results).
+///
+/// # Safety
+/// Needs dotprod; pointers as [`tile_q`].
+#[inline]
+#[target_feature(enable = "dotprod")]
+unsafe fn tile_dot<const K: u8, const R: usize, const T: usize>(
+    w: *const u8,
+    w_stride: usize,
+    x: *const u8,
+    x_stride: usize,
+    nb: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    tile_q::<K, R, T, true>(w, w_stride, x, x_stride, nb, out, out_stride)
+}
+
+/// The `R × T` tile of kind `K` at the level `DOT` names.
+///
+/// # Safety
+/// As the kernel it dispatches to (the caller proves dotprod when `DOT`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_pick<const K: u8, const R: usize, const T: usize, const DOT: bool>(
+    w: *const u8,
+    w_stride: usize,
+    x: *const u8,
+    x_stride: usize,
+    nb: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    if DOT {
+        tile_dot::<K, R, T>(w, w_stride, x, x_stride, nb, out, out_stride)
+    } else {
+        tile_neon::<K, R, T>(w, w_stride, x, x_stride, nb, out, out_stride)
+    }
+}
+
+/// A whole [`DotTile`] of kind `K` in `R × T` pieces plus `1 × T`, `R × 1` and `1 × 1` edges.
+///
+/// # Safety
+/// Needs dotprod when `DOT`; the geometry is checked here.
+unsafe fn dot_tile_q<const K: u8, const R: usize, const T: usize, const DOT: bool>(
+    tile: &DotTile<'_>,
+    out: &mut [f32],
+) {
+    let (wb, xb, _) = geometry(K);
+    let (n_rows, n_tok) = (tile.n_rows(), tile.n_tok());
+    let nb = tile.w_row_bytes / wb;
+    // Soundness of the raw reads and writes below rests on these O(1) checks.
+    assert!(tile.w_row_bytes == nb * wb && tile.x_row_bytes == nb * xb);
+    assert!(tile.w.len() == n_rows * tile.w_row_bytes && tile.x.len() == n_tok * tile.x_row_bytes);
+    assert_eq!(out.len(), n_rows * n_tok);
+    let (ws, xs) = (tile.w_row_bytes, tile.x_row_bytes);
+    let (w, x, o) = (tile.w.as_ptr(), tile.x.as_ptr(), out.as_mut_ptr());
+    let mut r = 0;
+    while r < n_rows {
+        let full = r + R <= n_rows;
+        let mut t = 0;
+        while t < n_tok {
+            let (wp, xp, op) = (w.add(r * ws), x.add(t * xs), o.add(t * n_rows + r));
+            let tfull = t + T <= n_tok;
+            match (full, tfull) {
+                (true, true) => tile_pick::<K, R, T, DOT>(wp, ws, xp, xs, nb, op, n_rows),
+                (true, false) => tile_pick::<K, R, 1, DOT>(wp, ws, xp, xs, nb, op, n_rows),
+                (false, true) => tile_pick::<K, 1, T, DOT>(wp, ws, xp, xs, nb, op, n_rows),
+                (false, false) => tile_pick::<K, 1, 1, DOT>(wp, ws, xp, xs, nb, op, n_rows),
+            }
+            t += if tfull { T } else { 1 };
+        }
+        r += if full { R } else { 1 };
+    }
+}
+
+/// One dot product through the tile kernel (bit-identical to tiled results).
+///
+/// # Safety
+/// Needs dotprod when `DOT`; `w` and `x` point at `nb` blocks each.
+unsafe fn dot_q<const K: u8, const DOT: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    let mut out = 0f32;
+    tile_pick::<K, 1, 1, DOT>(w, 0, x, 0, nb, &mut out, 0);
+    out
+}
+
+/// Loads 8 f16 values widened to f32.
+#[inline(always)]
+unsafe fn load_f16x8(p: *const f16) -> F8 {
+    let h = vld1q_u16(p.cast());
+    [cvt_f16x4(vget_low_u16(h)), cvt_f16x4_high(h)]
+}
+
+/// Loads 8 bf16 values widened to f32 (a bf16 is the high half of an f32).
+#[inline(always)]
+unsafe fn load_bf16x8(p: *const bf16) -> F8 {
+    let h = vld1q_u16(p.cast());
+    [
+        vreinterpretq_f32_u32(vshll_n_u16::<16>(vget_low_u16(h))),
+        vreinterpretq_f32_u32(vshll_high_n_u16::<16>(h)),
+    ]
+}
+
+/// Loads 8 f32 values.
+#[inline(always)]
+unsafe fn load_f32x8(p: *const f32) -> F8 {
+    [vld1q_f32(p), vld1q_f32(p.add(4))]
+}
+
+/// `a + b·c` on 8 lanes, fused.
+#[inline(always)]
+unsafe fn fma8(a: F8, b: F8, c: F8) -> F8 {
+    [vfmaq_f32(a[0], b[0], c[0]), vfmaq_f32(a[1], b[1], c[1])]
+}
+
+/// `Σ w[j]·x[j]` as the AVX2 `dot_widened`: two 8-lane FMA chains over 16-element steps, one
+/// more 8-element step into the first, the chains added and reduced, the tail in order.
+#[inline(always)]
+unsafe fn dot_widened<T: Copy>(
+    w: &[T],
+    x: &[T],
+    load: impl Fn(*const T) -> F8,
+    widen: impl Fn(T) -> f32,
+) -> f32 {
+    let n = w.len().min(x.len());
+    let (pw, px) = (w.as_ptr(), x.as_ptr());
+    let z = vdupq_n_f32(0.0);
+    let (mut a0, mut a1) = ([z; 2], [z; 2]);
+    let mut i = 0;
+    while i + 16 <= n {
+        a0 = fma8(a0, load(pw.add(i)), load(px.add(i)));
+        a1 = fma8(a1, load(pw.add(i + 8)), load(px.add(i + 8)));
+        i += 16;
+    }
+    if i + 8 <= n {
+        a0 = fma8(a0, load(pw.add(i)), load(px.add(i)));
+        i += 8;
+    }
+    let mut sum = hsum8(add8(a0, a1));
+    for j in i..n {
+        sum += widen(w[j]) * widen(x[j]);
+    }
+    sum
+}
+
+fn dot_f16(w: &[f16], x: &[f16]) -> f32 {
+    // SAFETY: NEON is baseline on aarch64; `dot_widened` reads `min(len)` elements.
+    unsafe { dot_widened(w, x, |p| load_f16x8(p), f16::to_f32) }
+}
+
+fn dot_bf16(w: &[bf16], x: &[bf16]) -> f32 {
+    // SAFETY: as `dot_f16`.
+    unsafe { dot_widened(w, x, |p| load_bf16x8(p), bf16::to_f32) }
+}
+
+fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
+    // SAFETY: as `dot_f16`.
+    unsafe { dot_widened(w, x, |p| load_f32x8(p), |v| v) }
+}
+
+/// As the AVX2 `rms_norm_row`: squares in f32, widened and summed in two 4-lane f64
+/// accumulators (8-element steps), reduced `(l0 + l1) + (l2 + l3)`, the tail in order.
+fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let n = x.len().min(w.len()).min(out.len());
+    // SAFETY: NEON is baseline; every access is below `n`.
+    unsafe {
+        let z = vdupq_n_f64(0.0);
+        // s0 = lanes 0..4 (as 0..2, 2..4), s1 = lanes 4..8.
+        let (mut s0a, mut s0b, mut s1a, mut s1b) = (z, z, z, z);
+        let mut i = 0;
+        while i + 8 <= n {
+            let v0 = vld1q_f32(x.as_ptr().add(i));
+            let v1 = vld1q_f32(x.as_ptr().add(i + 4));
+            let (q0, q1) = (vmulq_f32(v0, v0), vmulq_f32(v1, v1));
+            s0a = vaddq_f64(s0a, vcvt_f64_f32(vget_low_f32(q0)));
+            s0b = vaddq_f64(s0b, vcvt_high_f64_f32(q0));
+            s1a = vaddq_f64(s1a, vcvt_f64_f32(vget_low_f32(q1)));
+            s1b = vaddq_f64(s1b, vcvt_high_f64_f32(q1));
+            i += 8;
+        }
+        let l01 = vaddq_f64(s0a, s1a);
+        let l23 = vaddq_f64(s0b, s1b);
+        let mut sum = (vgetq_lane_f64::<0>(l01) + vgetq_lane_f64::<1>(l01))
+            + (vgetq_lane_f64::<0>(l23) + vgetq_lane_f64::<1>(l23));
+        for &v in &x[i..n] {
+            sum += (v * v) as f64;
+        }
+        let mean = (sum / n as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        let sv = vdupq_n_f32(scale);
+        let mut i = 0;
+        while i + 4 <= n {
+            let v = vmulq_f32(vld1q_f32(x.as_ptr().add(i)), sv);
+            vst1q_f32(
+                out.as_mut_ptr().add(i),
+                vmulq_f32(v, vld1q_f32(w.as_ptr().add(i))),
+            );
+            i += 4;
+        }
+        for j in i..n {
+            out[j] = (x[j] * scale) * w[j];
+        }
+    }
+}
+
+fn add_inplace(dst: &mut [f32], src: &[f32]) {
+    let n = dst.len().min(src.len());
+    let mut i = 0;
+    // SAFETY: NEON is baseline; every access is below `n`.
+    unsafe {
+        while i + 4 <= n {
+            let s = vaddq_f32(
+                vld1q_f32(dst.as_ptr().add(i)),
+                vld1q_f32(src.as_ptr().add(i)),
+            );
+            vst1q_f32(dst.as_mut_ptr().add(i), s);
+            i += 4;
+        }
+    }
+    for j in i..n {
+        dst[j] += src[j];
+    }
+}
+
+fn axpy_f16(out: &mut [f32], a: f32, v: &[f16]) {
+    let n = out.len().min(v.len());
+    let mut i = 0;
+    // SAFETY: NEON is baseline; every access is below `n`.
+    unsafe {
+        let av = vdupq_n_f32(a);
+        while i + 8 <= n {
+            let vv = load_f16x8(v.as_ptr().add(i));
+            for h in 0..2 {
+                let o = out.as_mut_ptr().add(i + 4 * h);
+                // mul then add (no fma): bit-identical to the scalar backend.
+                vst1q_f32(o, vaddq_f32(vld1q_f32(o), vmulq_f32(av, vv[h])));
+            }
+            i += 8;
+        }
+    }
+    for j in i..n {
+        out[j] += a * v[j].to_f32();
+    }
+}
+
+/// A quantized product at the backend's level: `$f::<K, DOT>(args)`.
+macro_rules! at_level {
+    ($self:ident, $f:ident::<$k:ident>($($a:expr),*)) => {
+        if $self.dot() { $f::<$k, true>($($a),*) } else { $f::<$k, false>($($a),*) }
+    };
+}
+
+// SAFETY (every `unsafe` block below): a `Neon` exists only via `Neon::get` / `Neon::at`, which
+// checked dotprod for the levels that use it (NEON itself is baseline on aarch64); the single
+// dot products read `min(len)` blocks of the slices passed, and the tile kernels assert their
+// geometry against the slice lengths before raw access.
 impl KernelBackend for Neon {
     fn name(&self) -> &'static str {
-        "neon"
+        match self.level {
+            Level::Neon => "neon",
+            Level::DotProd => "neon-dotprod",
+            Level::I8mm => "neon-i8mm",
+        }
     }
+
+    fn gdn_chunked_head(&self, head: &mut crate::gdn::chunked::ChunkedHead<'_, '_>) {
+        crate::gdn::chunked::head_fused(head)
+    }
+
     fn vec_dot_q4_0_q8_0(&self, w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
-        Scalar.vec_dot_q4_0_q8_0(w, x)
+        let (nb, w, x) = (w.len().min(x.len()), w.as_ptr().cast(), x.as_ptr().cast());
+        // SAFETY: see the impl comment; both slices hold >= nb blocks.
+        unsafe { at_level!(self, dot_q::<K_Q4_0>(w, x, nb)) }
     }
+
     fn vec_dot_q4_1_q8_1(&self, w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32 {
-        Scalar.vec_dot_q4_1_q8_1(w, x)
+        let (nb, w, x) = (w.len().min(x.len()), w.as_ptr().cast(), x.as_ptr().cast());
+        // SAFETY: see the impl comment; both slices hold >= nb blocks.
+        unsafe { at_level!(self, dot_q::<K_Q4_1>(w, x, nb)) }
     }
+
     fn vec_dot_q8_0_q8_0(&self, w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
-        Scalar.vec_dot_q8_0_q8_0(w, x)
+        let (nb, w, x) = (w.len().min(x.len()), w.as_ptr().cast(), x.as_ptr().cast());
+        // SAFETY: see the impl comment; both slices hold >= nb blocks.
+        unsafe { at_level!(self, dot_q::<K_Q8_0>(w, x, nb)) }
     }
+
     fn vec_dot_q4_k_q8_k(&self, w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
-        Scalar.vec_dot_q4_k_q8_k(w, x)
+        let nb = w.len().min(x.len());
+        // SAFETY: see the impl comment; both slices hold >= nb blocks, aligned as slices.
+        unsafe {
+            dot_kquant(
+                self.dot(),
+                KQuant::Q4K,
+                w.as_ptr().cast(),
+                x.as_ptr().cast(),
+                nb,
+            )
+        }
     }
+
     fn vec_dot_q6_k_q8_k(&self, w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
-        Scalar.vec_dot_q6_k_q8_k(w, x)
+        let nb = w.len().min(x.len());
+        // SAFETY: see the impl comment; both slices hold >= nb blocks, aligned as slices.
+        unsafe {
+            dot_kquant(
+                self.dot(),
+                KQuant::Q6K,
+                w.as_ptr().cast(),
+                x.as_ptr().cast(),
+                nb,
+            )
+        }
     }
+
     fn vec_dot_f16(&self, w: &[f16], x: &[f16]) -> f32 {
-        Scalar.vec_dot_f16(w, x)
+        dot_f16(w, x)
     }
+
     fn vec_dot_bf16(&self, w: &[bf16], x: &[bf16]) -> f32 {
-        Scalar.vec_dot_bf16(w, x)
+        dot_bf16(w, x)
     }
+
     fn vec_dot_f32(&self, w: &[f32], x: &[f32]) -> f32 {
-        Scalar.vec_dot_f32(w, x)
+        dot_f32(w, x)
     }
+
+    fn dot_tile(&self, tile: &DotTile<'_>, out: &mut [f32]) {
+        // SAFETY: see the impl comment; the tile kernels assert the tile geometry.
+        unsafe {
+            match (tile.ty, self.dot()) {
+                (GgmlType::Q4_0, false) => dot_tile_q::<K_Q4_0, TILE_R, TILE_T, false>(tile, out),
+                (GgmlType::Q4_0, true) => dot_tile_q::<K_Q4_0, TILE_R, TILE_T, true>(tile, out),
+                (GgmlType::Q4_1, false) => dot_tile_q::<K_Q4_1, TILE_R, TILE_T, false>(tile, out),
+                (GgmlType::Q4_1, true) => dot_tile_q::<K_Q4_1, TILE_R, TILE_T, true>(tile, out),
+                (GgmlType::Q8_0, false) => dot_tile_q::<K_Q8_0, TILE_R, TILE_T, false>(tile, out),
+                (GgmlType::Q8_0, true) => dot_tile_q::<K_Q8_0, TILE_R, TILE_T, true>(tile, out),
+                (GgmlType::Q4_K, dot) => dot_tile_kquant(dot, KQuant::Q4K, tile, out),
+                (GgmlType::Q6_K, dot) => dot_tile_kquant(dot, KQuant::Q6K, tile, out),
+                _ => dot_tile_by_pairs(self, tile, out),
+            }
+        }
+    }
+
     fn rms_norm_row(&self, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-        Scalar.rms_norm_row(x, w, eps, out)
+        debug_assert!(x.len() == w.len() && x.len() == out.len());
+        rms_norm_row(x, w, eps, out)
     }
+
     fn add_inplace(&self, dst: &mut [f32], src: &[f32]) {
-        Scalar.add_inplace(dst, src)
+        debug_assert_eq!(dst.len(), src.len());
+        add_inplace(dst, src)
     }
+
     fn axpy_f16(&self, out: &mut [f32], a: f32, v: &[f16]) {
-        Scalar.axpy_f16(out, a, v)
+        debug_assert_eq!(out.len(), v.len());
+        axpy_f16(out, a, v)
     }
+
     fn silu_inplace(&self, x: &mut [f32]) {
-        Scalar.silu_inplace(x)
+        super::neon_math::silu_inplace(x)
     }
+
     fn swiglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) {
-        Scalar.swiglu(gate, up, out)
+        debug_assert!(gate.len() == up.len() && gate.len() == out.len());
+        super::neon_math::swiglu(gate, up, out)
+    }
+
+    fn softmax_inplace(&self, x: &mut [f32]) {
+        super::neon_math::softmax_inplace(x)
     }
 }

@@ -130,6 +130,15 @@ pub(crate) fn gemm_acc_portable(
     gemm_body::<MR, NR>(y, a, x, m, p, nn, |acc, ar, xj| acc + ar * xj)
 }
 
+/// `y += a · x` with fused multiply-adds (aarch64, where FMA is baseline): the tiled body of
+/// [`gemm_acc_portable`] with `f32::mul_add` steps, vectorised by the compiler. Per element
+/// it is the arithmetic of [`gemm_acc_avx2`] (a fused chain over `p` in order from zero, then
+/// added to `y`), so the NEON backends' GDN equals the x86 AVX2 build's bit for bit.
+#[cfg(target_arch = "aarch64")]
+pub(crate) fn gemm_acc_fused(y: &mut [f32], a: &[f32], x: &[f32], m: usize, p: usize, nn: usize) {
+    gemm_body::<MR, 16>(y, a, x, m, p, nn, |acc, ar, xj| ar.mul_add(xj, acc))
+}
+
 /// Tiled `y += a · x`; `fma(acc, a, x)` is the multiply-add step (plain or fused). Inlined
 /// into each caller so it is compiled with that caller's target features.
 #[inline(always)]

@@ -1,0 +1,328 @@
+//! NEON Q4_K and Q6_K products against Q8_K activations, for any number of tokens: the
+//! arithmetic of [`super::avx2_kquants`] lane for lane (see [`super::neon`] for why).
+//!
+//! A weight super-block is unpacked once ([`Unpacked`]: eight 32-byte groups of unsigned
+//! quants, the per-16-weight scales, the Q4_K mins) and applied to every token of the sweep.
+//! Per (row, token) the exact i32 lanes are the AVX2 ones: lane `k` (0..8) of a super-block
+//! sums, over the eight groups `j`, `scale(j, k) · Σ_{i<4} q[32j+4k+i]·x[32j+4k+i]` (lanes
+//! 0..4 from bytes 0..16 of a group, 4..8 from bytes 16..32; `sdot` or
+//! [`super::neon::dot4`]); the bsum correction lane `k` pairs `bsums[2k]` and `bsums[2k+1]`
+//! with the mins (Q4_K) or scales (Q6_K). They are converted and fused into an 8-lane f32
+//! accumulator with `d_w·d_x` (Q4_K: minus `dmin·d_x · corr`; Q6_K: `−32·corr` removed in the
+//! integers first), and reduced once at the end as `hsum_ps`. Every (row, token) accumulator
+//! sees the same operations whatever the sweep shape: tiles equal single dots bit for bit.
+
+use std::arch::aarch64::*;
+
+use super::neon::{dot4, hsum8};
+use super::DotTile;
+use crate::quant::blocks::{BlockQ4K, BlockQ6K, BlockQ8K};
+
+/// Tokens per sweep (as AVX2: the activation blocks of one super-block column stay in L1).
+const TOKENS: usize = 64;
+/// Weight rows per sweep.
+const ROWS: usize = 4;
+
+/// Weight kinds handled here.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum KQuant {
+    Q4K,
+    Q6K,
+}
+
+impl KQuant {
+    fn block_bytes(self) -> usize {
+        match self {
+            KQuant::Q4K => size_of::<BlockQ4K>(),
+            KQuant::Q6K => size_of::<BlockQ6K>(),
+        }
+    }
+}
+
+/// One weight super-block ready for the token loop: `q[j]` the unsigned quants of weights
+/// `32j..32j+32` (Q4_K: 0..15; Q6_K: q + 32 in 0..63) as two 16-byte halves; `s[j]` the
+/// scales of those halves; `bias` the 8 per-lane factors of the bsum pairs (Q4_K: `m_k`
+/// for lane `k`) or, for Q6_K, the 16 scales as i16.
+struct Unpacked {
+    q: [[int8x16_t; 2]; 8],
+    s: [[i32; 2]; 8],
+    bias_q4k: [int32x4_t; 2],
+    bias_q6k: [int16x8_t; 2],
+    d: f32,
+    dmin: f32,
+}
+
+#[inline(always)]
+unsafe fn unpack_q4k(b: &BlockQ4K) -> Unpacked {
+    let mask = vdupq_n_u8(0x0F);
+    let (sc, mn) = b.scales_mins();
+    let mut q = [[vdupq_n_s8(0); 2]; 8];
+    let mut s = [[0i32; 2]; 8];
+    for g in 0..4 {
+        for h in 0..2 {
+            let q4 = vld1q_u8(b.qs.as_ptr().add(32 * g + 16 * h));
+            q[2 * g][h] = vreinterpretq_s8_u8(vandq_u8(q4, mask));
+            q[2 * g + 1][h] = vreinterpretq_s8_u8(vshrq_n_u8::<4>(q4));
+        }
+    }
+    for j in 0..8 {
+        s[j] = [sc[j] as i32; 2];
+    }
+    let m: [i32; 8] = std::array::from_fn(|k| mn[k] as i32);
+    Unpacked {
+        q,
+        s,
+        bias_q4k: [vld1q_s32(m.as_ptr()), vld1q_s32(m.as_ptr().add(4))],
+        bias_q6k: [vdupq_n_s16(0); 2],
+        d: b.d.to_f32(),
+        dmin: b.dmin.to_f32(),
+    }
+}
+
+#[inline(always)]
+unsafe fn unpack_q6k(b: &BlockQ6K) -> Unpacked {
+    let m4 = vdupq_n_u8(0x0F);
+    let m30 = vdupq_n_u8(0x30);
+    let mut q = [[vdupq_n_s8(0); 2]; 8];
+    for h in 0..2 {
+        for half in 0..2 {
+            let o = 16 * half;
+            let ql0 = vld1q_u8(b.ql.as_ptr().add(64 * h + o));
+            let ql1 = vld1q_u8(b.ql.as_ptr().add(64 * h + 32 + o));
+            let qh = vld1q_u8(b.qh.as_ptr().add(32 * h + o));
+            let v = [
+                vorrq_u8(vandq_u8(ql0, m4), vandq_u8(vshlq_n_u8::<4>(qh), m30)),
+                vorrq_u8(vandq_u8(ql1, m4), vandq_u8(vshlq_n_u8::<2>(qh), m30)),
+                vorrq_u8(vshrq_n_u8::<4>(ql0), vandq_u8(qh, m30)),
+                vorrq_u8(vshrq_n_u8::<4>(ql1), vandq_u8(vshrq_n_u8::<2>(qh), m30)),
+            ];
+            for (k, vk) in v.into_iter().enumerate() {
+                q[4 * h + k][half] = vreinterpretq_s8_u8(vk);
+            }
+        }
+    }
+    let s: [[i32; 2]; 8] =
+        std::array::from_fn(|j| [b.scales[2 * j] as i32, b.scales[2 * j + 1] as i32]);
+    let sc = vld1q_s8(b.scales.as_ptr());
+    Unpacked {
+        q,
+        s,
+        bias_q4k: [vdupq_n_s32(0); 2],
+        bias_q6k: [vmovl_s8(vget_low_s8(sc)), vmovl_high_s8(sc)],
+        d: b.d.to_f32(),
+        dmin: 0.0,
+    }
+}
+
+/// Adds one super-block product `w · x` to the 8-lane accumulator `acc`.
+///
+/// # Safety
+/// Needs dotprod when `DOT`.
+#[inline(always)]
+unsafe fn accumulate<const Q4K: bool, const DOT: bool>(
+    u: &Unpacked,
+    x: &BlockQ8K,
+    acc: [float32x4_t; 2],
+) -> [float32x4_t; 2] {
+    let mut sumi = [vdupq_n_s32(0); 2];
+    for j in 0..8 {
+        for h in 0..2 {
+            let xv = vld1q_s8(x.qs.as_ptr().add(32 * j + 16 * h));
+            sumi[h] = vmlaq_n_s32(sumi[h], dot4::<DOT>(u.q[j][h], xv), u.s[j][h]);
+        }
+    }
+    let bs = [
+        vld1q_s16(x.bsums.as_ptr()),
+        vld1q_s16(x.bsums.as_ptr().add(8)),
+    ];
+    let mut corr = [vdupq_n_s32(0); 2];
+    for h in 0..2 {
+        corr[h] = if Q4K {
+            vmulq_s32(vpaddlq_s16(bs[h]), u.bias_q4k[h])
+        } else {
+            let b = u.bias_q6k[h];
+            let lo = vmull_s16(vget_low_s16(bs[h]), vget_low_s16(b));
+            let hi = vmull_high_s16(bs[h], b);
+            vpaddq_s32(lo, hi)
+        };
+    }
+    let d = vdupq_n_f32(x.d * u.d);
+    let mut out = acc;
+    if Q4K {
+        let dm = vdupq_n_f32(x.d * u.dmin);
+        for h in 0..2 {
+            out[h] = vfmaq_f32(out[h], d, vcvtq_f32_s32(sumi[h]));
+            out[h] = vfmsq_f32(out[h], dm, vcvtq_f32_s32(corr[h]));
+        }
+    } else {
+        for h in 0..2 {
+            // The quants above are q + 32: remove 32 * Σ_k sc_k * bsum_k, exactly.
+            let s = vsubq_s32(sumi[h], vshlq_n_s32::<5>(corr[h]));
+            out[h] = vfmaq_f32(out[h], d, vcvtq_f32_s32(s));
+        }
+    }
+    out
+}
+
+/// `rows × n_tok` products (`rows ≤ ROWS`, `n_tok ≤ NT`); `out[t * out_stride + r]`.
+///
+/// # Safety
+/// Needs dotprod when `DOT`. `w + r*w_stride` (r < rows) must point at `nb` aligned weight
+/// blocks, `x + t*x_stride` (t < n_tok) at `nb` aligned [`BlockQ8K`]; `out + t*out_stride + r`
+/// must be writable.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn sweep<const Q4K: bool, const NT: usize, const DOT: bool>(
+    w: *const u8,
+    w_stride: usize,
+    rows: usize,
+    x: *const u8,
+    x_stride: usize,
+    n_tok: usize,
+    nb: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    debug_assert!(rows <= ROWS && n_tok <= NT);
+    let wb = if Q4K {
+        size_of::<BlockQ4K>()
+    } else {
+        size_of::<BlockQ6K>()
+    };
+    let z = vdupq_n_f32(0.0);
+    let mut acc = [[[z; 2]; NT]; ROWS];
+    for ib in 0..nb {
+        for (r, acc_r) in acc.iter_mut().enumerate().take(rows) {
+            let p = w.add(r * w_stride + ib * wb);
+            let u = if Q4K {
+                unpack_q4k(&*p.cast::<BlockQ4K>())
+            } else {
+                unpack_q6k(&*p.cast::<BlockQ6K>())
+            };
+            for (t, a) in acc_r.iter_mut().enumerate().take(n_tok) {
+                let bx = &*x
+                    .add(t * x_stride + ib * size_of::<BlockQ8K>())
+                    .cast::<BlockQ8K>();
+                *a = accumulate::<Q4K, DOT>(&u, bx, *a);
+            }
+        }
+    }
+    for (r, acc_r) in acc.iter().enumerate().take(rows) {
+        for (t, a) in acc_r.iter().enumerate().take(n_tok) {
+            *out.add(t * out_stride + r) = hsum8(*a);
+        }
+    }
+}
+
+/// [`sweep`] with the smallest accumulator capacity that holds `n_tok ≤ TOKENS` tokens.
+///
+/// # Safety
+/// As [`sweep`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn sweep_any<const Q4K: bool, const DOT: bool>(
+    w: *const u8,
+    w_stride: usize,
+    rows: usize,
+    x: *const u8,
+    x_stride: usize,
+    n_tok: usize,
+    nb: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let a = (w, w_stride, rows, x, x_stride, n_tok, nb, out, out_stride);
+    match n_tok {
+        1 => sweep::<Q4K, 1, DOT>(a.0, a.1, a.2, a.3, a.4, a.5, a.6, a.7, a.8),
+        2 => sweep::<Q4K, 2, DOT>(a.0, a.1, a.2, a.3, a.4, a.5, a.6, a.7, a.8),
+        3..=4 => sweep::<Q4K, 4, DOT>(a.0, a.1, a.2, a.3, a.4, a.5, a.6, a.7, a.8),
+        5..=8 => sweep::<Q4K, 8, DOT>(a.0, a.1, a.2, a.3, a.4, a.5, a.6, a.7, a.8),
+        _ => sweep::<Q4K, TOKENS, DOT>(a.0, a.1, a.2, a.3, a.4, a.5, a.6, a.7, a.8),
+    }
+}
+
+/// A whole K-quant tile in sweeps of [`ROWS`] × [`TOKENS`].
+///
+/// # Safety
+/// Needs dotprod when `DOT`; the [`DotTile`] alignment contract (geometry checked here).
+#[inline(always)]
+unsafe fn tile_body<const DOT: bool>(kind: KQuant, tile: &DotTile<'_>, out: &mut [f32]) {
+    let (wb, xb) = (kind.block_bytes(), size_of::<BlockQ8K>());
+    let (n_rows, n_tok) = (tile.n_rows(), tile.n_tok());
+    let nb = tile.w_row_bytes / wb;
+    // Soundness of the raw reads and writes below rests on these O(1) checks.
+    assert!(tile.w_row_bytes == nb * wb && tile.x_row_bytes == nb * xb);
+    assert!(tile.w.len() == n_rows * tile.w_row_bytes && tile.x.len() == n_tok * tile.x_row_bytes);
+    assert_eq!(out.len(), n_rows * n_tok);
+    let (ws, xs) = (tile.w_row_bytes, tile.x_row_bytes);
+    let (w, x, o) = (tile.w.as_ptr(), tile.x.as_ptr(), out.as_mut_ptr());
+    for t0 in (0..n_tok).step_by(TOKENS) {
+        let nt = TOKENS.min(n_tok - t0);
+        for r0 in (0..n_rows).step_by(ROWS) {
+            let nr = ROWS.min(n_rows - r0);
+            let (wp, xp, op) = (w.add(r0 * ws), x.add(t0 * xs), o.add(t0 * n_rows + r0));
+            match kind {
+                KQuant::Q4K => sweep_any::<true, DOT>(wp, ws, nr, xp, xs, nt, nb, op, n_rows),
+                KQuant::Q6K => sweep_any::<false, DOT>(wp, ws, nr, xp, xs, nt, nb, op, n_rows),
+            }
+        }
+    }
+}
+
+unsafe fn tile_neon(kind: KQuant, tile: &DotTile<'_>, out: &mut [f32]) {
+    tile_body::<false>(kind, tile, out)
+}
+
+#[target_feature(enable = "dotprod")]
+unsafe fn tile_dot(kind: KQuant, tile: &DotTile<'_>, out: &mut [f32]) {
+    tile_body::<true>(kind, tile, out)
+}
+
+/// All products of a K-quant [`DotTile`] (`out[t * n_rows + r]`); `dot`: with `sdot`.
+///
+/// # Safety
+/// Needs dotprod when `dot`; the [`DotTile`] alignment contract.
+pub(super) unsafe fn dot_tile_kquant(dot: bool, kind: KQuant, tile: &DotTile<'_>, out: &mut [f32]) {
+    if dot {
+        tile_dot(kind, tile, out)
+    } else {
+        tile_neon(kind, tile, out)
+    }
+}
+
+unsafe fn single_neon(kind: KQuant, w: *const u8, x: *const u8, nb: usize) -> f32 {
+    let mut out = 0f32;
+    match kind {
+        KQuant::Q4K => sweep::<true, 1, false>(w, 0, 1, x, 0, 1, nb, &mut out, 0),
+        KQuant::Q6K => sweep::<false, 1, false>(w, 0, 1, x, 0, 1, nb, &mut out, 0),
+    }
+    out
+}
+
+#[target_feature(enable = "dotprod")]
+unsafe fn single_dot(kind: KQuant, w: *const u8, x: *const u8, nb: usize) -> f32 {
+    let mut out = 0f32;
+    match kind {
+        KQuant::Q4K => sweep::<true, 1, true>(w, 0, 1, x, 0, 1, nb, &mut out, 0),
+        KQuant::Q6K => sweep::<false, 1, true>(w, 0, 1, x, 0, 1, nb, &mut out, 0),
+    }
+    out
+}
+
+/// One K-quant dot product with the tile arithmetic (bit-identical to tiles).
+///
+/// # Safety
+/// Needs dotprod when `dot`; `w` and `x` point at `nb` aligned blocks each.
+pub(super) unsafe fn dot_kquant(
+    dot: bool,
+    kind: KQuant,
+    w: *const u8,
+    x: *const u8,
+    nb: usize,
+) -> f32 {
+    if dot {
+        single_dot(kind, w, x, nb)
+    } else {
+        single_neon(kind, w, x, nb)
+    }
+}

@@ -8,7 +8,7 @@ aarch64_missing=()
 command -v aarch64-linux-gnu-gcc >/dev/null || aarch64_missing+=("aarch64-linux-gnu-gcc (apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross)")
 command -v qemu-aarch64 >/dev/null || aarch64_missing+=("qemu-aarch64 (apt-get install qemu-user)")
 [[ -d /usr/aarch64-linux-gnu/lib ]] || aarch64_missing+=("/usr/aarch64-linux-gnu (apt-get install libc6-dev-arm64-cross)")
-if command -v rustup >/dev/null; then
+if [[ -z "${RUSTC:-}" ]] && command -v rustup >/dev/null; then
   rustup target list --installed 2>/dev/null | grep -qx "$AARCH64_TARGET" \
     || aarch64_missing+=("rust-std for $AARCH64_TARGET (rustup target add $AARCH64_TARGET)")
 fi

@@ -407,11 +407,13 @@ backend_conformance!(
 #[cfg(target_arch = "aarch64")]
 backend_conformance!(
     neon_dotprod,
+    "neon-dotprod",
     backend::neon::Neon::at(backend::neon::Level::DotProd).map(|b| b as &'static dyn KernelBackend)
 );
 #[cfg(target_arch = "aarch64")]
 backend_conformance!(
     neon_i8mm,
+    "neon-i8mm",
     backend::neon::Neon::at(backend::neon::Level::I8mm).map(|b| b as &'static dyn KernelBackend)
 );
 

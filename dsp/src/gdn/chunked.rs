@@ -32,7 +32,9 @@ pub const DEFAULT_CHUNK: usize = 64;
 
 /// Runs the gated delta rule over `n` tokens in chunks of `chunk` tokens (the last chunk may
 /// be shorter), updating `state` in place and writing every token's output. Equals
-/// [`super::gdn_recurrent`] up to rounding (see the tolerance in `dsp/tests/gdn.rs`).
+/// [`super::gdn_recurrent`] up to rounding (see the tolerance in `dsp/tests/gdn.rs`). With a
+/// `pool` (`&ThreadPool` or `Some`), the value heads are spread over it (one task per head);
+/// with `None`, all run on the calling thread. Results are bit-identical either way.
 ///
 /// Shapes and layouts as [`super::gdn_recurrent`] (without snapshots): `q`, `k`
 /// `[n, n_k_heads·d_k]`; `v`, `out` `[n, n_v_heads·d_v]`; `gate`, `beta` `[n, n_v_heads]`;
@@ -45,43 +47,8 @@ pub const DEFAULT_CHUNK: usize = 64;
 /// # Errors
 /// `InvalidArgument` for a bad [`GdnShape`] or `chunk == 0`; `LengthMismatch` for any buffer
 /// whose length does not fit `n = gate.len() / n_v_heads`.
-pub fn gdn_chunked(
-    shape: GdnShape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    gate: &[f32],
-    beta: &[f32],
-    state: &mut [f32],
-    out: &mut [f32],
-    chunk: usize,
-) -> Result<(), DspError> {
-    chunked(None, shape, q, k, v, gate, beta, state, out, chunk)
-}
-
-/// [`gdn_chunked`] with the value heads spread over `pool` (one task per head). Results are
-/// bit-identical to the serial call.
-///
-/// # Errors
-/// As [`gdn_chunked`].
-pub fn gdn_chunked_pooled(
-    pool: &ThreadPool,
-    shape: GdnShape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    gate: &[f32],
-    beta: &[f32],
-    state: &mut [f32],
-    out: &mut [f32],
-    chunk: usize,
-) -> Result<(), DspError> {
-    chunked(Some(pool), shape, q, k, v, gate, beta, state, out, chunk)
-}
-
-/// [`gdn_chunked`] on the calling thread (`pool` `None`) or on `pool`.
-fn chunked(
-    pool: Option<&ThreadPool>,
+pub fn gdn_chunked<'p>(
+    pool: impl Into<Option<&'p ThreadPool>>,
     shape: GdnShape,
     q: &[f32],
     k: &[f32],
@@ -102,7 +69,7 @@ fn chunked(
     }
     let inp = Inputs { shape, n, q, k, v, gate, beta };
     let heads = split_heads(shape, state, out, None);
-    run_heads(pool, heads, &|h, io| chunked_head(&inp, h, io, chunk));
+    run_heads(pool.into(), heads, &|h, io| chunked_head(&inp, h, io, chunk));
     Ok(())
 }
 

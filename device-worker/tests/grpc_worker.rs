@@ -10,22 +10,19 @@ use tokio_stream::StreamExt;
 const SYSTEM: &str =
     "You are a phone agent. Answer with one JSON object describing the next action.";
 
+/// One turn of episode `ep-1`: `user` after [`SYSTEM`], up to 12 tokens.
+async fn ep1_turn(w: &mut TestWorker, user: &str) -> Result<Collected, tonic::Status> {
+    generate(&mut w.client, chat("ep-1", SYSTEM, user, 12)).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generate_streams_prefill_tokens_and_final_stats_and_reuses_the_prefix() {
     let model = model_path();
     let mut w = start_worker(config(model)).await;
 
-    let first = generate(
-        &mut w.client,
-        chat(
-            "ep-1",
-            SYSTEM,
-            "Task: open the settings app.\nScreen: [0] Button \"Settings\"",
-            12,
-        ),
-    )
-    .await
-    .expect("first request");
+    let first = ep1_turn(&mut w, "Task: open the settings app.\nScreen: [0] Button \"Settings\"")
+        .await
+        .expect("first request");
     let p = first.prefill.expect("prefill event");
     let d = first.done.expect("final event");
     assert!(p.prompt_tokens > 20);
@@ -40,17 +37,9 @@ async fn generate_streams_prefill_tokens_and_final_stats_and_reuses_the_prefix()
 
     // Same episode, a prompt that shares the system message and the task: the shared prefix
     // is reused from the slot's KV cache.
-    let second = generate(
-        &mut w.client,
-        chat(
-            "ep-1",
-            SYSTEM,
-            "Task: open the settings app.\nScreen: [0] Button \"Wi-Fi\"",
-            12,
-        ),
-    )
-    .await
-    .expect("second request");
+    let second = ep1_turn(&mut w, "Task: open the settings app.\nScreen: [0] Button \"Wi-Fi\"")
+        .await
+        .expect("second request");
     let p2 = second.prefill.unwrap();
     assert!(
         p2.reused_tokens > 20,
@@ -62,17 +51,9 @@ async fn generate_streams_prefill_tokens_and_final_stats_and_reuses_the_prefix()
     assert!(second.done.unwrap().kv_bound_tokens >= p2.reused_tokens);
 
     // Greedy is deterministic: the first request again (slot state differs) gives the same text.
-    let again = generate(
-        &mut w.client,
-        chat(
-            "ep-1",
-            SYSTEM,
-            "Task: open the settings app.\nScreen: [0] Button \"Settings\"",
-            12,
-        ),
-    )
-    .await
-    .unwrap();
+    let again = ep1_turn(&mut w, "Task: open the settings app.\nScreen: [0] Button \"Settings\"")
+        .await
+        .unwrap();
     assert_eq!(again.done.unwrap().text, d.text);
 
     let status = w

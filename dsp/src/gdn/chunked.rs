@@ -112,7 +112,7 @@ fn chunked_head(inp: &Inputs<'_>, h: usize, io: &mut HeadIo<'_>, chunk: usize) {
 /// The portable build of the chunk kernels (the default of
 /// [`crate::KernelBackend::gdn_chunked_head`]).
 pub(crate) fn head_portable(head: &mut ChunkedHead<'_, '_>) {
-    chunked_head_body(head.inp, head.h, head.io, head.chunk, gemm_acc_portable)
+    chunked_head_body(head, gemm_acc_portable)
 }
 
 /// [`chunked_head_body`] compiled with AVX2+FMA, its products by
@@ -125,7 +125,7 @@ pub(crate) fn head_portable(head: &mut ChunkedHead<'_, '_>) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn head_avx2(head: &mut ChunkedHead<'_, '_>) {
-    chunked_head_body(head.inp, head.h, head.io, head.chunk, |y, a, x, m, p, nn| {
+    chunked_head_body(head, |y, a, x, m, p, nn| {
         // SAFETY: this function's own contract (AVX2 and FMA).
         unsafe { super::tile::gemm_acc_avx2(y, a, x, m, p, nn) }
     })
@@ -135,13 +135,11 @@ pub(crate) unsafe fn head_avx2(head: &mut ChunkedHead<'_, '_>) {
 /// target features).
 #[inline(always)]
 fn chunked_head_body(
-    inp: &Inputs<'_>,
-    h: usize,
-    io: &mut HeadIo<'_>,
-    chunk: usize,
+    head: &mut ChunkedHead<'_, '_>,
     gemm: impl Fn(&mut [f32], &[f32], &[f32], usize, usize, usize) + Copy,
 ) {
-    let chunk = chunk.min(inp.n.max(1));
+    let inp = head.inp;
+    let chunk = head.chunk.min(inp.n.max(1));
     let GdnShape { d_k, d_v, .. } = inp.shape;
     let mut sc = Scratch {
         cum: vec![0f32; chunk],
@@ -155,22 +153,21 @@ fn chunked_head_body(
     let mut t0 = 0;
     while t0 < inp.n {
         let c = chunk.min(inp.n - t0);
-        chunk_step(inp, h, io, t0, c, &mut sc, gemm);
+        chunk_step(head, t0, c, &mut sc, gemm);
         t0 += c;
     }
 }
 
-/// Tokens `t0..t0+c` of value head `h`.
+/// Tokens `t0..t0+c` of the value head of `head`.
 #[inline(always)]
 fn chunk_step(
-    inp: &Inputs<'_>,
-    h: usize,
-    io: &mut HeadIo<'_>,
+    head: &mut ChunkedHead<'_, '_>,
     t0: usize,
     c: usize,
     sc: &mut Scratch,
     gemm: impl Fn(&mut [f32], &[f32], &[f32], usize, usize, usize),
 ) {
+    let (inp, h, io) = (head.inp, head.h, &mut *head.io);
     let GdnShape { d_k, d_v, .. } = inp.shape;
     let kh = inp.shape.k_head_of(h);
     let s = &mut *io.state;

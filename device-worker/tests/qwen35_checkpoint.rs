@@ -50,6 +50,11 @@ fn longest_case() -> Case {
         .expect("cases")
 }
 
+/// The F32 fixture in micro-batches of [`N_BATCH`].
+fn tiny_runner() -> Runner {
+    Runner::new("tiny-qwen35-f32.gguf", N_BATCH)
+}
+
 /// SplitMix64 (Steele, Lea & Flood 2014): a fixed-seed source of test positions.
 struct SplitMix(u64);
 
@@ -140,10 +145,9 @@ impl Runner {
 
 #[test]
 fn restore_at_20_random_positions_continues_bit_identically() {
-    let case = longest_case();
+    let (case, mut run) = (longest_case(), tiny_runner());
     let prompt = &case.prompt_ids;
     let n = prompt.len();
-    let mut run = Runner::new("tiny-qwen35-f32.gguf", N_BATCH);
 
     // Plain prefill (micro-batches of N_BATCH, no cut): the tolerance-level comparison.
     let mut plain = run.seq();
@@ -219,10 +223,9 @@ fn restore_at_20_random_positions_continues_bit_identically() {
 
 #[test]
 fn several_checkpoints_in_one_prefill_restore_in_any_order() {
-    let case = longest_case();
+    let (case, mut run) = (longest_case(), tiny_runner());
     let prompt = &case.prompt_ids;
     let n = prompt.len();
-    let mut run = Runner::new("tiny-qwen35-f32.gguf", N_BATCH);
     let save_at = [0, 17, 64, 65, n];
     let mut a = run.seq();
     let (cps, logits) = run.prefill_saving(&mut a, prompt, &save_at);
@@ -257,9 +260,8 @@ fn several_checkpoints_in_one_prefill_restore_in_any_order() {
 
 #[test]
 fn checkpoint_errors() {
-    let case = longest_case();
+    let (case, mut run) = (longest_case(), tiny_runner());
     let prompt = &case.prompt_ids;
-    let mut run = Runner::new("tiny-qwen35-f32.gguf", N_BATCH);
     let mut a = run.seq();
     let (cps, _) = run.prefill_saving(&mut a, &prompt[..40], &[30]);
     let cp = &cps[0];

@@ -10,22 +10,36 @@ use tokio_stream::StreamExt;
 const SYSTEM: &str =
     "You are a phone agent. Answer with one JSON object describing the next action.";
 
+/// One turn of episode `ep-1`: `user` after [`SYSTEM`], up to 12 tokens.
+async fn ep1_turn(w: &mut TestWorker, user: &str) -> Result<Collected, tonic::Status> {
+    generate(&mut w.client, chat("ep-1", SYSTEM, user, 12)).await
+}
+
+/// The worker's Status.
+async fn worker_status(w: &mut TestWorker) -> pb::StatusResponse {
+    w.client
+        .status(pb::StatusRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// A short request on `session` still completes (`what` says when, for a failure).
+async fn assert_serves(w: &mut TestWorker, session: &str, what: &str) {
+    let out = generate(&mut w.client, chat(session, SYSTEM, "hi", 3))
+        .await
+        .expect(what);
+    assert!(out.done.is_some(), "{what}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generate_streams_prefill_tokens_and_final_stats_and_reuses_the_prefix() {
     let model = model_path();
     let mut w = start_worker(config(model)).await;
 
-    let first = generate(
-        &mut w.client,
-        chat(
-            "ep-1",
-            SYSTEM,
-            "Task: open the settings app.\nScreen: [0] Button \"Settings\"",
-            12,
-        ),
-    )
-    .await
-    .expect("first request");
+    let first = ep1_turn(&mut w, "Task: open the settings app.\nScreen: [0] Button \"Settings\"")
+        .await
+        .expect("first request");
     let p = first.prefill.expect("prefill event");
     let d = first.done.expect("final event");
     assert!(p.prompt_tokens > 20);
@@ -40,17 +54,9 @@ async fn generate_streams_prefill_tokens_and_final_stats_and_reuses_the_prefix()
 
     // Same episode, a prompt that shares the system message and the task: the shared prefix
     // is reused from the slot's KV cache.
-    let second = generate(
-        &mut w.client,
-        chat(
-            "ep-1",
-            SYSTEM,
-            "Task: open the settings app.\nScreen: [0] Button \"Wi-Fi\"",
-            12,
-        ),
-    )
-    .await
-    .expect("second request");
+    let second = ep1_turn(&mut w, "Task: open the settings app.\nScreen: [0] Button \"Wi-Fi\"")
+        .await
+        .expect("second request");
     let p2 = second.prefill.unwrap();
     assert!(
         p2.reused_tokens > 20,
@@ -62,25 +68,12 @@ async fn generate_streams_prefill_tokens_and_final_stats_and_reuses_the_prefix()
     assert!(second.done.unwrap().kv_bound_tokens >= p2.reused_tokens);
 
     // Greedy is deterministic: the first request again (slot state differs) gives the same text.
-    let again = generate(
-        &mut w.client,
-        chat(
-            "ep-1",
-            SYSTEM,
-            "Task: open the settings app.\nScreen: [0] Button \"Settings\"",
-            12,
-        ),
-    )
-    .await
-    .unwrap();
+    let again = ep1_turn(&mut w, "Task: open the settings app.\nScreen: [0] Button \"Settings\"")
+        .await
+        .unwrap();
     assert_eq!(again.done.unwrap().text, d.text);
 
-    let status = w
-        .client
-        .status(pb::StatusRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let status = worker_status(&mut w).await;
     assert_eq!(status.model.as_ref().unwrap().architecture, "llama");
     assert_eq!(status.slots.len(), 2);
     assert!(status.requests_served >= 3);
@@ -161,10 +154,7 @@ async fn bad_requests_get_invalid_argument_and_the_worker_keeps_serving() {
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(err.message().contains("999999"), "{}", err.message());
 
-    let ok = generate(&mut w.client, chat("", SYSTEM, "hi", 3))
-        .await
-        .expect("still serving");
-    assert!(ok.done.is_some());
+    assert_serves(&mut w, "", "still serving").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -192,12 +182,7 @@ async fn a_stream_dropped_mid_prefill_cancels_and_the_next_request_runs() {
     // for its shared prefix, as the next one would). It must show up: it holds what was
     // cached of the prompt.
     let s = loop {
-        let status = w
-            .client
-            .status(pb::StatusRequest {})
-            .await
-            .unwrap()
-            .into_inner();
+        let status = worker_status(&mut w).await;
         if let Some(s) = status.slots.iter().find(|s| s.session_id == "cancel-me") {
             break s.clone();
         }
@@ -241,10 +226,7 @@ async fn a_stream_dropped_mid_prefill_cancels_and_the_next_request_runs() {
         .into_inner();
     let _first = s.next().await;
     drop(s);
-    let after = generate(&mut w.client, chat("other", SYSTEM, "hi", 3))
-        .await
-        .expect("after decode drop");
-    assert!(after.done.is_some());
+    assert_serves(&mut w, "other", "after decode drop").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,16 +7,19 @@
 //! [`device_worker::speculative::mtp::draft`] proposes the reference's argmax; a model without the
 //! block says so.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use device_worker::sampling::argmax;
 use device_worker::speculative::mtp::{fill_with_model as mtp_fill, ModelMtp};
 use gguf::reader::GgufFile;
-use device_worker::model::{Model, MtpHead};
+use device_worker::model::{Model, ModelError, MtpHead};
 use device_worker::speculative::mtp;
 use device_worker::state::mtp::MtpCache;
 use dsp::pool::ThreadPool;
+use support::qwen35::{fixture, reference_cases, Runner};
 use test_support::max_abs_diff;
 
 /// F32 GGUF vs HF float32. The MTP block reads the main model's hidden states, which carry
@@ -32,11 +35,6 @@ const F16_LOGIT_TOL: f32 = 1e-1;
 const SPLIT_LOGIT_TOL: f32 = 5e-4;
 
 #[derive(serde::Deserialize)]
-struct Reference {
-    cases: Vec<Case>,
-}
-
-#[derive(serde::Deserialize)]
 struct Case {
     prompt_ids: Vec<u32>,
     mtp: MtpRef,
@@ -49,40 +47,22 @@ struct MtpRef {
     argmax: u32,
 }
 
-/// A committed fixture of `tests/fixtures/qwen35` (a required input).
-fn fixture(name: &str) -> PathBuf {
-    test_support::fixture(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen35").join(name),
-        "committed in device-worker/tests/fixtures/qwen35 (made by tools/fixtures/, see its README.md)",
-    )
+fn cases() -> Vec<Case> {
+    reference_cases()
 }
 
-fn reference() -> Reference {
-    serde_json::from_slice(&std::fs::read(fixture("reference.json")).expect("reference.json"))
-        .expect("reference.json parses")
-}
-
-struct Runner {
-    model: Model,
-    pool: ThreadPool,
+/// [`Runner::new`] with the main model's hidden rows kept (the MTP block reads them).
+fn mtp_runner(name: &str, n_batch: usize) -> Runner {
+    let mut run = Runner::new(name, n_batch);
+    run.model.set_hidden_rows(true);
+    run
 }
 
 impl Runner {
-    fn new(name: &str, n_batch: usize) -> Self {
-        let file = Arc::new(GgufFile::open(&fixture(name)).expect("fixture opens"));
-        let mut model = Model::load(file).expect("fixture loads");
-        model.set_max_batch(n_batch);
-        model.set_hidden_rows(true);
-        Self {
-            model,
-            pool: ThreadPool::new(2).expect("pool"),
-        }
-    }
-
     /// Prefills `prompt` in micro-batches of `batch`, handing each batch's hidden rows to a
     /// fresh MTP cache and filling its entries after each (the engine's prefill); returns
     /// the cache (entries `0..n−1`, `h_{n−1}` pending) and the main model's last logits.
-    fn prefill(&mut self, prompt: &[u32], batch: usize) -> (MtpCache, Vec<f32>) {
+    fn prefill_mtp(&mut self, prompt: &[u32], batch: usize) -> (MtpCache, Vec<f32>) {
         let mut seq = self.model.new_sequence_state(512);
         let mut cache = self
             .model
@@ -108,22 +88,38 @@ impl Runner {
         (cache, logits)
     }
 
-    /// MTP logits of the last prompt position given the target's next token.
-    fn mtp_logits(&mut self, cache: &mut MtpCache, next: u32) -> Vec<f32> {
+    /// Up to `max` tokens drafted with `head` after `case`'s prompt and its next token
+    /// ([`mtp::draft`]); the draft must propose something.
+    fn draft(&mut self, cache: &mut MtpCache, case: &Case, max: usize, head: MtpHead) -> Vec<u32> {
+        let mut step = ModelMtp {
+            model: &mut self.model,
+            pool: &self.pool,
+        };
+        mtp::draft(&mut step, cache, &case.prompt_ids, case.mtp.next_token, max, head)
+            .expect("draft")
+            .expect("a proposal")
+    }
+
+    /// One MTP pass with `head` over the cache's pending rows, given the target's next token.
+    fn mtp_pass(
+        &mut self,
+        cache: &mut MtpCache,
+        next: u32,
+        head: MtpHead,
+    ) -> Result<Option<Vec<f32>>, ModelError> {
         let (pos, rows) = cache.pending();
         let rows = rows.to_vec();
-        self.model
-            .mtp_forward(
-                &self.pool,
-                cache,
-                pos,
-                &rows,
-                &[next],
-                Some(MtpHead::Full),
-            )
+        let logits = self
+            .model
+            .mtp_forward(&self.pool, cache, pos, &rows, &[next], Some(head))?;
+        Ok(logits.map(<[f32]>::to_vec))
+    }
+
+    /// MTP logits of the last prompt position given the target's next token.
+    fn mtp_logits(&mut self, cache: &mut MtpCache, next: u32) -> Vec<f32> {
+        self.mtp_pass(cache, next, MtpHead::Full)
             .expect("MTP pass")
             .expect("logits")
-            .to_vec()
     }
 }
 
@@ -136,11 +132,11 @@ fn margin(l: &[f32]) -> f32 {
 }
 
 fn parity(name: &str, tol: f32) {
-    let r = reference();
-    let mut run = Runner::new(name, 256);
+    let cases = cases();
+    let mut run = mtp_runner(name, 256);
     assert!(run.model.has_mtp(), "{name} has the nextn block");
-    for (i, case) in r.cases.iter().enumerate() {
-        let (mut cache, main_logits) = run.prefill(&case.prompt_ids, 256);
+    for (i, case) in cases.iter().enumerate() {
+        let (mut cache, main_logits) = run.prefill_mtp(&case.prompt_ids, 256);
         // The reference's next token is the main model's greedy choice.
         assert_eq!(argmax(&main_logits), Some(case.mtp.next_token), "case {i}");
         let logits = run.mtp_logits(&mut cache, case.mtp.next_token);
@@ -168,14 +164,14 @@ fn f16_mtp_logits_match_hf_reference() {
 
 #[test]
 fn entries_filled_batch_by_batch_equal_one_pass() {
-    let r = reference();
-    let case = &r.cases[2]; // 130 tokens
-    let mut run = Runner::new("tiny-qwen35-f32.gguf", 256);
-    let (mut whole, _) = run.prefill(&case.prompt_ids, 256);
+    let cases = cases();
+    let case = &cases[2]; // 130 tokens
+    let mut run = mtp_runner("tiny-qwen35-f32.gguf", 256);
+    let (mut whole, _) = run.prefill_mtp(&case.prompt_ids, 256);
     let a = run.mtp_logits(&mut whole, case.mtp.next_token);
     // Micro-batches of 7 tokens, and an MTP pass of at most 7 rows (the scratch size).
-    let mut small = Runner::new("tiny-qwen35-f32.gguf", 7);
-    let (mut split, _) = small.prefill(&case.prompt_ids, 7);
+    let mut small = mtp_runner("tiny-qwen35-f32.gguf", 7);
+    let (mut split, _) = small.prefill_mtp(&case.prompt_ids, 7);
     let b = small.mtp_logits(&mut split, case.mtp.next_token);
     let d = max_abs_diff(&a, &b);
     eprintln!("batches of 7 vs one pass: max |Δlogit| = {d:.2e}");
@@ -185,28 +181,15 @@ fn entries_filled_batch_by_batch_equal_one_pass() {
 
 #[test]
 fn drafting_proposes_the_reference_argmax_and_discards_draft_entries() {
-    let r = reference();
-    let mut run = Runner::new("tiny-qwen35-f32.gguf", 256);
-    for (i, case) in r.cases.iter().enumerate() {
+    let cases = cases();
+    let mut run = mtp_runner("tiny-qwen35-f32.gguf", 256);
+    for (i, case) in cases.iter().enumerate() {
         if margin(&case.mtp.last_logits) <= 2.0 * F32_LOGIT_TOL {
             continue;
         }
-        let (mut cache, _) = run.prefill(&case.prompt_ids, 256);
+        let (mut cache, _) = run.prefill_mtp(&case.prompt_ids, 256);
         let n = case.prompt_ids.len();
-        let mut step = ModelMtp {
-            model: &mut run.model,
-            pool: &run.pool,
-        };
-        let d = mtp::draft(
-            &mut step,
-            &mut cache,
-            &case.prompt_ids,
-            case.mtp.next_token,
-            3,
-            MtpHead::Full,
-        )
-        .expect("draft")
-        .expect("a proposal");
+        let d = run.draft(&mut cache, case, 3, MtpHead::Full);
         assert_eq!(d.len(), 3, "case {i}");
         assert_eq!(d[0], case.mtp.argmax, "case {i}: first draft");
         // Entry n−1 (target h_{n−1}, verified next token) stays; draft steps' entries go.
@@ -218,7 +201,7 @@ fn drafting_proposes_the_reference_argmax_and_discards_draft_entries() {
 
 #[test]
 fn a_model_without_the_nextn_block_has_no_mtp() {
-    let mut run = Runner::new("tiny-qwen35-nomtp-f32.gguf", 16);
+    let mut run = mtp_runner("tiny-qwen35-nomtp-f32.gguf", 16);
     assert!(!run.model.has_mtp());
     assert!(run.model.new_mtp_cache(16).is_none());
     assert_eq!(run.model.mtp_draft_rows(), None);
@@ -240,21 +223,11 @@ fn a_model_without_the_nextn_block_has_no_mtp() {
 
 #[test]
 fn the_fixture_has_no_trimmed_head_and_asking_for_it_names_the_tool() {
-    let mut run = Runner::new("tiny-qwen35-f32.gguf", 16);
+    let mut run = mtp_runner("tiny-qwen35-f32.gguf", 16);
     assert_eq!(run.model.mtp_draft_rows(), None);
-    let (mut cache, _) = run.prefill(&[5, 6, 7], 16);
-    let (pos, rows) = cache.pending();
-    let rows = rows.to_vec();
+    let (mut cache, _) = run.prefill_mtp(&[5, 6, 7], 16);
     let err = run
-        .model
-        .mtp_forward(
-            &run.pool,
-            &mut cache,
-            pos,
-            &rows,
-            &[8],
-            Some(MtpHead::Trimmed),
-        )
+        .mtp_pass(&mut cache, 8, MtpHead::Trimmed)
         .expect_err("no trimmed head");
     assert!(err.to_string().contains("draft-vocab"), "{err}");
 }
@@ -305,29 +278,18 @@ fn trimmed_head_scores_its_rows_like_the_full_head_and_maps_back_to_original_ids
     let pool = ThreadPool::new(2).expect("pool");
     model.set_max_batch(256);
     model.set_hidden_rows(true);
-    let case = &reference().cases[1];
+    let case = &cases()[1];
     let mut run = Runner {
         model,
         pool,
     };
-    let (cache, _) = run.prefill(&case.prompt_ids, 256);
+    let (cache, _) = run.prefill_mtp(&case.prompt_ids, 256);
     let full = run.mtp_logits(&mut cache.clone(), case.mtp.next_token);
     let mut c = cache.clone();
-    let (pos, rows) = c.pending();
-    let rows = rows.to_vec();
     let trimmed = run
-        .model
-        .mtp_forward(
-            &run.pool,
-            &mut c,
-            pos,
-            &rows,
-            &[case.mtp.next_token],
-            Some(MtpHead::Trimmed),
-        )
+        .mtp_pass(&mut c, case.mtp.next_token, MtpHead::Trimmed)
         .expect("trimmed MTP pass")
-        .expect("logits")
-        .to_vec();
+        .expect("logits");
     assert_eq!(trimmed.len(), ids.len());
     for (r, &id) in ids.iter().enumerate() {
         assert!(
@@ -339,20 +301,7 @@ fn trimmed_head_scores_its_rows_like_the_full_head_and_maps_back_to_original_ids
     }
     // The drafter's choice: the best of the N rows, as an original id.
     let mut c = cache.clone();
-    let mut step = ModelMtp {
-        model: &mut run.model,
-        pool: &run.pool,
-    };
-    let d = mtp::draft(
-        &mut step,
-        &mut c,
-        &case.prompt_ids,
-        case.mtp.next_token,
-        1,
-        MtpHead::Trimmed,
-    )
-    .expect("draft")
-    .expect("a proposal");
+    let d = run.draft(&mut c, case, 1, MtpHead::Trimmed);
     let best = ids
         .iter()
         .copied()

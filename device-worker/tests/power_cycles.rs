@@ -5,12 +5,12 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use device_worker::config::PowerBackendKind;
 use device_worker::engine::EngineHandle;
-use device_worker::power::{BootClock, PowerState, RecordingBackend, Votes};
+use device_worker::power::{BootClock, RecordingBackend, Votes};
 
 const CYCLES: usize = 400;
 
@@ -25,16 +25,6 @@ async fn four_hundred_release_cycles_give_identical_outputs() {
     let idle = engine.idle();
     let mut w = start_worker_with(engine).await;
 
-    let wait_released = || async {
-        let t0 = Instant::now();
-        while idle.state() != PowerState::Released {
-            assert!(
-                t0.elapsed() < Duration::from_secs(5),
-                "votes never released"
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    };
     let req = |i: usize| {
         // Alternate two sessions so the prefill does real work on both slots.
         chat(
@@ -50,7 +40,7 @@ async fn four_hundred_release_cycles_give_identical_outputs() {
     let ref_ids: Vec<u32> = reference.tokens.iter().map(|t| t.id).collect();
     assert!(!ref_ids.is_empty());
     for i in 1..=CYCLES {
-        wait_released().await;
+        wait_released(&idle, Duration::from_millis(1)).await;
         assert_eq!(rec.current(), Some(Votes::RELEASED));
         let out = generate(&mut w.client, req(i)).await.expect("request");
         let ids: Vec<u32> = out.tokens.iter().map(|t| t.id).collect();
@@ -62,7 +52,7 @@ async fn four_hundred_release_cycles_give_identical_outputs() {
         );
         assert!(!done.cold_start);
     }
-    wait_released().await;
+    wait_released(&idle, Duration::from_millis(1)).await;
     let p = w
         .client
         .status(tandem_proto::step::v1::StatusRequest {})

@@ -4,12 +4,11 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use device_worker::config::PowerBackendKind;
 use device_worker::engine::EngineHandle;
-use device_worker::power::PowerState;
 
 /// CPU time of every live thread of this process, from `/proc/self/task/*/schedstat`
 /// (field 1: time on CPU, ns).
@@ -46,14 +45,7 @@ fn released_worker_uses_under_20ms_cpu_in_5s() {
         .await
         .expect("request");
         assert!(out.done.is_some());
-        let t0 = Instant::now();
-        while idle.state() != PowerState::Released {
-            assert!(
-                t0.elapsed() < Duration::from_secs(5),
-                "votes never released"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        wait_released(&idle, Duration::from_millis(10)).await;
         // Let the gRPC connection and the last events settle.
         tokio::time::sleep(Duration::from_millis(300)).await;
         let before = process_cpu_ns();

@@ -6,16 +6,14 @@
 //! rule for recurrent state through the real gRPC worker.
 
 mod common;
+mod support;
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use common::*;
-use device_worker::sampling::argmax;
+use support::qwen35::{fixture, fixture_dir, load, read_json, Runner};
 use gguf::reader::GgufFile;
 use device_worker::model::Model;
-use device_worker::state::sequence::SequenceState;
-use dsp::pool::ThreadPool;
 use test_support::max_abs_diff;
 use tandem_proto::step::v1 as pb;
 
@@ -75,87 +73,9 @@ struct Case {
     greedy_margins: Vec<f32>,
 }
 
-fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen35")
-}
-
-/// A committed fixture of `tests/fixtures/qwen35` (a required input).
-fn fixture(name: &str) -> PathBuf {
-    test_support::fixture(
-        fixture_dir().join(name),
-        "committed in device-worker/tests/fixtures/qwen35 (made by tools/fixtures/, see its README.md)",
-    )
-}
-
 fn reference() -> Reference {
-    serde_json::from_slice(
-        &std::fs::read(fixture("reference.json")).expect("reference.json"),
-    )
-    .expect("reference.json parses")
+    read_json("reference.json")
 }
-
-fn load(name: &str) -> Model {
-    let file = Arc::new(GgufFile::open(&fixture(name)).expect("fixture GGUF opens"));
-    let m = Model::load(file).expect("qwen35 fixture loads");
-    assert_eq!(m.architecture(), "qwen35");
-    m
-}
-
-struct Runner {
-    model: Model,
-    pool: ThreadPool,
-}
-
-impl Runner {
-    fn new(name: &str, n_batch: usize) -> Self {
-        let mut model = load(name);
-        model.set_max_batch(n_batch);
-        Self {
-            model,
-            pool: ThreadPool::new(2).unwrap(),
-        }
-    }
-
-    fn seq(&self) -> SequenceState {
-        self.model.new_sequence_state(512)
-    }
-
-    /// Feeds `tokens` in micro-batches of `batch`; returns the last token's logits.
-    fn prefill(&mut self, seq: &mut SequenceState, tokens: &[u32], batch: usize) -> Vec<f32> {
-        let mut out = None;
-        let chunks: Vec<&[u32]> = tokens.chunks(batch).collect();
-        for (i, c) in chunks.iter().enumerate() {
-            let last = i + 1 == chunks.len();
-            let l = self
-                .model
-                .forward(&self.pool, seq, c, last)
-                .expect("forward");
-            if last {
-                out = Some(l.expect("logits requested").to_vec());
-            }
-        }
-        out.expect("non-empty prompt")
-    }
-
-    /// Greedy continuation of `steps` tokens from `logits` (the last computed ones).
-    fn greedy(&mut self, seq: &mut SequenceState, mut logits: Vec<f32>, steps: usize) -> Vec<u32> {
-        let mut out = Vec::new();
-        for i in 0..steps {
-            let id = argmax(&logits).expect("finite logits");
-            out.push(id);
-            if i + 1 < steps {
-                logits = self
-                    .model
-                    .forward(&self.pool, seq, &[id], true)
-                    .expect("decode")
-                    .expect("logits")
-                    .to_vec();
-            }
-        }
-        out
-    }
-}
-
 
 /// Number of leading greedy steps whose decision cannot be flipped by an error of `tol` on
 /// each logit (margin > 2·tol); after the first fragile step the sequences may diverge.
@@ -163,44 +83,36 @@ fn robust_prefix(margins: &[f32], tol: f32) -> usize {
     margins.iter().take_while(|&&m| m > 2.0 * tol).count()
 }
 
-#[test]
-fn f32_logits_and_greedy_tokens_match_hf_reference() {
+/// Prefills every reference case on the fixture `gguf` in one micro-batch, asserts that the
+/// last logits are within `tol` of HF's (`label` names the file type in the log), and hands
+/// each case's greedy continuation of [`N_GREEDY`] tokens to `check`.
+fn for_each_case_within(gguf: &str, label: &str, tol: f32, check: impl Fn(usize, &Case, &[u32])) {
     let r = reference();
-    let mut run = Runner::new("tiny-qwen35-f32.gguf", 256);
+    let mut run = Runner::new(gguf, 256);
     for (i, case) in r.cases.iter().enumerate() {
         let mut seq = run.seq();
         let logits = run.prefill(&mut seq, &case.prompt_ids, 256);
         let d = max_abs_diff(&logits, &case.last_logits);
         eprintln!(
-            "case {i} (n = {}): F32 max |Δlogit| vs HF = {d:.2e}",
+            "case {i} (n = {}): {label} max |Δlogit| vs HF = {d:.2e}",
             case.prompt_ids.len()
         );
-        assert!(
-            d < F32_LOGIT_TOL,
-            "case {i}: max |Δlogit| {d} >= {F32_LOGIT_TOL}"
-        );
+        assert!(d < tol, "case {i}: max |Δlogit| {d} >= {tol}");
         let tokens = run.greedy(&mut seq, logits, N_GREEDY);
-        assert_eq!(tokens, case.greedy_tokens, "case {i}: greedy continuation");
+        check(i, case, &tokens);
     }
 }
 
 #[test]
+fn f32_logits_and_greedy_tokens_match_hf_reference() {
+    for_each_case_within("tiny-qwen35-f32.gguf", "F32", F32_LOGIT_TOL, |i, case, tokens| {
+        assert_eq!(tokens, case.greedy_tokens, "case {i}: greedy continuation");
+    });
+}
+
+#[test]
 fn f16_logits_within_tolerance_and_robust_greedy_steps_equal() {
-    let r = reference();
-    let mut run = Runner::new("tiny-qwen35-f16.gguf", 256);
-    for (i, case) in r.cases.iter().enumerate() {
-        let mut seq = run.seq();
-        let logits = run.prefill(&mut seq, &case.prompt_ids, 256);
-        let d = max_abs_diff(&logits, &case.last_logits);
-        eprintln!(
-            "case {i} (n = {}): F16 max |Δlogit| vs HF = {d:.2e}",
-            case.prompt_ids.len()
-        );
-        assert!(
-            d < F16_LOGIT_TOL,
-            "case {i}: max |Δlogit| {d} >= {F16_LOGIT_TOL}"
-        );
-        let tokens = run.greedy(&mut seq, logits, N_GREEDY);
+    for_each_case_within("tiny-qwen35-f16.gguf", "F16", F16_LOGIT_TOL, |i, case, tokens| {
         let k = robust_prefix(&case.greedy_margins, F16_LOGIT_TOL) + 1;
         let k = k.min(N_GREEDY);
         assert_eq!(
@@ -208,7 +120,7 @@ fn f16_logits_within_tolerance_and_robust_greedy_steps_equal() {
             case.greedy_tokens[..k],
             "case {i}: first {k} greedy tokens"
         );
-    }
+    });
 }
 
 fn log_softmax(logits: &[f32]) -> Vec<f64> {

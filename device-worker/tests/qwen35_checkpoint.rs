@@ -16,19 +16,14 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use device_worker::sampling::argmax;
 use device_worker::error::CheckpointError;
-use gguf::reader::GgufFile;
 use support::prefill::{micro_batches, prefill_with_checkpoints, PrefillError};
-use device_worker::model::Model;
 use device_worker::state::checkpoint::Checkpoint;
 use device_worker::state::kv::KvCache;
 use device_worker::state::recurrent::RecurrentState;
 use device_worker::state::sequence::SequenceState;
-use dsp::pool::ThreadPool;
+use support::qwen35::{reference_cases, Runner};
 use test_support::max_abs_diff;
 
 /// Micro-batch size: the prompt's 130 tokens mix chunked (≥ 16 tokens) and recurrent GDN
@@ -40,12 +35,6 @@ const N_GREEDY: usize = 8;
 const N_POSITIONS: usize = 20;
 /// Different micro-batch boundaries (chunked vs recurrent GDN rounding); `tests/qwen35.rs`.
 const SPLIT_LOGIT_TOL: f32 = 2e-4;
-const N_CTX: usize = 512;
-
-#[derive(serde::Deserialize)]
-struct Reference {
-    cases: Vec<Case>,
-}
 
 #[derive(serde::Deserialize)]
 struct Case {
@@ -53,28 +42,17 @@ struct Case {
     greedy_tokens: Vec<u32>,
 }
 
-fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen35")
-}
-
-/// A committed fixture of `tests/fixtures/qwen35` (a required input).
-fn fixture(name: &str) -> PathBuf {
-    test_support::fixture(
-        fixture_dir().join(name),
-        "committed in device-worker/tests/fixtures/qwen35 (made by tools/fixtures/, see its README.md)",
-    )
-}
-
 /// The longest reference prompt (130 tokens) and its reference greedy continuation.
 fn longest_case() -> Case {
-    let r: Reference = serde_json::from_slice(
-        &std::fs::read(fixture("reference.json")).expect("reference.json"),
-    )
-    .expect("reference.json parses");
-    r.cases
+    reference_cases::<Case>()
         .into_iter()
         .max_by_key(|c| c.prompt_ids.len())
         .expect("cases")
+}
+
+/// The F32 fixture in micro-batches of [`N_BATCH`].
+fn tiny_runner() -> Runner {
+    Runner::new("tiny-qwen35-f32.gguf", N_BATCH)
 }
 
 /// SplitMix64 (Steele, Lea & Flood 2014): a fixed-seed source of test positions.
@@ -95,11 +73,6 @@ impl SplitMix {
     }
 }
 
-struct Runner {
-    model: Model,
-    pool: ThreadPool,
-}
-
 /// Greedy tokens and the logits each was chosen from.
 #[derive(Debug, PartialEq)]
 struct Continuation {
@@ -108,22 +81,6 @@ struct Continuation {
 }
 
 impl Runner {
-    fn new() -> Self {
-        let file = Arc::new(
-            GgufFile::open(&fixture("tiny-qwen35-f32.gguf")).expect("fixture opens"),
-        );
-        let mut model = Model::load(file).expect("qwen35 fixture loads");
-        model.set_max_batch(N_BATCH);
-        Self {
-            model,
-            pool: ThreadPool::new(2).unwrap(),
-        }
-    }
-
-    fn seq(&self) -> SequenceState {
-        self.model.new_sequence_state(N_CTX)
-    }
-
     /// Runs `tokens` (positions `seq.len()..`) as the given absolute micro-batches; returns
     /// the last token's logits.
     fn run_batches(
@@ -157,28 +114,13 @@ impl Runner {
         let p = seq.len();
         let batches = micro_batches(p, prompt.len() - p, N_BATCH, &[]).expect("batches");
         let logits = self.run_batches(seq, &prompt[p..], &batches);
-        self.greedy(seq, logits)
+        self.continuation(seq, logits)
     }
 
-    fn greedy(&mut self, seq: &mut SequenceState, mut logits: Vec<f32>) -> Continuation {
-        let mut out = Continuation {
-            tokens: Vec::new(),
-            logits: Vec::new(),
-        };
-        for i in 0..N_GREEDY {
-            let id = argmax(&logits).expect("finite logits");
-            out.tokens.push(id);
-            out.logits.push(logits.clone());
-            if i + 1 < N_GREEDY {
-                logits = self
-                    .model
-                    .forward(&self.pool, seq, &[id], true)
-                    .expect("decode")
-                    .expect("logits")
-                    .to_vec();
-            }
-        }
-        out
+    /// [`N_GREEDY`] greedy tokens from `logits` and the logits each was chosen from.
+    fn continuation(&mut self, seq: &mut SequenceState, logits: Vec<f32>) -> Continuation {
+        let (tokens, logits) = self.greedy_logits(seq, logits, N_GREEDY);
+        Continuation { tokens, logits }
     }
 
     fn prefill_saving(
@@ -203,10 +145,9 @@ impl Runner {
 
 #[test]
 fn restore_at_20_random_positions_continues_bit_identically() {
-    let case = longest_case();
+    let (case, mut run) = (longest_case(), tiny_runner());
     let prompt = &case.prompt_ids;
     let n = prompt.len();
-    let mut run = Runner::new();
 
     // Plain prefill (micro-batches of N_BATCH, no cut): the tolerance-level comparison.
     let mut plain = run.seq();
@@ -233,7 +174,7 @@ fn restore_at_20_random_positions_continues_bit_identically() {
         let cp = &cps[0];
         assert_eq!(cp.pos(), p);
         assert_eq!(cp.bytes(), a.recurrent.as_ref().unwrap().bytes());
-        let cont_a = run.greedy(&mut a, logits);
+        let cont_a = run.continuation(&mut a, logits);
         assert_eq!(
             cont_a.tokens, case.greedy_tokens,
             "p = {p}: reference tokens"
@@ -256,7 +197,7 @@ fn restore_at_20_random_positions_continues_bit_identically() {
             "p = {p}: checkpoint == from-scratch state at p"
         );
         let logits = run.run_batches(&mut s, &prompt[p..], &batches[k..]);
-        let cont_s = run.greedy(&mut s, logits);
+        let cont_s = run.continuation(&mut s, logits);
         assert_eq!(cont_s, cont_a, "p = {p}: from scratch, same micro-batches");
 
         // B: restore into the same slot (its KV still holds the prompt and the decoded
@@ -282,10 +223,9 @@ fn restore_at_20_random_positions_continues_bit_identically() {
 
 #[test]
 fn several_checkpoints_in_one_prefill_restore_in_any_order() {
-    let case = longest_case();
+    let (case, mut run) = (longest_case(), tiny_runner());
     let prompt = &case.prompt_ids;
     let n = prompt.len();
-    let mut run = Runner::new();
     let save_at = [0, 17, 64, 65, n];
     let mut a = run.seq();
     let (cps, logits) = run.prefill_saving(&mut a, prompt, &save_at);
@@ -298,7 +238,7 @@ fn several_checkpoints_in_one_prefill_restore_in_any_order() {
         "a checkpoint at 0 is the start-of-sequence (zero) state"
     );
     assert_eq!(cps[4].recurrent(), a.recurrent.as_ref().unwrap());
-    let cont_a = run.greedy(&mut a, logits);
+    let cont_a = run.continuation(&mut a, logits);
 
     // Later first, then earlier: a restore does not depend on what ran in between.
     let batches = micro_batches(0, n, N_BATCH, &save_at).unwrap();
@@ -307,22 +247,21 @@ fn several_checkpoints_in_one_prefill_restore_in_any_order() {
         a.restore_checkpoint(&cps[i]).expect("restore");
         let rest: Vec<_> = batches.iter().filter(|r| r.start >= p).cloned().collect();
         let logits = run.run_batches(&mut a, &prompt[p..], &rest);
-        let cont = run.greedy(&mut a, logits);
+        let cont = run.continuation(&mut a, logits);
         assert_eq!(cont, cont_a, "restored at {p}");
     }
     // At the prompt end: the restored state needs no tokens; decoding from the saved
     // logits continues identically.
     a.restore_checkpoint(&cps[4]).expect("restore at end");
     assert_eq!(a.len(), n);
-    let cont = run.greedy(&mut a, cont_a.logits[0].clone());
+    let cont = run.continuation(&mut a, cont_a.logits[0].clone());
     assert_eq!(cont, cont_a);
 }
 
 #[test]
 fn checkpoint_errors() {
-    let case = longest_case();
+    let (case, mut run) = (longest_case(), tiny_runner());
     let prompt = &case.prompt_ids;
-    let mut run = Runner::new();
     let mut a = run.seq();
     let (cps, _) = run.prefill_saving(&mut a, &prompt[..40], &[30]);
     let cp = &cps[0];

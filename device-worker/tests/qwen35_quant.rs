@@ -5,15 +5,11 @@
 //! Fixtures and llama.cpp's tokens: `tools/fixtures/record_llama_cpp_quant.py`
 //! (`tests/fixtures/qwen35/quant_reference.json`).
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+mod support;
 
-use device_worker::sampling::argmax;
-use gguf::reader::GgufFile;
-use device_worker::model::Model;
-use device_worker::state::sequence::SequenceState;
-use dsp::pool::ThreadPool;
+use std::collections::BTreeMap;
+
+use support::qwen35::{read_json, reference_cases, Runner};
 
 /// Where llama.cpp's own top two log-probs are closer than this, rounding differences may
 /// legitimately pick the runner-up (same rule as `tests/parity.rs`).
@@ -43,33 +39,12 @@ struct QuantCase {
     top2: Vec<Option<Vec<(u32, f64)>>>,
 }
 
-/// HF float32 reference of the tiny model (`reference.json`, only the fields used here).
-#[derive(serde::Deserialize)]
-struct HfReference {
-    cases: Vec<HfCase>,
-}
-
+/// A case of the HF float32 reference of the tiny model (`reference.json`, only the fields
+/// used here).
 #[derive(serde::Deserialize)]
 struct HfCase {
     prompt_ids: Vec<u32>,
     greedy_tokens: Vec<u32>,
-}
-
-fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen35")
-}
-
-/// A committed fixture of `tests/fixtures/qwen35` (a required input).
-fn fixture(name: &str) -> PathBuf {
-    test_support::fixture(
-        fixture_dir().join(name),
-        "committed in device-worker/tests/fixtures/qwen35 (made by tools/fixtures/, see its README.md)",
-    )
-}
-
-fn read_json<T: serde::de::DeserializeOwned>(name: &str) -> T {
-    let bytes = std::fs::read(fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
-    serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{name} parses: {e}"))
 }
 
 fn quant_reference() -> QuantReference {
@@ -83,41 +58,11 @@ fn quant_model<'a>(r: &'a QuantReference, gguf: &str) -> &'a QuantModel {
         .unwrap_or_else(|| panic!("{gguf} missing from quant_reference.json"))
 }
 
-fn load(name: &str) -> Model {
-    let file = Arc::new(GgufFile::open(&fixture(name)).expect("fixture GGUF opens"));
-    let m = Model::load(file).unwrap_or_else(|e| panic!("{name} loads: {e}"));
-    assert_eq!(m.architecture(), "qwen35");
-    m
-}
-
 /// Greedy decoding of `steps` tokens after prefilling `prompt` in batches of [`N_BATCH`].
-fn greedy(model: &mut Model, pool: &ThreadPool, prompt: &[u32], steps: usize) -> Vec<u32> {
-    model.set_max_batch(N_BATCH);
-    let mut seq: SequenceState = model.new_sequence_state(512);
-    let chunks: Vec<&[u32]> = prompt.chunks(N_BATCH).collect();
-    let mut logits = Vec::new();
-    for (i, c) in chunks.iter().enumerate() {
-        let last = i + 1 == chunks.len();
-        let l = model
-            .forward(pool, &mut seq, c, last)
-            .expect("prefill");
-        if last {
-            logits = l.expect("logits requested").to_vec();
-        }
-    }
-    let mut out = Vec::new();
-    for i in 0..steps {
-        let id = argmax(&logits).expect("finite logits");
-        out.push(id);
-        if i + 1 < steps {
-            logits = model
-                .forward(pool, &mut seq, &[id], true)
-                .expect("decode")
-                .expect("logits")
-                .to_vec();
-        }
-    }
-    out
+fn greedy(run: &mut Runner, prompt: &[u32], steps: usize) -> Vec<u32> {
+    let mut seq = run.seq();
+    let logits = run.prefill(&mut seq, prompt, N_BATCH);
+    run.greedy(&mut seq, logits, steps)
 }
 
 /// Our greedy tokens must equal llama.cpp's; a difference is allowed only at a step where
@@ -126,11 +71,10 @@ fn greedy(model: &mut Model, pool: &ThreadPool, prompt: &[u32], steps: usize) ->
 fn assert_equal_llama_cpp(gguf: &str) -> usize {
     let r = quant_reference();
     let m = quant_model(&r, gguf);
-    let mut model = load(gguf);
-    let pool = ThreadPool::new(2).expect("thread pool");
+    let mut run = Runner::new(gguf, N_BATCH);
     let mut exact = 0;
     for (i, case) in m.cases.iter().enumerate() {
-        let ours = greedy(&mut model, &pool, &case.prompt_ids, case.tokens.len());
+        let ours = greedy(&mut run, &case.prompt_ids, case.tokens.len());
         match ours.iter().zip(&case.tokens).position(|(a, b)| a != b) {
             None => exact += 1,
             Some(k) => {
@@ -189,19 +133,18 @@ fn q4_k_m_wide_greedy_tokens_equal_llama_cpp() {
 
 #[test]
 fn fixture_without_mtp_loads_and_matches_hf_and_llama_cpp() {
-    let mut model = load("tiny-qwen35-nomtp-f32.gguf");
-    assert_eq!(model.architecture(), "qwen35", "expected the qwen35 architecture");
-    assert!(!model.has_mtp(), "no MTP block in this file");
+    let mut run = Runner::new("tiny-qwen35-nomtp-f32.gguf", N_BATCH);
+    assert_eq!(run.model.architecture(), "qwen35", "expected the qwen35 architecture");
+    assert!(!run.model.has_mtp(), "no MTP block in this file");
     // The main model's weights are those of tiny-qwen35-f32.gguf (the MTP block is drawn
     // after them), so the HF greedy tokens of reference.json apply.
-    let hf: HfReference = read_json("reference.json");
-    let pool = ThreadPool::new(2).expect("thread pool");
-    for (i, case) in hf.cases.iter().enumerate() {
-        let ours = greedy(&mut model, &pool, &case.prompt_ids, case.greedy_tokens.len());
+    let hf_cases: Vec<HfCase> = reference_cases();
+    for (i, case) in hf_cases.iter().enumerate() {
+        let ours = greedy(&mut run, &case.prompt_ids, case.greedy_tokens.len());
         assert_eq!(ours, case.greedy_tokens, "case {i}: greedy tokens vs HF");
     }
     assert_eq!(
         assert_equal_llama_cpp("tiny-qwen35-nomtp-f32.gguf"),
-        hf.cases.len()
+        hf_cases.len()
     );
 }

@@ -5,8 +5,9 @@
 //! position, and a rollback-aware prefill matches a plain chunked one.
 
 mod common;
+mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use device_worker::sampling::argmax;
@@ -15,6 +16,7 @@ use device_worker::model::Model;
 use device_worker::state::rollback::RollbackPrefill;
 use device_worker::state::sequence::SequenceState;
 use dsp::pool::ThreadPool;
+use support::qwen35::fixture;
 use test_support::{assert_close, max_abs_diff};
 
 /// Verification rows vs one-token passes. The column-shared product and attention treat
@@ -23,14 +25,6 @@ use test_support::{assert_close, max_abs_diff};
 const ROW_TOL: f32 = 0.0;
 /// Chunked vs per-token GDN forms round differently (tests/qwen35.rs `SPLIT_LOGIT_TOL`).
 const CHUNKED_TOL: f32 = 2e-4;
-
-/// A committed fixture of `tests/fixtures/qwen35` (a required input).
-fn fixture(name: &str) -> PathBuf {
-    test_support::fixture(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen35").join(name),
-        "committed in device-worker/tests/fixtures/qwen35 (made by tools/fixtures/, see its README.md)",
-    )
-}
 
 struct Run {
     model: Model,

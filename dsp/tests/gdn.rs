@@ -7,8 +7,8 @@ mod common;
 
 use common::Rng;
 use dsp::gdn::{
-    conv1d_silu, conv1d_silu_pooled, conv1d_silu_step, gdn_chunked, gdn_chunked_pooled, gdn_recurrent,
-    gdn_recurrent_pooled, GdnShape, DEFAULT_CHUNK,
+    conv1d_silu, conv1d_silu_step, gdn_chunked, gdn_recurrent, GdnShape,
+    DEFAULT_CHUNK,
 };
 use dsp::{DspError, ThreadPool};
 use proptest::prelude::*;
@@ -24,6 +24,7 @@ const HAND_TOL: f32 = 1e-5;
 
 // === inputs ===
 
+#[derive(Clone)]
 struct Case {
     shape: GdnShape,
     n: usize,
@@ -101,25 +102,48 @@ impl Case {
         }
     }
 
+    /// [`gdn_recurrent`] on this case's inputs, on `pool` or (`None`) the calling thread.
+    fn run_recurrent(
+        &self,
+        pool: Option<&ThreadPool>,
+        state: &mut [f32],
+        out: &mut [f32],
+        snapshots: Option<&mut [f32]>,
+    ) -> Result<(), DspError> {
+        let (q, k, v, gate, beta) = (&self.q, &self.k, &self.v, &self.gate, &self.beta);
+        gdn_recurrent(pool, self.shape, q, k, v, gate, beta, state, out, snapshots)
+    }
+
+    /// [`gdn_chunked`] on this case's inputs, on `pool` or (`None`) the calling thread.
+    fn run_chunked(
+        &self,
+        pool: Option<&ThreadPool>,
+        state: &mut [f32],
+        out: &mut [f32],
+        chunk: usize,
+    ) -> Result<(), DspError> {
+        let (q, k, v, gate, beta) = (&self.q, &self.k, &self.v, &self.gate, &self.beta);
+        gdn_chunked(pool, self.shape, q, k, v, gate, beta, state, out, chunk)
+    }
+
+    /// Zeroed output and a copy of `state0`: the buffers of one run.
+    fn buffers(&self) -> (Vec<f32>, Vec<f32>) {
+        (vec![0f32; self.out_len()], self.state0.clone())
+    }
+
     /// (out, final state) of the recurrence.
     fn recurrent(&self) -> (Vec<f32>, Vec<f32>) {
-        let (mut out, mut state) = (vec![0f32; self.out_len()], self.state0.clone());
-        gdn_recurrent(
-            self.shape, &self.q, &self.k, &self.v, &self.gate, &self.beta, &mut state, &mut out,
-            None,
-        )
-        .expect("gdn_recurrent");
+        let (mut out, mut state) = self.buffers();
+        self.run_recurrent(None, &mut state, &mut out, None)
+            .expect("gdn_recurrent");
         (out, state)
     }
 
     /// (out, final state) of the chunked form.
     fn chunked(&self, chunk: usize) -> (Vec<f32>, Vec<f32>) {
-        let (mut out, mut state) = (vec![0f32; self.out_len()], self.state0.clone());
-        gdn_chunked(
-            self.shape, &self.q, &self.k, &self.v, &self.gate, &self.beta, &mut state, &mut out,
-            chunk,
-        )
-        .expect("gdn_chunked");
+        let (mut out, mut state) = self.buffers();
+        self.run_chunked(None, &mut state, &mut out, chunk)
+            .expect("gdn_chunked");
         (out, state)
     }
 }
@@ -142,12 +166,17 @@ fn assert_chunked_matches(case: &Case, chunk: usize) {
     );
 }
 
-const SHAPE: GdnShape = GdnShape {
-    n_k_heads: 2,
-    n_v_heads: 4,
-    d_k: 16,
-    d_v: 8,
-};
+/// `n_k_heads` key heads, `n_v_heads` value heads, head dims `d_k` and `d_v`.
+const fn gdn_shape(n_k_heads: usize, n_v_heads: usize, d_k: usize, d_v: usize) -> GdnShape {
+    GdnShape {
+        n_k_heads,
+        n_v_heads,
+        d_k,
+        d_v,
+    }
+}
+
+const SHAPE: GdnShape = gdn_shape(2, 4, 16, 8);
 
 // === chunked == recurrent ===
 
@@ -165,12 +194,7 @@ fn chunked_matches_recurrent_length_sweep() {
 #[test]
 fn chunked_matches_recurrent_qwen_head_dims() {
     // One Qwen3.5 head geometry (d_k = d_v = 128), two value heads per key head.
-    let shape = GdnShape {
-        n_k_heads: 1,
-        n_v_heads: 2,
-        d_k: 128,
-        d_v: 128,
-    };
+    let shape = gdn_shape(1, 2, 128, 128);
     let case = random_case(shape, 200, 7);
     assert_chunked_matches(&case, DEFAULT_CHUNK);
 }
@@ -251,21 +275,10 @@ fn rollback_prefill_chunked_then_recurrent_matches_recurrent() {
         .slice(0, head, case.state0.clone())
         .chunked(DEFAULT_CHUNK);
     let tail = case.slice(head, n, state_a);
-    let mut out_b = vec![0f32; tail.out_len()];
-    let mut state_b = tail.state0.clone();
+    let (mut out_b, mut state_b) = tail.buffers();
     let mut snaps = vec![0f32; (kk - 1) * SHAPE.state_len()];
-    gdn_recurrent(
-        SHAPE,
-        &tail.q,
-        &tail.k,
-        &tail.v,
-        &tail.gate,
-        &tail.beta,
-        &mut state_b,
-        &mut out_b,
-        Some(&mut snaps),
-    )
-    .expect("gdn_recurrent");
+    tail.run_recurrent(None, &mut state_b, &mut out_b, Some(&mut snaps))
+        .expect("gdn_recurrent");
     assert!(max_rel_err(&[out_a, out_b].concat(), &out) <= CHUNK_TOL);
     assert!(max_rel_err(&state_b, &state) <= CHUNK_TOL);
     assert_eq!(&snaps[(kk - 2) * SHAPE.state_len()..], &state_b[..]);
@@ -276,21 +289,10 @@ fn snapshots_equal_states_of_shorter_runs() {
     let case = random_case(SHAPE, 9, 21);
     let len = SHAPE.state_len();
     for m in [1, 4, 9] {
-        let mut out = vec![0f32; case.out_len()];
-        let mut state = case.state0.clone();
+        let (mut out, mut state) = case.buffers();
         let mut snaps = vec![f32::NAN; m * len];
-        gdn_recurrent(
-            SHAPE,
-            &case.q,
-            &case.k,
-            &case.v,
-            &case.gate,
-            &case.beta,
-            &mut state,
-            &mut out,
-            Some(&mut snaps),
-        )
-        .expect("gdn_recurrent");
+        case.run_recurrent(None, &mut state, &mut out, Some(&mut snaps))
+            .expect("gdn_recurrent");
         let (out_plain, _) = case.recurrent();
         assert_eq!(out, out_plain, "snapshots must not change the output");
         for i in 0..m {
@@ -308,49 +310,22 @@ fn snapshots_equal_states_of_shorter_runs() {
 #[test]
 fn pooled_variants_are_bit_identical() {
     let pool = ThreadPool::new(3).expect("pool");
-    let shape = GdnShape {
-        n_k_heads: 2,
-        n_v_heads: 6,
-        d_k: 12,
-        d_v: 10,
-    };
+    let shape = gdn_shape(2, 6, 12, 10);
     let case = random_case(shape, 70, 31);
     let len = shape.state_len();
 
-    let (mut out, mut state) = (vec![0f32; case.out_len()], case.state0.clone());
+    let (mut out, mut state) = case.buffers();
     let mut snaps = vec![0f32; 3 * len];
-    gdn_recurrent_pooled(
-        &pool,
-        shape,
-        &case.q,
-        &case.k,
-        &case.v,
-        &case.gate,
-        &case.beta,
-        &mut state,
-        &mut out,
-        Some(&mut snaps),
-    )
-    .expect("gdn_recurrent_pooled");
+    case.run_recurrent(Some(&pool), &mut state, &mut out, Some(&mut snaps))
+        .expect("gdn_recurrent_pooled");
     let (out_s, state_s) = case.recurrent();
     assert_eq!(out, out_s);
     assert_eq!(state, state_s);
     assert_eq!(&snaps[2 * len..], &state_s[..]);
 
-    let (mut out, mut state) = (vec![0f32; case.out_len()], case.state0.clone());
-    gdn_chunked_pooled(
-        &pool,
-        shape,
-        &case.q,
-        &case.k,
-        &case.v,
-        &case.gate,
-        &case.beta,
-        &mut state,
-        &mut out,
-        DEFAULT_CHUNK,
-    )
-    .expect("gdn_chunked_pooled");
+    let (mut out, mut state) = case.buffers();
+    case.run_chunked(Some(&pool), &mut state, &mut out, DEFAULT_CHUNK)
+        .expect("gdn_chunked_pooled");
     let (out_s, state_s) = case.chunked(DEFAULT_CHUNK);
     assert_eq!(out, out_s);
     assert_eq!(state, state_s);
@@ -372,9 +347,9 @@ fn assert_both_forms(
     for chunked in [false, true] {
         let (mut out, mut state) = (vec![0f32; want_out.len()], state0.to_vec());
         if chunked {
-            gdn_chunked(shape, q, k, v, gate, beta, &mut state, &mut out, chunk)
+            gdn_chunked(None, shape, q, k, v, gate, beta, &mut state, &mut out, chunk)
         } else {
-            gdn_recurrent(shape, q, k, v, gate, beta, &mut state, &mut out, None)
+            gdn_recurrent(None, shape, q, k, v, gate, beta, &mut state, &mut out, None)
         }
         .expect("gdn");
         let (e_out, e_state) = (max_rel_err(&out, want_out), max_rel_err(&state, want_state));
@@ -387,12 +362,7 @@ fn assert_both_forms(
 /// rule stores `v` under key `k`, and a second write under the same key replaces it.
 #[test]
 fn unit_beta_no_decay_stores_and_overwrites() {
-    let shape = GdnShape {
-        n_k_heads: 1,
-        n_v_heads: 1,
-        d_k: 2,
-        d_v: 2,
-    };
+    let shape = gdn_shape(1, 1, 2, 2);
     let scale = 1.0 / 2f32.sqrt();
     let k = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0];
     let q = [1.0, 0.0, 0.0, 1.0, 1.0, 0.0];
@@ -411,12 +381,7 @@ fn unit_beta_no_decay_stores_and_overwrites() {
 /// `o_t = scale · S_tᵀ q_t`, evaluated here in f64.
 #[test]
 fn zero_beta_only_decays() {
-    let shape = GdnShape {
-        n_k_heads: 1,
-        n_v_heads: 1,
-        d_k: 3,
-        d_v: 2,
-    };
+    let shape = gdn_shape(1, 1, 3, 2);
     let n = 3;
     let case = random_case(shape, n, 41);
     let gate = vec![0.5f32.ln(); n];
@@ -441,18 +406,13 @@ fn zero_beta_only_decays() {
 /// and key head 1 = e2, a write from zero state lands in row `h % 2` of head `h`'s state.
 #[test]
 fn value_heads_use_tiled_key_heads() {
-    let shape = GdnShape {
-        n_k_heads: 2,
-        n_v_heads: 4,
-        d_k: 2,
-        d_v: 1,
-    };
+    let shape = gdn_shape(2, 4, 2, 1);
     let k = [1.0, 0.0, 0.0, 1.0];
     let q = k;
     let v = [1.0, 2.0, 3.0, 4.0];
     let (gate, beta) = ([0.0; 4], [1.0; 4]);
     let (mut out, mut state) = ([0f32; 4], [0f32; 8]);
-    gdn_recurrent(shape, &q, &k, &v, &gate, &beta, &mut state, &mut out, None).expect("gdn");
+    gdn_recurrent(None, shape, &q, &k, &v, &gate, &beta, &mut state, &mut out, None).expect("gdn");
     for h in 0..4 {
         let row = h % 2;
         let mut want = [0f32; 2];
@@ -488,7 +448,7 @@ fn conv_batch_equals_per_token_and_definition() {
         let state0 = rng.vec(3 * ch);
 
         let (mut state_b, mut out_b) = (state0.clone(), vec![0f32; n * ch]);
-        conv1d_silu(&x, n, ch, &w, &mut state_b, &mut out_b).expect("conv1d_silu");
+        conv1d_silu(None, &x, n, ch, &w, &mut state_b, &mut out_b).expect("conv1d_silu");
 
         let (mut state_s, mut out_s) = (state0.clone(), vec![0f32; n * ch]);
         for t in 0..n {
@@ -526,7 +486,7 @@ fn conv_taps_select_the_right_inputs() {
         w[tap] = 1.0;
         w[4 + tap] = 1.0;
         let (mut state, mut out) = (state0, [0f32; 8]);
-        conv1d_silu(&x, n, ch, &w, &mut state, &mut out).expect("conv1d_silu");
+        conv1d_silu(None, &x, n, ch, &w, &mut state, &mut out).expect("conv1d_silu");
         let ext = [&state0[..], &x[..]].concat();
         for t in 0..n {
             for c in 0..ch {
@@ -543,12 +503,12 @@ fn conv_two_batches_equal_one() {
     let mut rng = Rng(61);
     let (w, x, state0) = (rng.vec(ch * 4), rng.vec(n * ch), rng.vec(3 * ch));
     let (mut state, mut out) = (state0.clone(), vec![0f32; n * ch]);
-    conv1d_silu(&x, n, ch, &w, &mut state, &mut out).expect("conv");
+    conv1d_silu(None, &x, n, ch, &w, &mut state, &mut out).expect("conv");
     for split in [1, 2, 5] {
         let (mut st, mut o) = (state0.clone(), vec![0f32; n * ch]);
         let (oa, ob) = o.split_at_mut(split * ch);
-        conv1d_silu(&x[..split * ch], split, ch, &w, &mut st, oa).expect("conv a");
-        conv1d_silu(&x[split * ch..], n - split, ch, &w, &mut st, ob).expect("conv b");
+        conv1d_silu(None, &x[..split * ch], split, ch, &w, &mut st, oa).expect("conv a");
+        conv1d_silu(None, &x[split * ch..], n - split, ch, &w, &mut st, ob).expect("conv b");
         assert_eq!(o, out, "split {split}");
         assert_eq!(st, state, "split {split}");
     }
@@ -564,9 +524,9 @@ fn conv_pooled_is_bit_identical_to_serial() {
         for n in [1, 2, 5, 9, 64] {
             let (w, x, state0) = (rng.vec(ch * 4), rng.vec(n * ch), rng.vec(3 * ch));
             let (mut st_a, mut out_a) = (state0.clone(), vec![0f32; n * ch]);
-            conv1d_silu(&x, n, ch, &w, &mut st_a, &mut out_a).expect("serial");
+            conv1d_silu(None, &x, n, ch, &w, &mut st_a, &mut out_a).expect("serial");
             let (mut st_b, mut out_b) = (state0.clone(), vec![f32::NAN; n * ch]);
-            conv1d_silu_pooled(Some(&pool), &x, n, ch, &w, &mut st_b, &mut out_b).expect("pooled");
+            conv1d_silu(&pool, &x, n, ch, &w, &mut st_b, &mut out_b).expect("pooled");
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&out_b), bits(&out_a), "threads {threads} n {n}");
             assert_eq!(bits(&st_b), bits(&st_a), "threads {threads} n {n}");
@@ -579,70 +539,45 @@ fn conv_pooled_is_bit_identical_to_serial() {
 #[test]
 fn shape_errors_are_reported() {
     let case = random_case(SHAPE, 5, 71);
-    let (mut out, mut state) = (vec![0f32; case.out_len()], case.state0.clone());
-    let err = gdn_recurrent(
-        SHAPE,
-        &case.q[1..],
-        &case.k,
-        &case.v,
-        &case.gate,
-        &case.beta,
-        &mut state,
-        &mut out,
-        None,
-    );
+    let (mut out, mut state) = case.buffers();
+    let mut short_q = case.clone();
+    short_q.q.remove(0);
+    let err = short_q.run_recurrent(None, &mut state, &mut out, None);
     assert!(
         matches!(err, Err(DspError::LengthMismatch { .. })),
         "{err:?}"
     );
 
-    let bad = GdnShape {
-        n_v_heads: 3,
-        ..SHAPE
+    let bad = Case {
+        shape: GdnShape {
+            n_v_heads: 3,
+            ..SHAPE
+        },
+        gate: case.gate[..15].to_vec(),
+        beta: case.beta[..15].to_vec(),
+        ..case.clone()
     };
-    let err = gdn_chunked(
-        bad,
-        &case.q,
-        &case.k,
-        &case.v,
-        &case.gate[..15],
-        &case.beta[..15],
-        &mut state,
-        &mut out,
-        64,
-    );
+    let err = bad.run_chunked(None, &mut state, &mut out, 64);
     assert!(
         matches!(err, Err(DspError::InvalidArgument { .. })),
         "{err:?}"
     );
 
-    let err = gdn_chunked(
-        SHAPE, &case.q, &case.k, &case.v, &case.gate, &case.beta, &mut state, &mut out, 0,
-    );
+    let err = case.run_chunked(None, &mut state, &mut out, 0);
     assert!(
         matches!(err, Err(DspError::InvalidArgument { .. })),
         "{err:?}"
     );
 
     let mut too_many = vec![0f32; 6 * SHAPE.state_len()];
-    let err = gdn_recurrent(
-        SHAPE,
-        &case.q,
-        &case.k,
-        &case.v,
-        &case.gate,
-        &case.beta,
-        &mut state,
-        &mut out,
-        Some(&mut too_many),
-    );
+    let err = case.run_recurrent(None, &mut state, &mut out, Some(&mut too_many));
     assert!(
         matches!(err, Err(DspError::InvalidArgument { .. })),
         "{err:?}"
     );
 
     let mut conv_state = vec![0f32; 2 * 8];
-    let err = conv1d_silu(&[0.0; 8], 1, 8, &[0.0; 32], &mut conv_state, &mut [0.0; 8]);
+    let err = conv1d_silu(None, &[0.0; 8], 1, 8, &[0.0; 32], &mut conv_state, &mut [0.0; 8]);
     assert!(
         matches!(err, Err(DspError::LengthMismatch { .. })),
         "{err:?}"

@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 
 use agent_gateway::replay::{self, ReplayConfig};
-use common::{corpus, http_get, model_path};
+use common::{http_get, model_path, replay_config};
 use tandem_auth::{AuthLayer, Authenticator, BearerInterceptor};
 use tandem_proto::step::v1 as pb;
 use tandem_proto::step::v1::step_service_client::StepServiceClient;
@@ -101,16 +101,8 @@ async fn every_endpoint_needs_its_token_and_the_chain_passes_with_them() {
     // worker's token); without it the gateway refuses.
     let out = tempfile::tempdir().unwrap();
     let mut cfg = ReplayConfig {
-        gateway: gateway.clone(),
-        corpus: corpus(),
-        episodes: vec![],
-        count: 1,
-        max_steps: 1,
-        max_tokens: 0,
         token_file: Some(gateway_file.clone()),
-        out: out.path().join("replay.jsonl"),
-        list: false,
-        dry_run: false,
+        ..replay_config(&gateway, 1, out.path().join("replay.jsonl"))
     };
     let (records, summary) = replay::run(&cfg).await.expect("replay with the token");
     assert_eq!(summary.steps, 1);

@@ -2,8 +2,8 @@
 
 mod common;
 
-use agent_gateway::replay::{self, ReplayConfig};
-use common::{corpus, model_path, start};
+use agent_gateway::replay;
+use common::{corpus, model_path, replay_config, start};
 use tandem_proto::agent::v1 as apb;
 use tandem_proto::agent::v1::agent_service_client::AgentServiceClient;
 use tokio_stream::StreamExt;
@@ -13,18 +13,7 @@ async fn replay_gives_a_schema_valid_action_per_step_and_reuses_the_prefix() {
     let model = model_path();
     let servers = start(model).await;
     let out = tempfile::tempdir().unwrap();
-    let cfg = ReplayConfig {
-        gateway: servers.gateway.clone(),
-        corpus: corpus(),
-        episodes: vec![],
-        count: 1,
-        max_steps: 3,
-        max_tokens: 0,
-        token_file: None,
-        out: out.path().join("replay.jsonl"),
-        list: false,
-        dry_run: false,
-    };
+    let cfg = replay_config(&servers.gateway, 3, out.path().join("replay.jsonl"));
     let (records, summary) = replay::run(&cfg).await.expect("replay");
     assert_eq!(summary.steps, 3);
     for r in &records {

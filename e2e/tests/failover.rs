@@ -4,10 +4,7 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use device_worker::config::EngineOptions;
-use device_worker::engine::{EngineHandle, EngineState};
 use tandem_proto::agent::v1 as apb;
 use tandem_proto::agent::v1::agent_service_client::AgentServiceClient;
 
@@ -17,15 +14,7 @@ const EPISODE: &str = "androidworld/ContactsAddContact_base_o4-mini_trial1";
 async fn steps_for_a_dead_worker_are_served_by_the_live_one() {
     let model = common::model_path();
     let cfg = EngineOptions { model: Some(model), threads: Some(2), ctx_size: 4096, slots: 2, ..Default::default() };
-    let engine = EngineHandle::spawn(cfg.settings().expect("valid options")).expect("engine");
-    let mut st = engine.state();
-    st.wait_for(|s| !matches!(s, EngineState::Loading)).await.expect("state");
-    let wl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let live = format!("http://{}", wl.local_addr().unwrap());
-    let (_s1, r1) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(device_worker::service::serve(engine, wl, async {
-        let _ = r1.await;
-    }));
+    let (_engine, live, _s1) = common::serve_worker(cfg).await;
     // A port nothing listens on (bound then released).
     let dead = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -34,22 +23,12 @@ async fn steps_for_a_dead_worker_are_served_by_the_live_one() {
     let router = agent_gateway::worker::Router::new(&[dead.clone(), live.clone()]).unwrap();
     let on_dead: Vec<String> = (0..40).map(|i| format!("failover-{i}")).filter(|e| router.route(e).addr == dead).take(2).collect();
     assert_eq!(on_dead.len(), 2, "some episodes hash to the dead worker");
-    let runner = Arc::new(agent_gateway::step::StepRunner::new(router));
-    let gl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let gateway = format!("http://{}", gl.local_addr().unwrap());
-    let (_s2, r2) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(agent_gateway::service::serve(runner, gl, async {
-        let _ = r2.await;
-    }));
+    let (gateway, _s2) = common::serve_gateway(router).await;
 
     let episode = agent_gateway::corpus::load_episode(&common::corpus(), EPISODE).expect("corpus episode");
     let mut client = AgentServiceClient::connect(gateway).await.expect("connect");
     for id in &on_dead {
-        let mut stream = client
-            .step(apb::StepRequest { episode_id: id.clone(), task: episode.task.clone(), observation: Some(episode.steps[0].to_observation()), max_tokens: 0 })
-            .await
-            .expect("step")
-            .into_inner();
+        let mut stream = common::first_step(&mut client, id, &episode).await;
         let mut result = None;
         while let Some(ev) = stream.message().await.expect("stream") {
             if let Some(apb::step_event::Event::Result(r)) = ev.event {

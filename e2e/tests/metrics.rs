@@ -4,8 +4,17 @@
 
 mod common;
 
-use agent_gateway::replay::{self, ReplayConfig};
-use common::{corpus, http_get, model_path, sample, start, start_http, start_worker_metrics};
+use agent_gateway::replay;
+use common::{http_get, model_path, replay_config, sample, start, start_http, start_worker_metrics};
+
+/// How much `series` grew from the `before` to the `after` scrape of `who`'s `/metrics`. A
+/// series missing after is a failure; before, a counter not yet touched is not rendered and
+/// counts 0.
+fn increase(who: &str, before: &str, after: &str, series: &str) -> f64 {
+    let now = sample(after, series)
+        .unwrap_or_else(|| panic!("{who} /metrics has no series {series}:\n{after}"));
+    now - sample(before, series).unwrap_or(0.0)
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_agree_with_the_replay_jsonl() {
@@ -18,18 +27,7 @@ async fn metrics_agree_with_the_replay_jsonl() {
     let (status, worker_before) = http_get(&worker_http, "/metrics").await;
     assert_eq!(status, 200);
     let out = tempfile::tempdir().unwrap();
-    let cfg = ReplayConfig {
-        gateway: servers.gateway.clone(),
-        corpus: corpus(),
-        episodes: vec![],
-        count: 1,
-        max_steps: 3,
-        max_tokens: 0,
-        token_file: None,
-        out: out.path().join("replay.jsonl"),
-        list: false,
-        dry_run: false,
-    };
+    let cfg = replay_config(&servers.gateway, 3, out.path().join("replay.jsonl"));
     replay::run(&cfg).await.expect("replay");
     // Read the figures back from the JSONL file, as a dashboard user would compare them.
     let rows: Vec<serde_json::Value> = std::fs::read_to_string(&cfg.out)
@@ -49,11 +47,7 @@ async fn metrics_agree_with_the_replay_jsonl() {
     // The counters are process-wide: compare increases over the replay.
     // A series missing after the replay is a failure; before it, a counter not yet touched
     // is not rendered and counts 0.
-    let delta = |series: &str| {
-        let after = sample(&text, series)
-            .unwrap_or_else(|| panic!("gateway /metrics has no series {series}:\n{text}"));
-        after - sample(&before, series).unwrap_or(0.0)
-    };
+    let delta = |series: &str| increase("gateway", &before, &text, series);
     assert_eq!(
         delta("agent_steps_total{kind=\"episode\",outcome=\"ok\"}"),
         ok_steps,
@@ -101,11 +95,7 @@ async fn metrics_agree_with_the_replay_jsonl() {
     // The worker's own /metrics (same process registry, served like --metrics-listen).
     let (status, wtext) = http_get(&worker_http, "/metrics").await;
     assert_eq!(status, 200);
-    let wdelta = |series: &str| {
-        let after = sample(&wtext, series)
-            .unwrap_or_else(|| panic!("worker /metrics has no series {series}:\n{wtext}"));
-        after - sample(&worker_before, series).unwrap_or(0.0)
-    };
+    let wdelta = |series: &str| increase("worker", &worker_before, &wtext, series);
     // Requests the worker finished carry its server time (a worker error leaves it 0).
     let worker_ok = rows
         .iter()

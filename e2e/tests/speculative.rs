@@ -151,45 +151,30 @@ fn report(name: &str, t: &Tally) {
 
 type Config = (&'static str, &'static str, DraftLengthMode, bool, usize);
 
+/// Drafts of fixed length from `drafters` (`--drafters`), `passes` passes over the steps.
+const fn fixed(tag: &'static str, drafters: &'static str, passes: usize) -> Config {
+    (tag, drafters, DraftLengthMode::Fixed, false, passes)
+}
+
+/// As [`fixed`] with adaptive draft length.
+const fn adaptive(tag: &'static str, drafters: &'static str, passes: usize) -> Config {
+    (tag, drafters, DraftLengthMode::Adaptive, false, passes)
+}
+
+/// As [`fixed`] with every draft corrupted (forced rejections).
+const fn forced(tag: &'static str, drafters: &'static str, passes: usize) -> Config {
+    (tag, drafters, DraftLengthMode::Fixed, true, passes)
+}
+
 /// Every drafter alone, both combined with adaptive length, and forced rejections: (tag,
 /// --drafters, length mode, corrupt drafts, passes over the steps).
 const ALL_CONFIGS: &[Config] = &[
-    (
-        "prompt-lookup",
-        "prompt-lookup",
-        DraftLengthMode::Fixed,
-        false,
-        1,
-    ),
-    (
-        "experience (cold, warm)",
-        "experience",
-        DraftLengthMode::Fixed,
-        false,
-        2,
-    ),
-    (
-        "prompt-lookup,experience adaptive",
-        "prompt-lookup,experience",
-        DraftLengthMode::Adaptive,
-        false,
-        2,
-    ),
-    (
-        "forced rejection",
-        "prompt-lookup,experience",
-        DraftLengthMode::Fixed,
-        true,
-        2,
-    ),
-    ("mtp", "mtp", DraftLengthMode::Fixed, false, 1),
-    (
-        "mtp,prompt-lookup adaptive",
-        "mtp,prompt-lookup",
-        DraftLengthMode::Adaptive,
-        false,
-        1,
-    ),
+    fixed("prompt-lookup", "prompt-lookup", 1),
+    fixed("experience (cold, warm)", "experience", 2),
+    adaptive("prompt-lookup,experience adaptive", "prompt-lookup,experience", 2),
+    forced("forced rejection", "prompt-lookup,experience", 2),
+    fixed("mtp", "mtp", 1),
+    adaptive("mtp,prompt-lookup adaptive", "mtp,prompt-lookup", 1),
 ];
 
 /// Every configuration against plain greedy decoding on `model`.
@@ -275,27 +260,9 @@ async fn default_model_outputs_equal_plain_greedy_with_every_drafter() {
     // A real model costs seconds per request: 4 steps, each drafter, and forced rejections
     // (prompt lookup proposes from the first step on, so one pass suffices there).
     let configs: &[Config] = &[
-        (
-            "prompt-lookup",
-            "prompt-lookup",
-            DraftLengthMode::Fixed,
-            false,
-            1,
-        ),
-        (
-            "experience (cold, warm)",
-            "experience",
-            DraftLengthMode::Adaptive,
-            false,
-            2,
-        ),
-        (
-            "forced rejection",
-            "prompt-lookup",
-            DraftLengthMode::Fixed,
-            true,
-            1,
-        ),
+        fixed("prompt-lookup", "prompt-lookup", 1),
+        adaptive("experience (cold, warm)", "experience", 2),
+        forced("forced rejection", "prompt-lookup", 1),
     ];
     let r = equivalence(model, true, 4, 48, configs).await;
     let pl = find(&r, "prompt-lookup pass 0");
@@ -331,20 +298,8 @@ async fn tiny_hybrid_outputs_equal_plain_greedy_with_the_trimmed_mtp_head() {
     .expect("draft-vocab writes the trimmed copy");
     assert_eq!(summary.rows, 128);
     let configs: &[Config] = &[
-        (
-            "mtp-trimmed",
-            "mtp-trimmed",
-            DraftLengthMode::Fixed,
-            false,
-            1,
-        ),
-        (
-            "mtp-trimmed forced rejection",
-            "mtp-trimmed,prompt-lookup",
-            DraftLengthMode::Fixed,
-            true,
-            1,
-        ),
+        fixed("mtp-trimmed", "mtp-trimmed", 1),
+        forced("mtp-trimmed forced rejection", "mtp-trimmed,prompt-lookup", 1),
     ];
     let r = equivalence(out, false, 12, 24, configs).await;
     let t = find(&r, "mtp-trimmed pass 0");

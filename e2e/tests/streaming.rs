@@ -60,16 +60,7 @@ async fn first_action_token_arrives_before_the_step_result() {
 
     // Step (unary in, stream out).
     let t0 = Instant::now();
-    let mut events = client
-        .step(apb::StepRequest {
-            episode_id: "stream-step".into(),
-            task: episode.task.clone(),
-            observation: Some(episode.steps[0].to_observation()),
-            max_tokens: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut events = common::first_step(&mut client, "stream-step", &episode).await;
     assert_streamed(&timed_step(&mut events, t0).await);
 
     // RunEpisode: two steps over one stream.

@@ -107,16 +107,7 @@ async fn worker_spans_are_children_of_the_gateway_step_span_over_otlp() {
     let episode = agent_gateway::corpus::load_episode(&common::corpus(), EPISODE).expect("corpus episode");
     let servers = common::start(model).await;
     let mut client = AgentServiceClient::connect(servers.gateway.clone()).await.unwrap();
-    let mut events = client
-        .step(apb::StepRequest {
-            episode_id: "trace-step".into(),
-            task: episode.task.clone(),
-            observation: Some(episode.steps[0].to_observation()),
-            max_tokens: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut events = common::first_step(&mut client, "trace-step", &episode).await;
     let mut result = None;
     while let Some(ev) = events.next().await {
         if let Some(apb::step_event::Event::Result(r)) = ev.unwrap().event {

@@ -29,6 +29,20 @@ fn small() -> GgufBuilder {
 
 // === synthetic files ===
 
+/// [`small`] with one more 1-D tensor `name` of `len` elements of GGML type id `type_id`
+/// and `data_len` zero bytes, as file bytes.
+fn small_with_tensor(name: &str, len: u64, type_id: u32, data_len: usize) -> Vec<u8> {
+    let mut b = small();
+    b.tensors.push(RawTensor {
+        name: name.into(),
+        dims: vec![len],
+        type_id,
+        data: vec![0; data_len],
+        offset: None,
+    });
+    b.build()
+}
+
 #[test]
 fn synthetic_file_round_trips_metadata_and_tensors() {
     let f = small().write_temp();
@@ -40,18 +54,12 @@ fn synthetic_file_round_trips_metadata_and_tensors() {
     assert_eq!(g.get_u32("small.u8").expect("u8 as u32"), 7);
     assert_eq!(g.get_i32("small.neg").expect("i32"), -3);
     assert_eq!(g.get_u64("small.big").expect("u64"), 1 << 40);
-    assert!(matches!(
-        g.get_u32("small.neg"),
-        Err(GgufError::WrongType { .. })
-    ));
-    assert!(matches!(
-        g.get_u32("small.big"),
-        Err(GgufError::WrongType { .. })
-    ));
-    assert!(matches!(
-        g.get_u32("small.f"),
-        Err(GgufError::WrongType { .. })
-    ));
+    for key in ["small.neg", "small.big", "small.f"] {
+        assert!(
+            matches!(g.get_u32(key), Err(GgufError::WrongType { .. })),
+            "{key}"
+        );
+    }
     assert!(matches!(
         g.get_u32("no.such"),
         Err(GgufError::MissingKey { .. })
@@ -167,15 +175,7 @@ fn misaligned_duplicate_and_unknown_tensors_are_rejected() {
         matches!(open_bytes(&b.build()), Err(GgufError::DuplicateTensor { tensor }) if tensor == "a.weight")
     );
 
-    let mut b = small();
-    b.tensors.push(RawTensor {
-        name: "q5k".into(),
-        dims: vec![256],
-        type_id: 13,
-        data: vec![0; 176],
-        offset: None,
-    });
-    match open_bytes(&b.build()) {
+    match open_bytes(&small_with_tensor("q5k", 256, 13, 176)) {
         Err(GgufError::UnknownTensorType {
             tensor,
             type_id,
@@ -186,16 +186,8 @@ fn misaligned_duplicate_and_unknown_tensors_are_rejected() {
         other => panic!("expected UnknownTensorType, got {other:?}"),
     }
 
-    let mut b = small();
-    b.tensors.push(RawTensor {
-        name: "odd".into(),
-        dims: vec![33],
-        type_id: 2,
-        data: vec![0; 36],
-        offset: None,
-    });
     assert!(matches!(
-        open_bytes(&b.build()),
+        open_bytes(&small_with_tensor("odd", 33, 2, 36)),
         Err(GgufError::BadShape { .. })
     ));
 

@@ -52,6 +52,20 @@ impl<'a> Parser<'a> {
         Some(c)
     }
 
+    /// After an item of a list, dict or call body: skips the `,` before the next item, or
+    /// stops before `close`; anything else is an error.
+    fn item_separator(&mut self, close: char) -> Result<(), ObservationError> {
+        self.skip_ws();
+        match self.peek() {
+            Some(',') => {
+                self.bump();
+                Ok(())
+            }
+            Some(c) if c == close => Ok(()),
+            _ => Err(self.error(&format!("expected ',' or {close:?}"))),
+        }
+    }
+
     fn skip_ws(&mut self) {
         while self.peek().is_some_and(char::is_whitespace) {
             self.bump();
@@ -101,14 +115,7 @@ impl<'a> Parser<'a> {
                 return Ok(items);
             }
             items.push(self.value(depth + 1)?);
-            self.skip_ws();
-            match self.peek() {
-                Some(',') => {
-                    self.bump();
-                }
-                Some(c) if c == close => {}
-                _ => return Err(self.error(&format!("expected ',' or {close:?}"))),
-            }
+            self.item_separator(close)?;
         }
     }
 
@@ -128,14 +135,7 @@ impl<'a> Parser<'a> {
             self.expect(':')?;
             let v = self.value(depth + 1)?;
             map.insert(key, v);
-            self.skip_ws();
-            match self.peek() {
-                Some(',') => {
-                    self.bump();
-                }
-                Some('}') => {}
-                _ => return Err(self.error("expected ',' or '}'")),
-            }
+            self.item_separator('}')?;
         }
     }
 
@@ -183,14 +183,7 @@ impl<'a> Parser<'a> {
                 self.pos = save;
                 positional.push(self.value(depth + 1)?);
             }
-            self.skip_ws();
-            match self.peek() {
-                Some(',') => {
-                    self.bump();
-                }
-                Some(')') => {}
-                _ => return Err(self.error("expected ',' or ')'")),
-            }
+            self.item_separator(')')?;
         }
         match (positional.len(), map.is_empty()) {
             (0, _) => Ok(Value::Object(map)),

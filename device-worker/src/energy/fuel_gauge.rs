@@ -69,13 +69,8 @@ impl PowerSource for FuelGauge {
 
 #[cfg(test)]
 mod tests {
-    use super::super::fake::write;
+    use super::super::fake::{battery, write};
     use super::*;
-
-    fn battery(root: &Path, ua: i64, uv: i64) {
-        write(root, "sys/class/power_supply/battery/current_now", &ua.to_string());
-        write(root, "sys/class/power_supply/battery/voltage_now", &uv.to_string());
-    }
 
     #[test]
     fn integrates_power_with_the_trapezoid_rule() {

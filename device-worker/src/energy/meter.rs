@@ -126,7 +126,7 @@ impl EnergyMeter {
 
 #[cfg(test)]
 mod tests {
-    use super::super::fake::write;
+    use super::super::fake::{battery, write};
     use super::super::{detect, FuelGauge, Rapl};
     use super::*;
 
@@ -177,8 +177,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
         write(root, "sys/class/power_supply/battery/type", "Battery");
-        write(root, "sys/class/power_supply/battery/voltage_now", "4000000");
-        write(root, "sys/class/power_supply/battery/current_now", "-750000"); // 3 W
+        battery(root, -750_000, 4_000_000); // 3 W
         let mut m = EnergyMeter::new(FuelGauge::open(root).map(|g| Box::new(g) as Box<dyn PowerSource>));
         let mark = m.begin_step(Duration::from_secs(1)).unwrap().unwrap();
         write(root, "sys/class/power_supply/battery/current_now", "-1250000"); // 5 W

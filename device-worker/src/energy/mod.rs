@@ -74,6 +74,12 @@ pub(crate) mod fake {
         std::fs::create_dir_all(p.parent().expect("a file path has a parent")).expect("create fake sysfs folder");
         std::fs::write(&p, format!("{value}\n")).expect("write fake sysfs file");
     }
+
+    /// Sets the battery's current (`ua` µA, negative: discharging) and voltage (`uv` µV).
+    pub fn battery(root: &Path, ua: i64, uv: i64) {
+        write(root, "sys/class/power_supply/battery/current_now", &ua.to_string());
+        write(root, "sys/class/power_supply/battery/voltage_now", &uv.to_string());
+    }
 }
 
 #[cfg(test)]

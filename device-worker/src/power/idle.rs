@@ -111,10 +111,7 @@ impl IdleController {
     /// Undoes [`submit`](Self::submit) for a request that never reached the engine (queue
     /// full) or that the engine finished (done, failed or cancelled).
     pub fn complete(&self) {
-        let now = self.clock.now();
-        let mut g = self.lock();
-        g.submitted = g.submitted.saturating_sub(1);
-        g.last_activity = now;
+        self.end_one(|g| &mut g.submitted);
     }
 
     /// A batch (a prefill micro-batch or a decode step) is about to start. If the votes were
@@ -142,9 +139,16 @@ impl IdleController {
 
     /// The batch started by [`begin_batch`](Self::begin_batch) ended.
     pub fn end_batch(&self) {
+        self.end_one(|g| &mut g.batches);
+    }
+
+    /// One unit of the work that `count` counts (requests or batches) ended: the count goes
+    /// down (not below 0) and the time is the last activity.
+    fn end_one(&self, count: fn(&mut Inner) -> &mut usize) {
         let now = self.clock.now();
         let mut g = self.lock();
-        g.batches = g.batches.saturating_sub(1);
+        let n = count(&mut g);
+        *n = n.saturating_sub(1);
         g.last_activity = now;
     }
 

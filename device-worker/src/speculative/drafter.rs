@@ -8,6 +8,14 @@ use super::{Draft, DraftContext, DrafterKind, SpecError};
 use crate::model::Model;
 use crate::state::mtp::MtpCache;
 
+/// One ask for a draft ([`Drafter::propose`]): up to `max` tokens to follow `ctx.output`,
+/// with the slot's model access for drafters that run the model.
+pub struct DraftRequest<'r, 'm> {
+    pub ctx: &'r DraftContext<'r>,
+    pub max: usize,
+    pub model: Option<&'r mut ModelAccess<'m>>,
+}
+
 /// The model (with its activation buffers) and the slot's MTP cache, for drafters that run
 /// the model's MTP block (absent when the slot keeps no MTP cache). `tokens` are the sequence's tokens (`seq.len()` of
 /// them).
@@ -30,16 +38,11 @@ pub trait Drafter: Send {
         false
     }
 
-    /// Up to `max` tokens to follow `ctx.output` (`None`, never an empty draft, when there is
-    /// no proposal). `model` is the model access of the slot, for [`Drafter::runs_model`]
-    /// drafters (they propose nothing without it); a failed model pass yields no proposal
-    /// (the output never depends on drafts).
-    fn propose(
-        &mut self,
-        ctx: &DraftContext<'_>,
-        max: usize,
-        model: Option<&mut ModelAccess<'_>>,
-    ) -> Option<Draft>;
+    /// Up to `req.max` tokens to follow `req.ctx.output` (`None`, never an empty draft, when
+    /// there is no proposal). `req.model` is the model access of the slot, for
+    /// [`Drafter::runs_model`] drafters (they propose nothing without it); a failed model
+    /// pass yields no proposal (the output never depends on drafts).
+    fn propose(&mut self, req: DraftRequest<'_, '_>) -> Option<Draft>;
 
     /// Smoothed milliseconds of drafting per proposed token (0 for drafters whose proposals
     /// cost no model pass); counted against a proposal beside its verification.

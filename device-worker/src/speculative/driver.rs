@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use super::policy::{expected_tokens, DraftLength};
 use super::verifier::{DraftTally, Round};
 use super::{
-    Draft, DraftContext, Drafter, DrafterKind, ExperienceMemory, ModelAccess, MtpDrafter,
-    PromptLookup, SpecError,
+    Draft, DraftContext, DraftRequest, Drafter, DrafterKind, ExperienceMemory, ModelAccess,
+    MtpDrafter, PromptLookup, SpecError,
 };
 use super::policy::DraftLengthMode;
 use crate::model::Model;
@@ -184,7 +184,11 @@ impl Speculator {
                 },
                 _ => n_max,
             };
-            let Some(mut draft) = self.drafters[i].propose(ctx, ask, model.as_mut()) else {
+            let Some(mut draft) = self.drafters[i].propose(DraftRequest {
+                ctx,
+                max: ask,
+                model: model.as_mut(),
+            }) else {
                 continue;
             };
             if fixed {

@@ -28,7 +28,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use super::{Draft, DraftContext, Drafter, DrafterKind, ModelAccess, SpecError};
+use super::{Draft, DraftRequest, Drafter, DrafterKind, SpecError};
 
 /// Number of similarity buckets a draft from the experience memory falls in (see
 /// [`similarity_bucket`]).
@@ -555,15 +555,11 @@ impl Drafter for ExperienceMemory {
     /// `h = ctx.hidden`; the bucket is [`similarity_bucket`] of the best cosine. `None` for an
     /// empty output, a wrong-size or zero `hidden`, no candidate, or a best cosine below
     /// `min_similarity`.
-    fn propose(
-        &mut self,
-        ctx: &DraftContext<'_>,
-        max: usize,
-        _model: Option<&mut ModelAccess<'_>>,
-    ) -> Option<Draft> {
+    fn propose(&mut self, req: DraftRequest<'_, '_>) -> Option<Draft> {
+        let ctx = req.ctx;
         let (&b, before) = ctx.output.split_last()?;
         let a = *before.last().or(ctx.prompt.last())?;
-        let (tokens, cos) = self.lookup(a, b, ctx.hidden, max)?;
+        let (tokens, cos) = self.lookup(a, b, ctx.hidden, req.max)?;
         Some(Draft {
             kind: DrafterKind::Experience,
             tokens,
@@ -708,6 +704,7 @@ impl<'a> Reader<'a> {
 mod tests {
     use super::*;
     use crate::speculative::test_rng::SplitMix64;
+    use crate::speculative::DraftContext;
 
     /// Cosines are computed in f32; two routes to the same cosine differ by rounding only.
     const COS_TOL: f32 = 1e-5;
@@ -723,15 +720,15 @@ mod tests {
         hidden: &[f32],
         max: usize,
     ) -> Option<Draft> {
-        mem.propose(
-            &DraftContext {
+        mem.propose(DraftRequest {
+            ctx: &DraftContext {
                 prompt,
                 output,
                 hidden,
             },
             max,
-            None,
-        )
+            model: None,
+        })
     }
 
     /// One stored request: prompt, prompt hidden `[n]`, output, output hidden `[T-1, n]`.

@@ -28,7 +28,7 @@ pub mod policy;
 pub mod prompt_lookup;
 pub mod verifier;
 
-pub use drafter::{Drafter, ModelAccess};
+pub use drafter::{DraftRequest, Drafter, ModelAccess};
 pub use driver::{pass_tokens, SpecSettings, Speculator};
 pub use error::SpecError;
 pub use experience::{similarity_bucket, ExperienceMemory, N_BUCKETS};

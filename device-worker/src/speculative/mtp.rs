@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use dsp::pool::ThreadPool;
 
-use super::{Draft, DraftContext, Drafter, DrafterKind, ModelAccess};
+use super::{Draft, DraftRequest, Drafter, DrafterKind};
 use crate::model::{Model, ModelError, MtpHead};
 use crate::sampling::argmax;
 use crate::state::mtp::MtpCache;
@@ -69,14 +69,9 @@ impl Drafter for MtpDrafter {
 
     /// `max` tokens from the MTP block after `ctx.output`'s newest token ([`draft`]). A
     /// failed MTP pass is logged and yields no proposal (the slot's MTP cache is reset).
-    fn propose(
-        &mut self,
-        ctx: &DraftContext<'_>,
-        max: usize,
-        model: Option<&mut ModelAccess<'_>>,
-    ) -> Option<Draft> {
-        let src = model?;
-        let newest = *ctx.output.last()?;
+    fn propose(&mut self, req: DraftRequest<'_, '_>) -> Option<Draft> {
+        let (src, max) = (req.model?, req.max);
+        let newest = *req.ctx.output.last()?;
         let mut step = ModelMtp {
             model: &mut *src.model,
             pool: src.pool,

@@ -5,7 +5,7 @@
 //! GUI actions copy element text, resource ids and indices from the screen dump in the prompt,
 //! so this drafter is the cheap one: no model, no memory, one backward scan of the context.
 
-use super::{Draft, DraftContext, Drafter, DrafterKind, ModelAccess, SpecError};
+use super::{Draft, DraftRequest, Drafter, DrafterKind, SpecError};
 
 /// The prompt-lookup drafter.
 ///
@@ -87,13 +87,8 @@ impl Drafter for PromptLookup {
     }
 
     /// See [`PromptLookup::lookup`]; bucket 0.
-    fn propose(
-        &mut self,
-        ctx: &DraftContext<'_>,
-        max: usize,
-        _model: Option<&mut ModelAccess<'_>>,
-    ) -> Option<Draft> {
-        let tokens = self.lookup(ctx.prompt, ctx.output, max);
+    fn propose(&mut self, req: DraftRequest<'_, '_>) -> Option<Draft> {
+        let tokens = self.lookup(req.ctx.prompt, req.ctx.output, req.max);
         (!tokens.is_empty()).then_some(Draft {
             kind: DrafterKind::PromptLookup,
             tokens,
@@ -126,6 +121,7 @@ impl Joined<'_> {
 mod tests {
     use super::*;
     use crate::speculative::test_rng::SplitMix64;
+    use crate::speculative::DraftContext;
 
     fn propose(pl: &PromptLookup, prompt: &[u32], output: &[u32], max: usize) -> Option<Vec<u32>> {
         let ctx = DraftContext {
@@ -134,7 +130,12 @@ mod tests {
             hidden: &[],
         };
         let mut pl = *pl;
-        pl.propose(&ctx, max, None).map(|d| {
+        pl.propose(DraftRequest {
+            ctx: &ctx,
+            max,
+            model: None,
+        })
+        .map(|d| {
             assert_eq!(d.kind, DrafterKind::PromptLookup);
             assert_eq!(d.bucket, 0);
             d.tokens

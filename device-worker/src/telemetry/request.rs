@@ -227,69 +227,28 @@ pub(crate) mod tests {
             obs.on_done(&done);
             drop(obs);
         });
-        assert_eq!(
-            sample(&text, "worker_prefill_tokens_total{kind=\"new\"}"),
-            Some(30.0),
-            "{text}"
-        );
-        assert_eq!(
-            sample(&text, "worker_prefill_tokens_total{kind=\"reused\"}"),
-            Some(500.0)
-        );
-        assert_eq!(sample(&text, "worker_kv_bound_tokens_total"), Some(510.0));
-        assert_eq!(sample(&text, "worker_decode_tokens_total"), Some(12.0));
-        assert_eq!(
-            sample(&text, "worker_request_duration_seconds_sum"),
-            Some(0.7)
-        );
-        assert_eq!(
-            sample(&text, "worker_request_duration_seconds_bucket{le=\"0.75\"}"),
-            Some(1.0)
-        );
-        assert_eq!(
-            sample(&text, "worker_request_duration_seconds_bucket{le=\"0.5\"}"),
-            Some(0.0)
-        );
-        assert_eq!(sample(&text, "worker_queue_wait_seconds_sum"), Some(0.02));
-        assert_eq!(
-            sample(&text, "worker_time_to_first_token_seconds_count"),
-            Some(1.0),
-            "one first token"
-        );
-        assert_eq!(
-            sample(&text, "worker_wakeup_duration_seconds_sum"),
-            Some(0.003)
-        );
-        assert_eq!(
-            sample(&text, "worker_checkpoint_events_total{event=\"save\"}"),
-            Some(2.0)
-        );
-        assert_eq!(
-            sample(&text, "worker_checkpoint_events_total{event=\"restore\"}"),
-            Some(1.0)
-        );
-        assert_eq!(sample(&text, "worker_checkpoint_bytes_held"), Some(4096.0));
-        assert_eq!(sample(&text, "worker_decode_passes_total"), Some(7.0));
-        assert_eq!(
-            sample(
-                &text,
-                "worker_draft_tokens_total{drafter=\"prompt-lookup\",outcome=\"proposed\"}"
-            ),
-            Some(9.0),
-            "{text}"
-        );
-        assert_eq!(
-            sample(
-                &text,
-                "worker_draft_tokens_total{drafter=\"prompt-lookup\",outcome=\"accepted\"}"
-            ),
-            Some(5.0)
-        );
-        assert_eq!(
-            sample(&text, "worker_requests_total{outcome=\"ok\"}"),
-            Some(1.0)
-        );
-        assert_eq!(sample(&text, "worker_requests_in_flight"), Some(0.0));
+        for (series, want) in [
+            ("worker_prefill_tokens_total{kind=\"new\"}", 30.0),
+            ("worker_prefill_tokens_total{kind=\"reused\"}", 500.0),
+            ("worker_kv_bound_tokens_total", 510.0),
+            ("worker_decode_tokens_total", 12.0),
+            ("worker_request_duration_seconds_sum", 0.7),
+            ("worker_request_duration_seconds_bucket{le=\"0.75\"}", 1.0),
+            ("worker_request_duration_seconds_bucket{le=\"0.5\"}", 0.0),
+            ("worker_queue_wait_seconds_sum", 0.02),
+            ("worker_time_to_first_token_seconds_count", 1.0),
+            ("worker_wakeup_duration_seconds_sum", 0.003),
+            ("worker_checkpoint_events_total{event=\"save\"}", 2.0),
+            ("worker_checkpoint_events_total{event=\"restore\"}", 1.0),
+            ("worker_checkpoint_bytes_held", 4096.0),
+            ("worker_decode_passes_total", 7.0),
+            ("worker_draft_tokens_total{drafter=\"prompt-lookup\",outcome=\"proposed\"}", 9.0),
+            ("worker_draft_tokens_total{drafter=\"prompt-lookup\",outcome=\"accepted\"}", 5.0),
+            ("worker_requests_total{outcome=\"ok\"}", 1.0),
+            ("worker_requests_in_flight", 0.0),
+        ] {
+            assert_eq!(sample(&text, series), Some(want), "{series}\n{text}");
+        }
     }
 
     #[test]

@@ -24,18 +24,7 @@ pub struct TestWorker {
 /// Starts a worker with `cfg` on an ephemeral loopback port and connects a client.
 pub async fn start_worker(cfg: EngineOptions) -> TestWorker {
     let engine = EngineHandle::spawn(cfg.settings().expect("valid options")).expect("engine thread");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = format!("http://{}", listener.local_addr().unwrap());
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(device_worker::service::serve(engine, listener, async {
-        let _ = rx.await;
-    }));
-    let client = StepServiceClient::connect(addr.clone()).await.unwrap();
-    TestWorker {
-        client,
-        addr,
-        _shutdown: tx,
-    }
+    start_worker_with(engine).await
 }
 
 /// Serves an already spawned engine on an ephemeral loopback port and connects a client
@@ -117,4 +106,16 @@ pub async fn generate(
         }
     }
     Ok(c)
+}
+
+/// Waits, polling every `poll`, until `idle` has released its power votes; fails after 5 s.
+pub async fn wait_released(idle: &device_worker::power::IdleController, poll: std::time::Duration) {
+    let t0 = std::time::Instant::now();
+    while idle.state() != device_worker::power::PowerState::Released {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(5),
+            "votes never released"
+        );
+        tokio::time::sleep(poll).await;
+    }
 }

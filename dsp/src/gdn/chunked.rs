@@ -32,7 +32,9 @@ pub const DEFAULT_CHUNK: usize = 64;
 
 /// Runs the gated delta rule over `n` tokens in chunks of `chunk` tokens (the last chunk may
 /// be shorter), updating `state` in place and writing every token's output. Equals
-/// [`super::gdn_recurrent`] up to rounding (see the tolerance in `dsp/tests/gdn.rs`).
+/// [`super::gdn_recurrent`] up to rounding (see the tolerance in `dsp/tests/gdn.rs`). With a
+/// `pool` (`&ThreadPool` or `Some`), the value heads are spread over it (one task per head);
+/// with `None`, all run on the calling thread. Results are bit-identical either way.
 ///
 /// Shapes and layouts as [`super::gdn_recurrent`] (without snapshots): `q`, `k`
 /// `[n, n_k_heads·d_k]`; `v`, `out` `[n, n_v_heads·d_v]`; `gate`, `beta` `[n, n_v_heads]`;
@@ -45,43 +47,8 @@ pub const DEFAULT_CHUNK: usize = 64;
 /// # Errors
 /// `InvalidArgument` for a bad [`GdnShape`] or `chunk == 0`; `LengthMismatch` for any buffer
 /// whose length does not fit `n = gate.len() / n_v_heads`.
-pub fn gdn_chunked(
-    shape: GdnShape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    gate: &[f32],
-    beta: &[f32],
-    state: &mut [f32],
-    out: &mut [f32],
-    chunk: usize,
-) -> Result<(), DspError> {
-    chunked(None, shape, q, k, v, gate, beta, state, out, chunk)
-}
-
-/// [`gdn_chunked`] with the value heads spread over `pool` (one task per head). Results are
-/// bit-identical to the serial call.
-///
-/// # Errors
-/// As [`gdn_chunked`].
-pub fn gdn_chunked_pooled(
-    pool: &ThreadPool,
-    shape: GdnShape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    gate: &[f32],
-    beta: &[f32],
-    state: &mut [f32],
-    out: &mut [f32],
-    chunk: usize,
-) -> Result<(), DspError> {
-    chunked(Some(pool), shape, q, k, v, gate, beta, state, out, chunk)
-}
-
-/// [`gdn_chunked`] on the calling thread (`pool` `None`) or on `pool`.
-fn chunked(
-    pool: Option<&ThreadPool>,
+pub fn gdn_chunked<'p>(
+    pool: impl Into<Option<&'p ThreadPool>>,
     shape: GdnShape,
     q: &[f32],
     k: &[f32],
@@ -102,7 +69,7 @@ fn chunked(
     }
     let inp = Inputs { shape, n, q, k, v, gate, beta };
     let heads = split_heads(shape, state, out, None);
-    run_heads(pool, heads, &|h, io| chunked_head(&inp, h, io, chunk));
+    run_heads(pool.into(), heads, &|h, io| chunked_head(&inp, h, io, chunk));
     Ok(())
 }
 
@@ -145,7 +112,7 @@ fn chunked_head(inp: &Inputs<'_>, h: usize, io: &mut HeadIo<'_>, chunk: usize) {
 /// The portable build of the chunk kernels (the default of
 /// [`crate::KernelBackend::gdn_chunked_head`]).
 pub(crate) fn head_portable(head: &mut ChunkedHead<'_, '_>) {
-    chunked_head_body(head.inp, head.h, head.io, head.chunk, gemm_acc_portable)
+    chunked_head_body(head, gemm_acc_portable)
 }
 
 /// [`chunked_head_body`] compiled with AVX2+FMA, its products by
@@ -158,7 +125,7 @@ pub(crate) fn head_portable(head: &mut ChunkedHead<'_, '_>) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn head_avx2(head: &mut ChunkedHead<'_, '_>) {
-    chunked_head_body(head.inp, head.h, head.io, head.chunk, |y, a, x, m, p, nn| {
+    chunked_head_body(head, |y, a, x, m, p, nn| {
         // SAFETY: this function's own contract (AVX2 and FMA).
         unsafe { super::tile::gemm_acc_avx2(y, a, x, m, p, nn) }
     })
@@ -176,13 +143,11 @@ pub(crate) fn head_fused(head: &mut ChunkedHead<'_, '_>) {
 /// target features).
 #[inline(always)]
 fn chunked_head_body(
-    inp: &Inputs<'_>,
-    h: usize,
-    io: &mut HeadIo<'_>,
-    chunk: usize,
+    head: &mut ChunkedHead<'_, '_>,
     gemm: impl Fn(&mut [f32], &[f32], &[f32], usize, usize, usize) + Copy,
 ) {
-    let chunk = chunk.min(inp.n.max(1));
+    let inp = head.inp;
+    let chunk = head.chunk.min(inp.n.max(1));
     let GdnShape { d_k, d_v, .. } = inp.shape;
     let mut sc = Scratch {
         cum: vec![0f32; chunk],
@@ -196,22 +161,21 @@ fn chunked_head_body(
     let mut t0 = 0;
     while t0 < inp.n {
         let c = chunk.min(inp.n - t0);
-        chunk_step(inp, h, io, t0, c, &mut sc, gemm);
+        chunk_step(head, t0, c, &mut sc, gemm);
         t0 += c;
     }
 }
 
-/// Tokens `t0..t0+c` of value head `h`.
+/// Tokens `t0..t0+c` of the value head of `head`.
 #[inline(always)]
 fn chunk_step(
-    inp: &Inputs<'_>,
-    h: usize,
-    io: &mut HeadIo<'_>,
+    head: &mut ChunkedHead<'_, '_>,
     t0: usize,
     c: usize,
     sc: &mut Scratch,
     gemm: impl Fn(&mut [f32], &[f32], &[f32], usize, usize, usize),
 ) {
+    let (inp, h, io) = (head.inp, head.h, &mut *head.io);
     let GdnShape { d_k, d_v, .. } = inp.shape;
     let kh = inp.shape.k_head_of(h);
     let s = &mut *io.state;

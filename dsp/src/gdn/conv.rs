@@ -61,10 +61,16 @@ fn kernel_len(
 /// `conv_state`: `[K − 1, ch]`, in/out. `K = weight.len() / ch`. Equals `n` calls of
 /// [`conv1d_silu_step`] (bit-identical: the same sums in the same order).
 ///
+/// With a `pool` (`&ThreadPool` or `Some`), the tokens are spread over it (contiguous ranges
+/// of output rows, one per thread); `None` runs on the calling thread. Bit-identical either
+/// way: every row is computed by the same loop. The convolution was single-threaded and
+/// ~6 % of a Qwen3.5 prefill's wall time on 2 threads.
+///
 /// # Errors
 /// `InvalidArgument` if `ch == 0` or `weight.len()` is not a positive multiple of `ch`;
 /// `LengthMismatch` if `x`, `out` are not `n·ch` or `conv_state` is not `(K − 1)·ch`.
-pub fn conv1d_silu(
+pub fn conv1d_silu<'p>(
+    pool: impl Into<Option<&'p ThreadPool>>,
     x: &[f32],
     n: usize,
     ch: usize,
@@ -72,25 +78,7 @@ pub fn conv1d_silu(
     conv_state: &mut [f32],
     out: &mut [f32],
 ) -> Result<(), DspError> {
-    conv1d_silu_pooled(None, x, n, ch, weight, conv_state, out)
-}
-
-/// [`conv1d_silu`] with the tokens spread over `pool` (contiguous ranges of output rows, one
-/// per thread); `None` runs on the calling thread. Bit-identical to the serial call: every
-/// row is computed by the same loop. The convolution was single-threaded and ~6 % of a
-/// Qwen3.5 prefill's wall time on 2 threads.
-///
-/// # Errors
-/// As [`conv1d_silu`].
-pub fn conv1d_silu_pooled(
-    pool: Option<&ThreadPool>,
-    x: &[f32],
-    n: usize,
-    ch: usize,
-    weight: &[f32],
-    conv_state: &mut [f32],
-    out: &mut [f32],
-) -> Result<(), DspError> {
+    let pool = pool.into();
     const OP: &str = "conv1d_silu";
     let kernel = kernel_len(OP, ch, weight, conv_state)?;
     DspError::check_len(OP, "x [n, ch]", n * ch, x.len())?;

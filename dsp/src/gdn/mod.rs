@@ -29,7 +29,13 @@ pub mod recurrent;
 pub mod shape;
 mod tile;
 
-pub use chunked::{gdn_chunked, gdn_chunked_pooled, DEFAULT_CHUNK};
-pub use conv::{conv1d_silu, conv1d_silu_pooled, conv1d_silu_step};
-pub use recurrent::{gdn_recurrent, gdn_recurrent_pooled};
+pub use chunked::{gdn_chunked, DEFAULT_CHUNK};
+/// [`gdn_chunked`] under the name the pooled callers use (it takes the pool itself).
+pub use chunked::gdn_chunked as gdn_chunked_pooled;
+pub use conv::{conv1d_silu, conv1d_silu_step};
+/// [`conv1d_silu`] under the name the pooled callers use (it takes the pool itself).
+pub use conv::conv1d_silu as conv1d_silu_pooled;
+pub use recurrent::gdn_recurrent;
+/// [`gdn_recurrent`] under the name the pooled callers use (it takes the pool itself).
+pub use recurrent::gdn_recurrent as gdn_recurrent_pooled;
 pub use shape::GdnShape;

@@ -12,7 +12,9 @@ const OP: &str = "gdn_recurrent";
 
 /// Runs the gated delta rule token by token over `n` tokens, updating `state` in place and
 /// writing every token's output. Optionally stores the state after each of the last `m`
-/// tokens into `snapshots`.
+/// tokens into `snapshots`. With a `pool` (`&ThreadPool` or `Some`), the value heads are
+/// spread over it (one task per head); with `None`, all run on the calling thread. Results
+/// are bit-identical either way.
 ///
 /// Shapes (layouts in [`super::shape`]; `H = n_v_heads`):
 /// - `q`, `k`: `[n, n_k_heads·d_k]`, L2-normalised per head by the caller.
@@ -30,43 +32,8 @@ const OP: &str = "gdn_recurrent";
 /// # Errors
 /// `InvalidArgument` for a bad [`GdnShape`] or snapshots that are not 1..=n whole states;
 /// `LengthMismatch` for any buffer whose length does not fit `n = gate.len() / H`.
-pub fn gdn_recurrent(
-    shape: GdnShape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    gate: &[f32],
-    beta: &[f32],
-    state: &mut [f32],
-    out: &mut [f32],
-    snapshots: Option<&mut [f32]>,
-) -> Result<(), DspError> {
-    recurrent(None, shape, q, k, v, gate, beta, state, out, snapshots)
-}
-
-/// [`gdn_recurrent`] with the value heads spread over `pool` (one task per head). Results
-/// are bit-identical to the serial call.
-///
-/// # Errors
-/// As [`gdn_recurrent`].
-pub fn gdn_recurrent_pooled(
-    pool: &ThreadPool,
-    shape: GdnShape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    gate: &[f32],
-    beta: &[f32],
-    state: &mut [f32],
-    out: &mut [f32],
-    snapshots: Option<&mut [f32]>,
-) -> Result<(), DspError> {
-    recurrent(Some(pool), shape, q, k, v, gate, beta, state, out, snapshots)
-}
-
-/// [`gdn_recurrent`] on the calling thread (`pool` `None`) or on `pool`.
-fn recurrent(
-    pool: Option<&ThreadPool>,
+pub fn gdn_recurrent<'p>(
+    pool: impl Into<Option<&'p ThreadPool>>,
     shape: GdnShape,
     q: &[f32],
     k: &[f32],
@@ -81,7 +48,7 @@ fn recurrent(
     check_snapshots(shape, n, snapshots.as_deref())?;
     let inp = Inputs { shape, n, q, k, v, gate, beta };
     let heads = split_heads(shape, state, out, snapshots);
-    run_heads(pool, heads, &|h, io| recurrent_head(&inp, h, io));
+    run_heads(pool.into(), heads, &|h, io| recurrent_head(&inp, h, io));
     Ok(())
 }
 

@@ -106,47 +106,30 @@ pub unsafe trait Block: Copy + Send + Sync + 'static {
     const TYPE: GgmlType;
 }
 
+/// `unsafe impl Block` for each `block type => GgmlType variant`.
+macro_rules! impl_block {
+    ($($block:ty => $ty:ident),* $(,)?) => {
+        $(
+            unsafe impl Block for $block {
+                const TYPE: GgmlType = GgmlType::$ty;
+            }
+        )*
+    };
+}
+
 // SAFETY: all fields are integers or f16/f32 (every bit pattern valid), the sizes above equal
 // the sums of the field sizes, so there is no padding.
-unsafe impl Block for BlockQ4_0 {
-    const TYPE: GgmlType = GgmlType::Q4_0;
-}
-// SAFETY: as above.
-unsafe impl Block for BlockQ4_1 {
-    const TYPE: GgmlType = GgmlType::Q4_1;
-}
-// SAFETY: as above.
-unsafe impl Block for BlockQ8_0 {
-    const TYPE: GgmlType = GgmlType::Q8_0;
-}
-// SAFETY: as above.
-unsafe impl Block for BlockQ8_1 {
-    const TYPE: GgmlType = GgmlType::Q8_1;
-}
-// SAFETY: as above.
-unsafe impl Block for BlockQ4K {
-    const TYPE: GgmlType = GgmlType::Q4_K;
-}
-// SAFETY: as above.
-unsafe impl Block for BlockQ6K {
-    const TYPE: GgmlType = GgmlType::Q6_K;
-}
-// SAFETY: as above.
-unsafe impl Block for BlockQ8K {
-    const TYPE: GgmlType = GgmlType::Q8_K;
-}
+impl_block!(
+    BlockQ4_0 => Q4_0,
+    BlockQ4_1 => Q4_1,
+    BlockQ8_0 => Q8_0,
+    BlockQ8_1 => Q8_1,
+    BlockQ4K => Q4_K,
+    BlockQ6K => Q6_K,
+    BlockQ8K => Q8_K,
+);
 // SAFETY: scalar element types (block size 1), no padding, every bit pattern valid.
-unsafe impl Block for f32 {
-    const TYPE: GgmlType = GgmlType::F32;
-}
-// SAFETY: as above.
-unsafe impl Block for f16 {
-    const TYPE: GgmlType = GgmlType::F16;
-}
-// SAFETY: as above.
-unsafe impl Block for half::bf16 {
-    const TYPE: GgmlType = GgmlType::BF16;
-}
+impl_block!(f32 => F32, f16 => F16, half::bf16 => BF16);
 
 /// Alignment in bytes that raw data of type `ty` needs to be viewed as its block struct.
 pub fn block_align(ty: GgmlType) -> usize {

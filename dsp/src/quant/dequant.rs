@@ -70,26 +70,12 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), D
             }
         }
         GgmlType::Q8_0 => {
-            for (b, o) in as_blocks::<BlockQ8_0>(src)?
-                .iter()
-                .zip(dst.chunks_exact_mut(32))
-            {
-                let d = b.d.to_f32();
-                for (o, &q) in o.iter_mut().zip(&b.qs) {
-                    *o = q as f32 * d;
-                }
-            }
+            let blocks = as_blocks::<BlockQ8_0>(src)?;
+            dequant_q8(blocks.iter().map(|b| (b.d, &b.qs)), dst);
         }
         GgmlType::Q8_1 => {
-            for (b, o) in as_blocks::<BlockQ8_1>(src)?
-                .iter()
-                .zip(dst.chunks_exact_mut(32))
-            {
-                let d = b.d.to_f32();
-                for (o, &q) in o.iter_mut().zip(&b.qs) {
-                    *o = q as f32 * d;
-                }
-            }
+            let blocks = as_blocks::<BlockQ8_1>(src)?;
+            dequant_q8(blocks.iter().map(|b| (b.d, &b.qs)), dst);
         }
         GgmlType::Q4_K => {
             for (b, o) in as_blocks::<BlockQ4K>(src)?
@@ -132,4 +118,14 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), D
         }
     }
     Ok(())
+}
+
+/// `q · d` for the 32 quants `q` and the scale `d` of each 8-bit block (`Q8_0`, `Q8_1`).
+fn dequant_q8<'a>(blocks: impl Iterator<Item = (f16, &'a [i8; 32])>, dst: &mut [f32]) {
+    for ((d, qs), o) in blocks.zip(dst.chunks_exact_mut(32)) {
+        let d = d.to_f32();
+        for (o, &q) in o.iter_mut().zip(qs) {
+            *o = q as f32 * d;
+        }
+    }
 }

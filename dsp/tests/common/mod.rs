@@ -3,8 +3,10 @@
 #![allow(dead_code)]
 
 use dsp::quant::blocks::{
-    blocks_as_bytes, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
+    as_blocks_mut, blocks_as_bytes, Block, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K,
+    BlockQ8_0, BlockQ8_1,
 };
+use dsp::DspError;
 use dsp::quant::{self, GgmlType};
 use half::{bf16, f16};
 
@@ -55,6 +57,17 @@ impl Aligned {
             buf,
             len: bytes.len(),
         }
+    }
+    /// `len` zero bytes.
+    pub fn zeroed(len: usize) -> Self {
+        Aligned {
+            buf: vec![0u64; len.div_ceil(8)],
+            len,
+        }
+    }
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`, and `buf` is borrowed mutably for the slice's lifetime.
+        unsafe { std::slice::from_raw_parts_mut(self.buf.as_mut_ptr().cast::<u8>(), self.len) }
     }
     pub fn bytes(&self) -> &[u8] {
         // SAFETY: `buf` holds `len` initialised bytes (little-endian packing above matches the
@@ -137,6 +150,16 @@ pub fn rand_q8_k(rng: &mut Rng, nb: usize) -> Vec<BlockQ8K> {
         .collect()
 }
 
+/// One row quantized into blocks of `B` by `quantize`, as bytes.
+fn quantize_blocks<B: Block>(
+    row: &[f32],
+    quantize: fn(&[f32], &mut [B]) -> Result<(), DspError>,
+) -> Vec<u8> {
+    let mut buf = Aligned::zeroed(B::TYPE.row_bytes(row.len()).expect("block multiple"));
+    quantize(row, as_blocks_mut(buf.bytes_mut()).expect("block view")).expect("shape");
+    buf.bytes().to_vec()
+}
+
 /// Quantizes a `[rows, cols]` f32 matrix to `ty` with the crate's weight quantizers.
 pub fn quantize_matrix(ty: GgmlType, w: &[f32], rows: usize, cols: usize) -> Aligned {
     let mut out = Vec::new();
@@ -151,66 +174,11 @@ pub fn quantize_matrix(ty: GgmlType, w: &[f32], rows: usize, cols: usize) -> Ali
                 let v: Vec<bf16> = r.iter().map(|&x| bf16::from_f32(x)).collect();
                 out.extend_from_slice(blocks_as_bytes(&v));
             }
-            GgmlType::Q4_0 => {
-                let mut b = vec![
-                    BlockQ4_0 {
-                        d: f16::ZERO,
-                        qs: [0; 16]
-                    };
-                    cols / 32
-                ];
-                quant::quantize_row_q4_0(r, &mut b).expect("shape");
-                out.extend_from_slice(blocks_as_bytes(&b));
-            }
-            GgmlType::Q4_1 => {
-                let mut b = vec![
-                    BlockQ4_1 {
-                        d: f16::ZERO,
-                        m: f16::ZERO,
-                        qs: [0; 16]
-                    };
-                    cols / 32
-                ];
-                quant::quantize_row_q4_1(r, &mut b).expect("shape");
-                out.extend_from_slice(blocks_as_bytes(&b));
-            }
-            GgmlType::Q8_0 => {
-                let mut b = vec![
-                    BlockQ8_0 {
-                        d: f16::ZERO,
-                        qs: [0; 32]
-                    };
-                    cols / 32
-                ];
-                quant::quantize_row_q8_0(r, &mut b).expect("shape");
-                out.extend_from_slice(blocks_as_bytes(&b));
-            }
-            GgmlType::Q4_K => {
-                let mut b = vec![
-                    BlockQ4K {
-                        d: f16::ZERO,
-                        dmin: f16::ZERO,
-                        scales: [0; 12],
-                        qs: [0; 128]
-                    };
-                    cols / 256
-                ];
-                quant::quantize_row_q4_k_simple(r, &mut b).expect("shape");
-                out.extend_from_slice(blocks_as_bytes(&b));
-            }
-            GgmlType::Q6_K => {
-                let mut b = vec![
-                    BlockQ6K {
-                        ql: [0; 128],
-                        qh: [0; 64],
-                        scales: [0; 16],
-                        d: f16::ZERO
-                    };
-                    cols / 256
-                ];
-                quant::quantize_row_q6_k_simple(r, &mut b).expect("shape");
-                out.extend_from_slice(blocks_as_bytes(&b));
-            }
+            GgmlType::Q4_0 => out.extend(quantize_blocks(r, quant::quantize_row_q4_0)),
+            GgmlType::Q4_1 => out.extend(quantize_blocks(r, quant::quantize_row_q4_1)),
+            GgmlType::Q8_0 => out.extend(quantize_blocks(r, quant::quantize_row_q8_0)),
+            GgmlType::Q4_K => out.extend(quantize_blocks(r, quant::quantize_row_q4_k_simple)),
+            GgmlType::Q6_K => out.extend(quantize_blocks(r, quant::quantize_row_q6_k_simple)),
             other => panic!("not a weight type: {other}"),
         }
     }

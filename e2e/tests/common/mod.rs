@@ -15,6 +15,42 @@ pub use test_support::model_path;
 #[allow(unused_imports)]
 pub use test_support::corpus_dir as corpus;
 
+/// A replay of the first `max_steps` steps of one corpus episode through `gateway`, without
+/// a token, its JSONL written to `out`.
+pub fn replay_config(gateway: &str, max_steps: usize, out: PathBuf) -> agent_gateway::replay::ReplayConfig {
+    agent_gateway::replay::ReplayConfig {
+        gateway: gateway.to_string(),
+        corpus: corpus(),
+        episodes: vec![],
+        count: 1,
+        max_steps,
+        max_tokens: 0,
+        token_file: None,
+        out,
+        list: false,
+        dry_run: false,
+    }
+}
+
+/// Sends the first step of `episode` to the gateway as episode `id` (unary in, stream out);
+/// returns the step's event stream.
+pub async fn first_step(
+    client: &mut tandem_proto::agent::v1::agent_service_client::AgentServiceClient<tonic::transport::Channel>,
+    id: &str,
+    episode: &agent_gateway::corpus::Episode,
+) -> tonic::Streaming<tandem_proto::agent::v1::StepEvent> {
+    client
+        .step(tandem_proto::agent::v1::StepRequest {
+            episode_id: id.into(),
+            task: episode.task.clone(),
+            observation: Some(episode.steps[0].to_observation()),
+            max_tokens: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 /// Running servers; dropping this stops them.
 pub struct Servers {
     /// Gateway AgentService address, `http://127.0.0.1:PORT`.
@@ -60,14 +96,23 @@ pub async fn start(model: PathBuf) -> Servers {
     };
     let (engine, worker, s1) = serve_worker(cfg).await;
     let router = agent_gateway::worker::Router::new(std::slice::from_ref(&worker)).unwrap();
+    let (gateway, s2) = serve_gateway(router).await;
+    Servers { gateway, worker, engine, _stop: vec![s1, s2] }
+}
+
+/// Serves a gateway (AgentService) over `router` on a free loopback port. Returns its address
+/// `http://127.0.0.1:PORT` and the stop handle.
+pub async fn serve_gateway(
+    router: agent_gateway::worker::Router,
+) -> (String, tokio::sync::oneshot::Sender<()>) {
     let runner = Arc::new(agent_gateway::step::StepRunner::new(router));
     let gl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let gateway = format!("http://{}", gl.local_addr().unwrap());
-    let (s2, r2) = tokio::sync::oneshot::channel::<()>();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(agent_gateway::service::serve(runner, gl, async {
-        let _ = r2.await;
+        let _ = stopped.await;
     }));
-    Servers { gateway, worker, engine, _stop: vec![s1, s2] }
+    (gateway, stop)
 }
 
 /// Serves the gateway's HTTP endpoint (OpenAI API and `GET /metrics` with the process-wide

@@ -136,7 +136,7 @@ pub(crate) unsafe fn head_avx2(head: &mut ChunkedHead<'_, '_>) {
 /// element-wise and unfused in both).
 #[cfg(target_arch = "aarch64")]
 pub(crate) fn head_fused(head: &mut ChunkedHead<'_, '_>) {
-    chunked_head_body(head.inp, head.h, head.io, head.chunk, super::tile::gemm_acc_fused)
+    chunked_head_body(head, super::tile::gemm_acc_fused)
 }
 
 /// All chunks of value head `h` (inlined into each caller so it is compiled with the caller's

@@ -21,61 +21,41 @@ pub trait Real: Copy + PartialOrd + Debug + Display {
     fn to_bits_u64(self) -> u64;
 }
 
-impl Real for f32 {
-    const ZERO: Self = 0.0;
-    fn is_nan(self) -> bool {
-        f32::is_nan(self)
-    }
-    fn is_infinite(self) -> bool {
-        f32::is_infinite(self)
-    }
-    fn abs(self) -> Self {
-        f32::abs(self)
-    }
-    fn sub(self, o: Self) -> Self {
-        self - o
-    }
-    fn div(self, o: Self) -> Self {
-        self / o
-    }
-    fn one_plus(self) -> Self {
-        1.0 + self
-    }
-    fn infinity() -> Self {
-        f32::INFINITY
-    }
-    fn to_bits_u64(self) -> u64 {
-        self.to_bits() as u64
-    }
+/// [`Real`] for a float type: every method is the type's own operation.
+macro_rules! impl_real {
+    ($t:ty) => {
+        impl Real for $t {
+            const ZERO: Self = 0.0;
+            fn is_nan(self) -> bool {
+                <$t>::is_nan(self)
+            }
+            fn is_infinite(self) -> bool {
+                <$t>::is_infinite(self)
+            }
+            fn abs(self) -> Self {
+                <$t>::abs(self)
+            }
+            fn sub(self, o: Self) -> Self {
+                self - o
+            }
+            fn div(self, o: Self) -> Self {
+                self / o
+            }
+            fn one_plus(self) -> Self {
+                1.0 + self
+            }
+            fn infinity() -> Self {
+                <$t>::INFINITY
+            }
+            fn to_bits_u64(self) -> u64 {
+                u64::from(self.to_bits())
+            }
+        }
+    };
 }
 
-impl Real for f64 {
-    const ZERO: Self = 0.0;
-    fn is_nan(self) -> bool {
-        f64::is_nan(self)
-    }
-    fn is_infinite(self) -> bool {
-        f64::is_infinite(self)
-    }
-    fn abs(self) -> Self {
-        f64::abs(self)
-    }
-    fn sub(self, o: Self) -> Self {
-        self - o
-    }
-    fn div(self, o: Self) -> Self {
-        self / o
-    }
-    fn one_plus(self) -> Self {
-        1.0 + self
-    }
-    fn infinity() -> Self {
-        f64::INFINITY
-    }
-    fn to_bits_u64(self) -> u64 {
-        self.to_bits()
-    }
-}
+impl_real!(f32);
+impl_real!(f64);
 
 #[track_caller]
 fn check_comparable<T: Real>(a: &[T], b: &[T], what: &str) {

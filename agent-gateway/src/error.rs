@@ -137,6 +137,9 @@ pub enum ApiError {
     /// A field has a value the endpoint does not accept (400); `param` names the field.
     #[error("{param}: expected {expected}, found {found}")]
     InvalidParam { param: &'static str, expected: &'static str, found: String },
+    /// A served path asked with another method (405).
+    #[error("{method} is not served on {path}; served: POST /v1/chat/completions, GET /v1/models, GET /health")]
+    MethodNotAllowed { method: String, path: String },
     /// The body is longer than [`crate::http::MAX_BODY_BYTES`] (413).
     #[error("request body is larger than {limit} bytes")]
     BodyTooLarge { limit: usize },
@@ -161,6 +164,7 @@ impl ApiError {
         match self {
             ApiError::BadJson(_) | ApiError::InvalidParam { .. } => 400,
             ApiError::NotFound { .. } => 404,
+            ApiError::MethodNotAllowed { .. } => 405,
             ApiError::BodyTooLarge { .. } => 413,
             ApiError::Worker { code, .. } => match code {
                 tonic::Code::InvalidArgument | tonic::Code::OutOfRange => 400,
@@ -178,7 +182,7 @@ impl ApiError {
     /// `rate_limit_error` for 429, `server_error` otherwise.
     pub fn error_type(&self) -> &'static str {
         match self.http_status() {
-            400 | 404 | 413 => "invalid_request_error",
+            400 | 404 | 405 | 413 => "invalid_request_error",
             429 => "rate_limit_error",
             _ => "server_error",
         }
@@ -205,6 +209,7 @@ impl ApiError {
             ApiError::BadJson(_) => "invalid_json",
             ApiError::InvalidParam { .. } => "invalid_value",
             ApiError::NotFound { .. } => "unknown_url",
+            ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::BodyTooLarge { .. } => "request_too_large",
             ApiError::Worker { .. } | ApiError::WorkerStreamEnded { .. } => "worker_error",
             ApiError::NoWorker(_) => "no_worker",

@@ -50,6 +50,7 @@ pub fn app(state: HttpState) -> axum::Router {
         .route("/health", get(models::health))
         .route("/metrics", get(prometheus_metrics))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
@@ -98,6 +99,10 @@ async fn prometheus_metrics(axum::extract::State(state): axum::extract::State<Ht
         }
         None => not_found(method, uri).await,
     }
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> Response {
+    ApiError::MethodNotAllowed { method: method.to_string(), path: uri.path().to_string() }.into_response()
 }
 
 async fn not_found(method: Method, uri: Uri) -> Response {
@@ -165,6 +170,17 @@ mod tests {
         let v = json_of(resp).await;
         assert_eq!(v["error"]["code"], "request_too_large", "{v}");
         assert_eq!(v["error"]["type"], "invalid_request_error");
+    }
+
+    /// A served path asked with the wrong method is a 405 with OpenAI error JSON (axum's own
+    /// answer has an empty body).
+    #[tokio::test]
+    async fn a_wrong_method_is_a_405_with_openai_error_json() {
+        let req = axum::http::Request::get("/v1/chat/completions").body(axum::body::Body::empty()).unwrap();
+        let resp = app(state()).oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), 405);
+        let v = json_of(resp).await;
+        assert_eq!(v["error"]["code"], "method_not_allowed", "{v}");
     }
 
     /// 429 and 503 tell the client when to retry; other errors do not.

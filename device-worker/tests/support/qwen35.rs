@@ -60,7 +60,11 @@ pub struct Runner {
 impl Runner {
     /// The fixture `name` ([`load`]) with micro-batches of up to `n_batch` tokens.
     pub fn new(name: &str, n_batch: usize) -> Self {
-        let mut model = load(name);
+        Self::with_model(load(name), n_batch)
+    }
+
+    /// `model` (of any architecture) with micro-batches of up to `n_batch` tokens.
+    pub fn with_model(mut model: Model, n_batch: usize) -> Self {
         model.set_max_batch(n_batch);
         Self {
             model,
@@ -117,5 +121,28 @@ impl Runner {
             }
         }
         (tokens, chosen_from)
+    }
+
+    /// Teacher forcing: from `logits` (the last computed ones), feeds `forced` one token at
+    /// a time whatever the logits say, and returns the logits each forced token was
+    /// predicted from (`forced.len()` rows of `[n_vocab]`; the last forced token is not fed).
+    pub fn teacher_forced(
+        &mut self,
+        seq: &mut SequenceState,
+        mut logits: Vec<f32>,
+        forced: &[u32],
+    ) -> Vec<Vec<f32>> {
+        let mut rows = Vec::with_capacity(forced.len());
+        for (i, &id) in forced.iter().enumerate() {
+            let next = (i + 1 < forced.len()).then(|| {
+                self.model
+                    .forward(&self.pool, seq, &[id], true)
+                    .expect("decode")
+                    .expect("logits")
+                    .to_vec()
+            });
+            rows.push(std::mem::replace(&mut logits, next.unwrap_or_default()));
+        }
+        rows
     }
 }

@@ -3,7 +3,8 @@
 //! fixture under each checkpoint policy (with and without batch consolidation); each step's
 //! processed prompt tokens and prefill passes equal the planner's, run beside it on the same
 //! tokens, and the generated tokens are identical across policies (a checkpoint restore is
-//! bit-exact).
+//! bit-exact). Passes and processed tokens are also read from the model's own counters
+//! (`Status.forward`, counted at every forward pass), not only from the engine's statistics.
 
 use std::path::PathBuf;
 
@@ -11,7 +12,7 @@ use agent_gateway::corpus::load_episodes;
 use device_worker::prompt::chat_tokens;
 use device_worker::state::planner::{plan, CacheState, PlanConfig, PlanRequest, Policy};
 use gguf::chat_template::{ChatMessage, ChatTemplate};
-use device_worker::config::EngineOptions;
+use device_worker::config::{Drafters, EngineOptions};
 use gguf::reader::GgufFile;
 use gguf::tokenizer::Tokenizer;
 use tandem_proto::step::v1 as pb;
@@ -39,10 +40,26 @@ async fn worker(policy: Policy, consolidate: bool) -> (String, tokio::sync::ones
         micro_batch: 512,
         cache_policy: policy,
         consolidate,
+        // Plain decoding: every decode pass then feeds one output token, so the model's pass
+        // counters split into the planned prefill and one pass per fed-back token.
+        drafters: Drafters(Vec::new()),
         ..Default::default()
     };
     let (_engine, addr, stop) = common::serve_worker(cfg).await;
     (addr, stop)
+}
+
+/// The model's own pass counters once the worker has finished `served` requests (the status
+/// snapshot is published after each request).
+async fn forward_counts(client: &mut StepServiceClient<tonic::transport::Channel>, served: u64) -> pb::ForwardCounts {
+    for _ in 0..500 {
+        let s = client.status(pb::StatusRequest {}).await.expect("status").into_inner();
+        if s.requests_served == served {
+            return s.forward.expect("the model is loaded: Status.forward present");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("the worker did not report {served} requests served within 5 s");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -72,7 +89,7 @@ async fn engine_token_counts_equal_the_planner_for_every_policy_and_episode() {
         };
         let mut state = CacheState::default();
         let mut outputs = Vec::new();
-        let (mut restores, mut reused) = (0usize, 0usize);
+        let (mut restores, mut reused, mut served) = (0usize, 0usize, 0u64);
         for ep in &episodes {
             for i in 0..ep.steps.len() {
                 let p = ep.step_prompt(i).expect("step prompt");
@@ -94,6 +111,7 @@ async fn engine_token_counts_equal_the_planner_for_every_policy_and_episode() {
                     max_tokens: 4,
                     ..Default::default()
                 };
+                let before = forward_counts(&mut client, served).await;
                 let mut stream = client.generate(req).await.expect("generate").into_inner();
                 let (mut prefill, mut done, mut ids) = (None, None, Vec::new());
                 while let Some(ev) = stream.message().await.expect("stream") {
@@ -117,6 +135,10 @@ async fn engine_token_counts_equal_the_planner_for_every_policy_and_episode() {
                 // The slot holds the prompt and the output tokens fed back (all but the last
                 // one unless decoding ended at an end-of-generation token).
                 let fed = if done.finish_reason == pb::FinishReason::Eos as i32 { ids.len() } else { ids.len().saturating_sub(1) };
+                served += 1;
+                let after = forward_counts(&mut client, served).await;
+                assert_eq!(after.passes - before.passes, (planned.passes() + fed) as u64, "{tag}: model passes");
+                assert_eq!(after.tokens - before.tokens, (planned.new_tokens() + fed) as u64, "{tag}: model tokens");
                 let mut processed = ct.tokens.clone();
                 processed.extend_from_slice(&ids[..fed]);
                 state.apply(&cfg, &planned, &processed);

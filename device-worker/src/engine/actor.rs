@@ -342,6 +342,13 @@ impl Engine {
             checkpoint_bytes_held: slots.iter().map(|sl| sl.cache.bytes_held() as u64).sum(),
         });
         s.requests_served = self.served;
+        s.forward = self.compute.as_ref().map(|c| {
+            let n = c.model.pass_counts();
+            pb::ForwardCounts {
+                passes: n.passes,
+                tokens: n.tokens,
+            }
+        });
     }
 
     /// Reloads the model after an unload (a cold start). Returns whether it did.

@@ -235,11 +235,24 @@ pub trait CausalLm: Send + Sync {
     }
 }
 
+/// Work a [`Model`] has done since it was loaded, counted by the model itself at every
+/// pass that returns ([`Model::forward`]: prefill micro-batches and decode steps;
+/// [`Model::verify`]: verification passes). MTP draft passes run the MTP block on its own
+/// and are not counted. Tests check the engine's and the planner's figures against it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PassCounts {
+    /// Passes (micro-batches) run.
+    pub passes: u64,
+    /// Tokens those passes processed (the sum of their batch lengths).
+    pub tokens: u64,
+}
+
 /// A loaded model of one of the [`ARCHITECTURES`] (derefs to its [`CausalLm`]). One value
 /// lives per engine; it owns its activation buffers.
 pub struct Model {
     lm: Box<dyn CausalLm>,
     arch: &'static str,
+    counts: PassCounts,
 }
 
 impl Deref for Model {
@@ -271,7 +284,27 @@ impl Model {
         Ok(Self {
             lm: (arch.load)(file)?,
             arch: arch.name,
+            counts: PassCounts::default(),
         })
+    }
+
+    /// The passes and tokens run since the model was loaded ([`PassCounts`]).
+    pub fn pass_counts(&self) -> PassCounts {
+        self.counts
+    }
+
+    /// One pass of the architecture, counted once it returns.
+    fn counted_pass(
+        &mut self,
+        pool: &ThreadPool,
+        seq: &mut SequenceState,
+        tokens: &[u32],
+        outputs: Outputs,
+    ) -> Result<Option<&[f32]>, ModelError> {
+        let out = self.lm.pass(pool, seq, tokens, outputs)?;
+        self.counts.passes += 1;
+        self.counts.tokens += tokens.len() as u64;
+        Ok(out)
     }
 
     /// The architecture's name (`general.architecture`).
@@ -301,7 +334,7 @@ impl Model {
         } else {
             Outputs::None
         };
-        self.lm.pass(pool, seq, tokens, outputs)
+        self.counted_pass(pool, seq, tokens, outputs)
     }
 
     /// A verification pass of speculative decoding (Tandem §3.3): `tokens` = the last
@@ -318,8 +351,7 @@ impl Model {
         seq: &mut SequenceState,
         tokens: &[u32],
     ) -> Result<&[f32], ModelError> {
-        self.lm
-            .pass(pool, seq, tokens, Outputs::All)?
+        self.counted_pass(pool, seq, tokens, Outputs::All)?
             .ok_or_else(|| ModelError::Invalid("verification pass returned no logits".into()))
     }
 

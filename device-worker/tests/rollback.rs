@@ -2,7 +2,9 @@
 //! tiny hybrid fixture (F32 and the wide Q4_K_M file) and the default real model (SmolLM2,
 //! attention only): a verification pass gives every position the logits of plain one-token
 //! decoding, a rollback into the pass leaves exactly the state plain decoding has at that
-//! position, and a rollback-aware prefill matches a plain chunked one.
+//! position, a rollback-aware prefill matches a plain chunked one (within the chunked /
+//! per-token rounding), and rounds of speculative decoding give plain decoding's logits bit
+//! for bit under the same rollback mode.
 
 mod common;
 mod support;
@@ -223,5 +225,67 @@ fn rollback_prefill_modes_match_plain_prefill() {
             .model
             .rollback(&mut seq, p.len() - 4)
             .is_err());
+    }
+}
+
+/// Speculative decoding as the engine runs it, at the model level: rounds of a verification
+/// pass over [newest token, drafts…] where the drafts are plain greedy's tokens with one
+/// replaced at a varying place (or none), the longest agreeing prefix kept and the rest rolled
+/// back. Under the same rollback mode (the prefill ran with the same rollback states, so the
+/// same GDN forms and batch boundaries), every logit row speculative decoding chooses a token
+/// from equals plain decoding's bit for bit, and so do the tokens. Returns the rounds run.
+fn speculative_rounds_equal_plain_decoding_bitwise(path: &Path, n_draft: usize) -> usize {
+    let mut run = Run::new(path);
+    let n_vocab = run.model.n_vocab();
+    run.model.set_rollback(n_draft + 1, RollbackPrefill::Aware);
+    let p = prompt(41, n_vocab, 3);
+    let n_out = 24;
+    let mut plain = run.model.new_sequence_state(256);
+    let l0 = run.prefill(&mut plain, &p);
+    let (g, rows) = plain_greedy(&mut run, &mut plain, l0, n_out + n_draft + 1);
+
+    let mut seq = run.model.new_sequence_state(256);
+    let mut logits = run.prefill(&mut seq, &p);
+    let (mut out, mut rounds) = (Vec::new(), 0usize);
+    while out.len() < n_out {
+        let i = out.len();
+        assert_eq!(logits, rows[i], "{}: logits before token {i}", path.display());
+        out.push(argmax(&logits).unwrap());
+        // Drafts g[i+1..=i+m]; the draft at `bad` (if any) replaced by a wrong token.
+        let m = 1 + rounds % n_draft;
+        let bad = (rounds % 3 != 0).then_some(rounds % m);
+        let mut batch = vec![out[i]];
+        for t in 0..m {
+            let d = g[i + 1 + t];
+            batch.push(if bad == Some(t) { (d + 1) % n_vocab as u32 } else { d });
+        }
+        let v = run.verify(&mut seq, &batch);
+        // Row t predicts the token after batch[..=t]; accept drafts while greedy agrees.
+        let mut kept = 0;
+        while kept < m && argmax(&v[kept * n_vocab..(kept + 1) * n_vocab]) == Some(batch[kept + 1]) {
+            assert_eq!(&v[kept * n_vocab..(kept + 1) * n_vocab], &rows[i + 1 + kept][..], "row {kept}");
+            out.push(batch[kept + 1]);
+            kept += 1;
+        }
+        logits = v[kept * n_vocab..(kept + 1) * n_vocab].to_vec();
+        run.model.rollback(&mut seq, p.len() + out.len()).expect("rollback into the pass");
+        assert_eq!(seq.len(), p.len() + out.len());
+        rounds += 1;
+    }
+    assert_eq!(out[..n_out], g[..n_out], "{}: tokens", path.display());
+    rounds
+}
+
+#[test]
+fn speculative_rounds_equal_plain_decoding_bitwise_on_hybrid_and_attention_models() {
+    for (path, n_draft) in [
+        (fixture("tiny-qwen35-f32.gguf"), 3),
+        (fixture("wide-qwen35-q4_k_m.gguf"), 5),
+        (common::model_path(), 3),
+    ] {
+        let rounds = speculative_rounds_equal_plain_decoding_bitwise(&path, n_draft);
+        eprintln!("{}: {rounds} speculative rounds, every row bitwise equal", path.display());
+        assert!(rounds >= 8, "{}: too few rounds to say anything ({rounds})", path.display());
+        assert!(rounds < 24, "{}: no draft was ever accepted", path.display());
     }
 }

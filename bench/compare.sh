@@ -2,12 +2,13 @@
 # Compare our device-worker with the llama.cpp peer: same model, same thread count, one run.
 #
 # Usage: bench/compare.sh [--model GGUF] [--threads T] [--prompt-tokens 512] [--gen-tokens 64]
-#                         [--reps 3] [--ours PATH]
+#                         [--reps 3] [--depth D] [--ours PATH]
 # 1. bench/peer_bench.sh (llama-bench pp<prompt-tokens>, tg<gen-tokens> at depth 0 and at
-#    depth <prompt-tokens>).
-# 2. PATH bench --model GGUF --threads T --prompt-tokens N --gen-tokens M --json
+#    depth <prompt-tokens>; with --depth D also pp and tg at depth D, llama-bench's -d).
+# 2. PATH bench --model GGUF --threads T --prompt-tokens N --gen-tokens M --depth D --json
 #    (default PATH target/release/device-worker), which prints one JSON object
-#    {"prefill_tokens_per_s": x, "decode_tokens_per_s": y}.
+#    {"prefill_tokens_per_s": x, "decode_tokens_per_s": y, "prefill_at_d_tokens_per_s": ...}.
+#    --depth is what an agent step costs: its new tokens are prefilled after a reused prefix.
 # 3. A table with both and the ratio ours/peer (>1 = we are faster).
 # When our binary is missing it says so and prints only the peer numbers. Never run in CI.
 set -euo pipefail
@@ -18,6 +19,7 @@ THREADS=2
 PT=512
 GT=64
 REPS=3
+DEPTH=0
 OURS="$ROOT/target/release/device-worker"
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -26,8 +28,9 @@ while [[ $# -gt 0 ]]; do
     --prompt-tokens) PT="$2"; shift 2 ;;
     --gen-tokens) GT="$2"; shift 2 ;;
     --reps) REPS="$2"; shift 2 ;;
+    --depth) DEPTH="$2"; shift 2 ;;
     --ours) OURS="$2"; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "compare: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -37,13 +40,14 @@ trap 'rm -rf "$TMP"' EXIT
 
 echo "== peer (llama.cpp llama-bench) =="
 "$ROOT/bench/peer_bench.sh" --model "$MODEL" --threads "$THREADS" --prompt-sizes "$PT" --gen "$GT" \
-  --reps "$REPS" --json-out "$TMP/peer.json"
+  --reps "$REPS" --depth "$DEPTH" --json-out "$TMP/peer.json"
 
 OURS_JSON=""
 if [[ -x "$OURS" ]]; then
   echo "== ours ($OURS bench) =="
   # The last line that parses as a JSON object is taken as the result.
-  "$OURS" bench --model "$MODEL" --threads "$THREADS" --prompt-tokens "$PT" --gen-tokens "$GT" --json \
+  "$OURS" bench --model "$MODEL" --threads "$THREADS" --prompt-tokens "$PT" --gen-tokens "$GT" \
+    --repetitions "$REPS" --depth "$DEPTH" --json \
     > "$TMP/ours.out"
   OURS_JSON="$TMP/ours.out"
 else
@@ -52,9 +56,9 @@ else
   echo "!! Showing peer numbers only."
 fi
 
-python3 - "$TMP/peer.json" "$OURS_JSON" "$PT" "$GT" "$THREADS" "$MODEL" <<'PY'
+python3 - "$TMP/peer.json" "$OURS_JSON" "$PT" "$GT" "$THREADS" "$MODEL" "$DEPTH" <<'PY'
 import json, os, sys
-peer_path, ours_path, pt, gt, threads, model = sys.argv[1:7]
+peer_path, ours_path, pt, gt, threads, model, depth = sys.argv[1:8]
 peer = json.load(open(peer_path))
 ours = None
 if ours_path:
@@ -77,6 +81,11 @@ rows = [
     (f"decode tg{gt} @depth 0", peer["tg"], ours and ours["decode_tokens_per_s"]),
     (f"decode tg{gt} @depth {pt}", peer["tg_at_depth"], ours and ours.get("decode_at_depth_tokens_per_s")),
 ]
+if int(depth) > 0:
+    rows += [
+        (f"prefill pp{pt} @depth {depth}", peer["pp_at_d"].get(pt), ours and ours.get("prefill_at_d_tokens_per_s")),
+        (f"decode tg{gt} @depth {depth}", peer["tg_at_d"], ours and ours.get("decode_at_d_tokens_per_s")),
+    ]
 print()
 print(f"model {os.path.basename(model)}, threads {threads}")
 print(f"{'metric (tok/s)':<26}{'peer':>10}{'ours':>10}{'ours/peer':>11}")

@@ -2,12 +2,15 @@
 # Benchmark the llama.cpp peer with llama-bench: prompt processing (prefill) and decode speed.
 #
 # Usage: bench/peer_bench.sh [--model GGUF] [--threads T] [--prompt-sizes 512,800]
-#                            [--gen 64] [--reps 3] [--json-out FILE]
+#                            [--gen 64] [--reps 3] [--depth D] [--json-out FILE]
 # Runs
 #   llama-bench -m MODEL -t T -p 512,800 -n 64 -r 3 -o json          (pp512, pp800, tg64 at depth 0)
 #   llama-bench -m MODEL -t T -p 0 -n 64 -d 512 -r 3 -o json         (tg64 after a 512-token context)
+# and, with --depth D (an agent step prefills after a reused prefix),
+#   llama-bench -m MODEL -t T -p 512 -n 64 -d D -r 3 -o json         (pp512 and tg64 at depth D)
 # and prints prompt tok/s and decode tok/s. --json-out writes
-#   {"threads": T, "model": path, "pp": {"512": tok/s, ...}, "tg": tok/s, "tg_d512": tok/s,
+#   {"threads": T, "model": path, "pp": {"512": tok/s, ...}, "tg": tok/s, "tg_at_depth": tok/s,
+#    "depth": D, "pp_at_d": {"512": tok/s}, "tg_at_d": tok/s,
 #    "prefill_tokens_per_s": pp512, "decode_tokens_per_s": tg}
 # Needs the peer build (tools/peer/build_llama_cpp.sh). ~1 minute for SmolLM2-135M on 2 threads.
 # Never run in CI.
@@ -20,6 +23,7 @@ PROMPTS="512,800"
 GEN=64
 REPS=3
 JSON_OUT=""
+D=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --model) MODEL="$2"; shift 2 ;;
@@ -27,8 +31,9 @@ while [[ $# -gt 0 ]]; do
     --prompt-sizes) PROMPTS="$2"; shift 2 ;;
     --gen) GEN="$2"; shift 2 ;;
     --reps) REPS="$2"; shift 2 ;;
+    --depth) D="$2"; shift 2 ;;
     --json-out) JSON_OUT="$2"; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "peer_bench: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -52,10 +57,21 @@ echo "peer_bench: $(basename "$MODEL"), threads=$THREADS, pp=$PROMPTS, tg=$GEN (
 "$BIN" -m "$MODEL" -t "$THREADS" -p 0 -n "$GEN" -d "$DEPTH" -r "$REPS" -o json > "$TMP/b.json" 2> "$TMP/b.err" \
   || { cat "$TMP/b.err" >&2; exit 1; }
 
-python3 - "$TMP/a.json" "$TMP/b.json" "$THREADS" "$MODEL" "$JSON_OUT" "$DEPTH" <<'PY'
+echo "[]" > "$TMP/c.json"
+if [[ "$D" -gt 0 ]]; then
+  "$BIN" -m "$MODEL" -t "$THREADS" -p "${PROMPTS%%,*}" -n "$GEN" -d "$D" -r "$REPS" -o json > "$TMP/c.json" 2> "$TMP/c.err" \
+    || { cat "$TMP/c.err" >&2; exit 1; }
+fi
+python3 - "$TMP/a.json" "$TMP/b.json" "$THREADS" "$MODEL" "$JSON_OUT" "$DEPTH" "$TMP/c.json" "$D" <<'PY'
 import json, sys
-a, b, threads, model, json_out, depth = sys.argv[1:7]
+a, b, threads, model, json_out, depth, c, d = sys.argv[1:9]
 rows = json.load(open(a)) + json.load(open(b))
+pp_d, tg_at_d = {}, None
+for r in json.load(open(c)):
+    if r["n_gen"] == 0:
+        pp_d[str(r["n_prompt"])] = (r["avg_ts"], r["stddev_ts"])
+    else:
+        tg_at_d = (r["avg_ts"], r["stddev_ts"])
 pp, tg, tg_d = {}, None, None
 for r in rows:
     if r["n_gen"] == 0 and r["n_prompt"] > 0:
@@ -72,6 +88,10 @@ if tg:
     print(f"{'decode tg' + str(gen):<22}{tg[0]:>10.1f}{tg[1]:>9.1f}")
 if tg_d:
     print(f"{'decode tg' + str(gen) + ' @d' + depth:<22}{tg_d[0]:>10.1f}{tg_d[1]:>9.1f}")
+for n, (m, s) in pp_d.items():
+    print(f"{'prompt pp' + n + ' @d' + d:<22}{m:>10.1f}{s:>9.1f}")
+if tg_at_d:
+    print(f"{'decode tg' + str(gen) + ' @d' + d:<22}{tg_at_d[0]:>10.1f}{tg_at_d[1]:>9.1f}")
 print(f"(cpu: {rows[0].get('cpu_info', '?')}; build {rows[0].get('build_commit', '?')}; threads {threads};"
       f" load average after run {open('/proc/loadavg').read().split()[0]})")
 if json_out:
@@ -80,6 +100,8 @@ if json_out:
         "threads": int(threads), "model": model,
         "pp": {k: v[0] for k, v in pp.items()},
         "tg": tg[0] if tg else None, "tg_depth": int(depth), "tg_at_depth": tg_d[0] if tg_d else None,
+        "depth": int(d), "pp_at_d": {k: v[0] for k, v in pp_d.items()},
+        "tg_at_d": tg_at_d[0] if tg_at_d else None,
         "prefill_tokens_per_s": first_pp, "decode_tokens_per_s": tg[0] if tg else None,
     }, open(json_out, "w"), indent=1)
 PY

@@ -14,6 +14,7 @@ use crate::speculative::pass_tokens;
 use crate::config::at_least_one;
 use gguf::reader::GgufFile;
 use crate::model::Model;
+use crate::state::sequence::SequenceState;
 
 /// `device-worker bench`'s options.
 #[derive(Clone, Debug, clap::Args)]
@@ -32,6 +33,12 @@ pub struct BenchOptions {
     /// Tokens for the decode test (tg).
     #[arg(long, default_value_t = 64, value_parser = at_least_one)]
     pub gen_tokens: usize,
+    /// Also measure pp and tg with this many tokens already in the KV cache (and recurrent
+    /// state) before the timed part, as llama-bench's `-d`: an agent step prefills its new
+    /// tokens after a reused prefix, so prefill at depth is what a step costs. 0: only the
+    /// depth-0 figures.
+    #[arg(long, default_value_t = 0)]
+    pub depth: usize,
     /// Micro-batch size.
     #[arg(long, default_value_t = d::MICRO_BATCH, value_parser = at_least_one)]
     pub micro_batch: usize,
@@ -42,7 +49,8 @@ pub struct BenchOptions {
     #[arg(long)]
     pub json: bool,
     /// Also time each operation of the prefill runs and print a table (op, ms per run, share
-    /// of prefill time); with --json, as the `prefill_profile` array. Qwen3.5 only.
+    /// of prefill time); with --json, as the `prefill_profile` array. With --depth, the
+    /// prefill runs at that depth are profiled.
     #[arg(long)]
     pub profile: bool,
     /// Instead of pp/tg: prefill the prompt plain (chunked GDN, no rollback states), with a
@@ -80,7 +88,7 @@ pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
         Arc::new(GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?);
     let mut model = Model::load(file)?;
     let pool = ThreadPool::new(cfg.threads.max(1))?;
-    let n_ctx = cfg.prompt_tokens + 2 * cfg.gen_tokens + cfg.n_draft + 8;
+    let n_ctx = cfg.depth + cfg.prompt_tokens + 2 * cfg.gen_tokens + cfg.n_draft + 8;
     let mut seq = model.new_sequence_state(n_ctx);
     let n_batch = cfg.micro_batch.clamp(1, cfg.prompt_tokens.max(1));
     // Buffers for a prefill micro-batch, the warm-up below and a verification pass of
@@ -112,56 +120,112 @@ pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
     if cfg.mtp_overhead {
         return mtp_overhead(cfg, &mut model, &pool, &mut seq, &prompt, n_batch);
     }
-    let profiling = cfg.profile && model.set_profiling(true);
-    if cfg.profile && !profiling {
-        eprintln!("bench: --profile is only available for qwen35 models; ignored");
+    let depth_prefix: Vec<u32> = (0..cfg.depth).map(|_| next_id()).collect();
+    let first_id = next_id();
+    let mut b = Bench { model: &mut model, pool: &pool, n_batch, reps, profile: Vec::new() };
+    let empty = b.filled(&mut seq, &[])?;
+    let at_depth = (cfg.depth > 0).then(|| b.filled(&mut seq, &depth_prefix)).transpose()?;
+    let mut rates = Rates {
+        pp: b.prefill(at_depth.is_none() && cfg.profile, &empty, &prompt)?,
+        tg: b.decode(&empty, first_id, cfg.gen_tokens)?,
+        ..Rates::default()
+    };
+    let after_prompt = b.filled(&mut seq, &prompt)?;
+    rates.tg_after_prompt = b.decode(&after_prompt, first_id, cfg.gen_tokens)?;
+    if let Some(base) = &at_depth {
+        rates.pp_depth = Some(b.prefill(cfg.profile, base, &prompt)?);
+        rates.tg_depth = Some(b.decode(base, first_id, cfg.gen_tokens)?);
     }
-    let mut pp = Vec::new();
-    for _ in 0..reps {
-        seq.reset();
-        let t = Instant::now();
-        for chunk in prompt.chunks(n_batch) {
-            model.forward(&pool, &mut seq, chunk, false)?;
-        }
-        pp.push(cfg.prompt_tokens as f64 / t.elapsed().as_secs_f64());
-    }
-    let profile: Vec<(&str, f64, f64)> = model.profile().map(|p| p.table()).unwrap_or_default();
-    model.set_profiling(false);
-    // Decode from an empty cache (llama-bench tg) and after the prompt (tg @ depth).
-    let mut tg = Vec::new();
-    let mut tg_depth = Vec::new();
-    for depth in [0, cfg.prompt_tokens] {
-        for _ in 0..reps {
-            seq.reset();
-            for chunk in prompt[..depth].chunks(n_batch) {
-                model.forward(&pool, &mut seq, chunk, false)?;
-            }
-            let mut id = next_id();
-            let t = Instant::now();
-            for _ in 0..cfg.gen_tokens {
-                let logits = model
-                    .forward(&pool, &mut seq, &[id], true)?
-                    .expect("logits");
-                id = crate::sampling::argmax(logits).unwrap_or(0);
-            }
-            let rate = cfg.gen_tokens as f64 / t.elapsed().as_secs_f64();
-            if depth == 0 {
-                tg.push(rate)
-            } else {
-                tg_depth.push(rate)
-            }
-        }
-    }
-    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-    print_speed(cfg, &path, [mean(&pp), mean(&tg), mean(&tg_depth)], &profile, reps);
+    print_speed(cfg, &path, &rates, &b.profile, reps);
     Ok(())
 }
 
-/// Prints the pp / tg / tg-at-depth rates (tokens/s) and the prefill profile as JSON or text.
+/// Measured rates, tokens/s (means over the repetitions).
+#[derive(Default)]
+struct Rates {
+    /// pp at depth 0.
+    pp: f64,
+    /// tg at depth 0.
+    tg: f64,
+    /// tg after the pp prompt (depth = --prompt-tokens).
+    tg_after_prompt: f64,
+    /// pp and tg at depth --depth (when > 0).
+    pp_depth: Option<f64>,
+    tg_depth: Option<f64>,
+}
+
+/// The model, pool and settings the pp / tg measurements share.
+struct Bench<'a> {
+    model: &'a mut Model,
+    pool: &'a ThreadPool,
+    n_batch: usize,
+    reps: usize,
+    /// The per-op table of the profiled prefill runs (`(op, seconds, share)`).
+    profile: Vec<(&'static str, f64, f64)>,
+}
+
+impl Bench<'_> {
+    /// `seq` reset and filled with `prefix` (untimed); returns a copy to start runs from.
+    fn filled(&mut self, seq: &mut SequenceState, prefix: &[u32]) -> anyhow::Result<SequenceState> {
+        seq.reset();
+        for chunk in prefix.chunks(self.n_batch) {
+            self.model.forward(self.pool, seq, chunk, false)?;
+        }
+        Ok(seq.clone())
+    }
+
+    /// Mean tokens/s of prefilling `prompt` in micro-batches from a copy of `base` (the copy
+    /// is made before the clock starts), with per-op timing when `profile`.
+    fn prefill(&mut self, profile: bool, base: &SequenceState, prompt: &[u32]) -> anyhow::Result<f64> {
+        if profile && !self.model.set_profiling(true) {
+            eprintln!("bench: --profile: this architecture has no per-op timing; ignored");
+        }
+        let mut rates = Vec::with_capacity(self.reps);
+        for _ in 0..self.reps {
+            let mut seq = base.clone();
+            let t = Instant::now();
+            for chunk in prompt.chunks(self.n_batch) {
+                self.model.forward(self.pool, &mut seq, chunk, false)?;
+            }
+            rates.push(prompt.len() as f64 / t.elapsed().as_secs_f64());
+        }
+        if profile {
+            self.profile = self.model.profile().map(|p| p.table()).unwrap_or_default();
+            self.model.set_profiling(false);
+        }
+        Ok(mean(&rates))
+    }
+
+    /// Mean tokens/s of decoding `n` tokens greedily, one per pass, from a copy of `base`.
+    fn decode(&mut self, base: &SequenceState, first: u32, n: usize) -> anyhow::Result<f64> {
+        let mut rates = Vec::with_capacity(self.reps);
+        for _ in 0..self.reps {
+            let mut seq = base.clone();
+            let mut id = first;
+            let t = Instant::now();
+            for _ in 0..n {
+                let logits = self
+                    .model
+                    .forward(self.pool, &mut seq, &[id], true)?
+                    .expect("logits");
+                id = crate::sampling::argmax(logits).unwrap_or(0);
+            }
+            rates.push(n as f64 / t.elapsed().as_secs_f64());
+        }
+        Ok(mean(&rates))
+    }
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
+/// Prints the pp / tg rates (tokens/s) at depth 0, after the prompt and at --depth, and
+/// the prefill profile, as JSON or text.
 fn print_speed(
     cfg: &BenchOptions,
     path: &std::path::Path,
-    [p, d, dd]: [f64; 3],
+    r: &Rates,
     profile: &[(&str, f64, f64)],
     reps: usize,
 ) {
@@ -173,41 +237,40 @@ fn print_speed(
                 "threads": cfg.threads,
                 "prompt_tokens": cfg.prompt_tokens,
                 "gen_tokens": cfg.gen_tokens,
+                "depth": cfg.depth,
                 "kernels": dsp::backend::select().name(),
-                "prefill_tokens_per_s": p,
-                "decode_tokens_per_s": d,
-                "decode_at_depth_tokens_per_s": dd,
+                "prefill_tokens_per_s": r.pp,
+                "decode_tokens_per_s": r.tg,
+                "decode_at_depth_tokens_per_s": r.tg_after_prompt,
+                "prefill_at_d_tokens_per_s": r.pp_depth,
+                "decode_at_d_tokens_per_s": r.tg_depth,
                 "prefill_profile": profile.iter().map(|(op, secs, share)| serde_json::json!({
                     "op": op, "ms_per_run": secs * 1e3 / reps as f64, "share": share,
                 })).collect::<Vec<_>>(),
             })
         );
-    } else {
-        println!(
-            "model {}  threads {}  kernels {}",
-            path.display(),
-            cfg.threads,
-            dsp::backend::select().name()
-        );
-        println!("pp{:<5} {:>9.1} tokens/s", cfg.prompt_tokens, p);
-        println!("tg{:<5} {:>9.1} tokens/s", cfg.gen_tokens, d);
-        println!(
-            "tg{:<5} {:>9.1} tokens/s after {} prompt tokens",
-            cfg.gen_tokens, dd, cfg.prompt_tokens
-        );
-        if !profile.is_empty() {
-            println!(
-                "\nprefill profile (pp{}, mean of {reps} runs):",
-                cfg.prompt_tokens
-            );
-            println!("| op | ms per run | share |\n|---|---:|---:|");
-            for (op, secs, share) in profile {
-                println!(
-                    "| {op} | {:.1} | {:.1}% |",
-                    secs * 1e3 / reps as f64,
-                    share * 100.0
-                );
-            }
+        return;
+    }
+    let (p, g, dd) = (cfg.prompt_tokens, cfg.gen_tokens, cfg.depth);
+    println!(
+        "model {}  threads {}  kernels {}",
+        path.display(),
+        cfg.threads,
+        dsp::backend::select().name()
+    );
+    println!("pp{p:<5} {:>9.1} tokens/s", r.pp);
+    println!("tg{g:<5} {:>9.1} tokens/s", r.tg);
+    println!("tg{g:<5} {:>9.1} tokens/s after {p} prompt tokens", r.tg_after_prompt);
+    if let (Some(pp), Some(tg)) = (r.pp_depth, r.tg_depth) {
+        println!("pp{p:<5} {pp:>9.1} tokens/s at depth {dd}");
+        println!("tg{g:<5} {tg:>9.1} tokens/s at depth {dd}");
+    }
+    if !profile.is_empty() {
+        let at = if dd > 0 { format!(" at depth {dd}") } else { String::new() };
+        println!("\nprefill profile (pp{p}{at}, mean of {reps} runs):");
+        println!("| op | ms per run | share |\n|---|---:|---:|");
+        for (op, secs, share) in profile {
+            println!("| {op} | {:.1} | {:.1}% |", secs * 1e3 / reps as f64, share * 100.0);
         }
     }
 }

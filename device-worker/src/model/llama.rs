@@ -18,7 +18,7 @@ use super::blocks::{
     Outputs, RmsNorm, Rope,
 };
 use super::loader::Loader;
-use super::op_profile::Laps;
+use super::op_profile::{Laps, OpProfile};
 use super::project::kernel;
 use super::{CausalLm, ModelError};
 use crate::state::kv::KvCache;
@@ -167,16 +167,21 @@ impl Layer {
         pos0: usize,
         n: usize,
         s: &mut Scratch,
+        laps: &mut Laps<'_>,
     ) -> Result<(), ModelError> {
         let e = self.attn_norm.len();
         let (x, h, o) = (&mut s.x[..n * e], &mut s.h[..n * e], &mut s.o[..n * e]);
-        let mut laps = Laps::new(None);
         self.attn_norm.forward(x, h)?;
-        self.attn.forward(ctx, kv, (pos0, pos0), h, n, &mut s.attn, o, &mut laps)?;
+        laps.lap("norms + residuals");
+        self.attn.forward(ctx, kv, (pos0, pos0), h, n, &mut s.attn, o, laps)?;
         ops::add_inplace(x, o).map_err(kernel("residual"))?;
         self.ffn_norm.forward(x, h)?;
+        laps.lap("norms + residuals");
         self.mlp.forward(ctx, h, n, &mut s.mlp, o)?;
-        ops::add_inplace(x, o).map_err(kernel("residual"))
+        laps.lap("ffn (gate/up/down + swiglu)");
+        ops::add_inplace(x, o).map_err(kernel("residual"))?;
+        laps.lap("norms + residuals");
+        Ok(())
     }
 }
 
@@ -194,6 +199,8 @@ struct Scratch {
     logits: Vec<f32>,
     /// Rows of `hidden` / `logits` the last pass wrote.
     rows: usize,
+    /// Per-op timing of forward passes, when attached (`device-worker bench --profile`).
+    profile: Option<OpProfile>,
 }
 
 impl Scratch {
@@ -209,6 +216,7 @@ impl Scratch {
             hidden: vec![0.0; c.n_embd],
             logits: vec![0.0; c.n_vocab],
             rows: 0,
+            profile: None,
         }
     }
 }
@@ -277,7 +285,18 @@ impl CausalLm for LlamaModel {
     }
 
     fn set_max_batch(&mut self, n_batch: usize) {
+        let profile = self.scratch.profile.take();
         self.scratch = Scratch::new(&self.cfg, n_batch);
+        self.scratch.profile = profile;
+    }
+
+    fn set_profiling(&mut self, on: bool) -> bool {
+        self.scratch.profile = on.then(OpProfile::default);
+        true
+    }
+
+    fn profile(&self) -> Option<&OpProfile> {
+        self.scratch.profile.as_ref()
     }
 
     fn max_batch(&self) -> usize {
@@ -318,13 +337,18 @@ impl CausalLm for LlamaModel {
             bytes: self.file.bytes(),
         };
         let e = self.cfg.n_embd;
+        let mut profile = s.profile.take();
+        let mut laps = Laps::new(profile.as_mut());
         self.tok_embd.forward(ctx.bytes, tokens, &mut s.x[..n * e])?;
+        laps.lap("embedding");
         for layer in &self.layers {
-            layer.forward(ctx, kv, pos0, n, s)?;
+            layer.forward(ctx, kv, pos0, n, s, &mut laps)?;
         }
         kv.set_len(pos0 + n);
         let x = &s.x[..n * e];
         s.rows = self.head.forward(ctx, x, n, outputs, &mut s.hidden, &mut s.logits)?;
+        laps.lap("lm head (output norm + logits)");
+        s.profile = profile;
         Ok((s.rows > 0).then(|| &s.logits[..s.rows * self.cfg.n_vocab]))
     }
 

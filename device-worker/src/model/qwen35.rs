@@ -603,7 +603,6 @@ impl CausalLm for Qwen35Model {
         if let Some(rb) = s.rollback.as_mut() {
             rb.record_pass(pos0, n);
         }
-        s.profile = profile;
         if s.keep_hidden_rows {
             s.hidden_rows.resize(n * e, 0.0);
             self.head.norm().forward(&s.x[..n * e], &mut s.hidden_rows[..n * e])?;
@@ -611,6 +610,8 @@ impl CausalLm for Qwen35Model {
         }
         let x = &s.x[..n * e];
         s.rows = self.head.forward(ctx, x, n, outputs, &mut s.hidden, &mut s.logits)?;
+        laps.lap("lm head (output norm + logits)");
+        s.profile = profile;
         Ok((s.rows > 0).then(|| &s.logits[..s.rows * c.n_vocab]))
     }
 

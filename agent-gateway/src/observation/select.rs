@@ -61,7 +61,7 @@ const NAV_CLASS_PARTS: &[&str] = &[
 /// one (see [`NAV_CLASS_PARTS`], [`NAV_ID_WORDS`]; `action_bar` counts as `actionbar`) and it
 /// covers at most half the screen, or it
 /// is an interactive control (clickable, long-clickable or checkable) at most 1/8 of the screen
-/// high lying in the top fifth or the bottom sixth of a `width` x `height` screen (top
+/// high lying within the top or the bottom 15% of a `width` x `height` screen (top
 /// navigation rows of TV and phone apps, bottom tab bars, the system navigation bar). The
 /// geometric rule is skipped when the screen size is unknown (0).
 pub fn is_navigation(c: &Control, width: u32, height: u32) -> bool {
@@ -84,8 +84,8 @@ pub fn is_navigation(c: &Control, width: u32, height: u32) -> bool {
     }
     let h = i64::from(height);
     let small = i64::from(c.bounds.height()) * 8 <= h;
-    let top = i64::from(c.bounds.y2) * 5 <= h;
-    let bottom = i64::from(c.bounds.y1) * 6 >= h * 5;
+    let top = i64::from(c.bounds.y2) * 20 <= h * 3;
+    let bottom = i64::from(c.bounds.y1) * 20 >= h * 17;
     small && (top || bottom)
 }
 

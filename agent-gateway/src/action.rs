@@ -212,49 +212,34 @@ impl Action {
     }
 
     /// The action as an AndroidWorld JSON object holding only the fields it uses, e.g.
-    /// `{"action_type":"click","index":7}` (what `JSONAction(**obj)` accepts).
+    /// `{"action_type":"click","index":7}` (what `JSONAction(**obj)` accepts). Keys come in
+    /// the order the schema lists them (and the rules' examples show): `action_type`, `text`,
+    /// the target (`index`, or `x` and `y`), then the type's other fields.
     pub fn to_json(&self) -> Value {
         let mut obj = Map::new();
-        obj.insert("action_type".into(), json!(self.action_type()));
-        if let Some(t) = self.target() {
-            match t {
-                Target::Index(i) => obj.insert("index".into(), json!(i)),
-                Target::Point { x, y } => {
-                    obj.insert("x".into(), json!(x));
-                    obj.insert("y".into(), json!(y))
-                }
-            };
+        let mut put = |k: &str, v: Value| {
+            obj.insert(k.to_string(), v);
+        };
+        put("action_type", json!(self.action_type()));
+        match self {
+            Action::InputText { text, .. } | Action::Answer { text } => put("text", json!(text)),
+            Action::Scroll { direction, .. } | Action::Swipe { direction } => put("direction", json!(direction.as_str())),
+            _ => {}
+        }
+        match self.target() {
+            Some(Target::Index(i)) => put("index", json!(i)),
+            Some(Target::Point { x, y }) => {
+                put("x", json!(x));
+                put("y", json!(y));
+            }
+            None => {}
         }
         match self {
-            Action::InputText {
-                text, clear_text, ..
-            } => {
-                obj.insert("text".into(), json!(text));
-                if let Some(c) = clear_text {
-                    obj.insert("clear_text".into(), json!(c));
-                }
-            }
-            Action::Scroll { direction, index } => {
-                obj.insert("direction".into(), json!(direction.as_str()));
-                if let Some(i) = index {
-                    obj.insert("index".into(), json!(i));
-                }
-            }
-            Action::Swipe { direction } => {
-                obj.insert("direction".into(), json!(direction.as_str()));
-            }
-            Action::OpenApp { app_name } => {
-                obj.insert("app_name".into(), json!(app_name));
-            }
-            Action::KeyboardEnter { keycode: Some(k) } => {
-                obj.insert("keycode".into(), json!(k));
-            }
-            Action::Status { goal_status } => {
-                obj.insert("goal_status".into(), json!(goal_status.as_str()));
-            }
-            Action::Answer { text } => {
-                obj.insert("text".into(), json!(text));
-            }
+            Action::InputText { clear_text: Some(c), .. } => put("clear_text", json!(c)),
+            Action::Scroll { index: Some(i), .. } => put("index", json!(i)),
+            Action::OpenApp { app_name } => put("app_name", json!(app_name)),
+            Action::KeyboardEnter { keycode: Some(k) } => put("keycode", json!(k)),
+            Action::Status { goal_status } => put("goal_status", json!(goal_status.as_str())),
             _ => {}
         }
         Value::Object(obj)

@@ -516,3 +516,27 @@ fn extract_from_t3a_text() {
     );
     assert_eq!(extract_action_json("no object"), None);
 }
+
+/// The decoding grammar enforces the schema's property order, so action JSON (the history's
+/// form) writes its keys in that order too.
+#[test]
+fn action_json_keys_follow_the_schema_order() {
+    let schema = action_json_schema();
+    for a in all_index_actions() {
+        let alt = schema["anyOf"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|alt| alt["properties"]["action_type"]["const"] == json!(a.action_type()))
+            .unwrap();
+        let order: Vec<&String> = alt["properties"].as_object().unwrap().keys().collect();
+        let json = a.to_json();
+        let keys: Vec<&String> = json.as_object().unwrap().keys().collect();
+        let positions: Vec<usize> = keys.iter().map(|k| order.iter().position(|o| o == k).unwrap()).collect();
+        assert!(positions.windows(2).all(|w| w[0] < w[1]), "{} keys {keys:?} vs schema {order:?}", a.to_compact_json());
+    }
+    assert_eq!(
+        Action::InputText { text: "milk".into(), target: Target::Index(3), clear_text: Some(true) }.to_compact_json(),
+        r#"{"action_type":"input_text","text":"milk","index":3,"clear_text":true}"#
+    );
+}

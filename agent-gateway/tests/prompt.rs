@@ -128,3 +128,49 @@ fn corpus_prompt_sizes_are_reasonable() {
         assert!(p.user.lines().filter(|l| l.starts_with('[')).count() == screen.controls.len().min(MAX_CONTROLS));
     }
 }
+
+/// Every AndroidWorld action type, recorded in an episode as the step runner records it
+/// (`EpisodeStore::end_step` with the action's compact JSON), shows in the next prompt's
+/// history as one line that parses back to the same action.
+#[test]
+fn every_action_type_renders_into_the_history() {
+    use agent_gateway::action::{Action, Direction, GoalStatus, Target};
+    use agent_gateway::episode::EpisodeStore;
+    let actions = [
+        Action::Click { target: Target::Index(1) },
+        Action::DoubleTap { target: Target::Point { x: 10, y: 20 } },
+        Action::LongPress { target: Target::Index(0) },
+        Action::InputText { text: "say \"hi\"\nthere".into(), target: Target::Index(1), clear_text: Some(true) },
+        Action::Scroll { direction: Direction::Down, index: Some(1) },
+        Action::Swipe { direction: Direction::Left },
+        Action::NavigateBack,
+        Action::NavigateHome,
+        Action::OpenApp { app_name: "Contacts".into() },
+        Action::KeyboardEnter { keycode: Some("KEYCODE_DPAD_RIGHT".into()) },
+        Action::Wait,
+        Action::Status { goal_status: GoalStatus::Infeasible },
+        Action::Answer { text: "5 pm".into() },
+        Action::Unknown,
+    ];
+    let mut types: Vec<&str> = actions.iter().map(Action::action_type).collect();
+    types.sort();
+    types.dedup();
+    assert_eq!(types.len(), ACTION_TYPES.len());
+    let screen = Screen {
+        controls: vec![Control { index: 1, class: "EditText".into(), editable: true, ..Default::default() }],
+        width: 100,
+        height: 100,
+        foreground_package: None,
+    };
+    let store = EpisodeStore::new(4);
+    for (k, a) in actions.iter().enumerate() {
+        let state = store.begin_step("ep", "t");
+        assert_eq!(state.history.len(), k);
+        store.end_step("ep", Some(a.to_compact_json()));
+        let state = store.begin_step("ep", "t");
+        let p = build_prompt(&PromptInput { task: "t", foreground_app: None, history: &state.history, screen: &screen, max_controls: MAX_CONTROLS });
+        let line = p.user.lines().find(|l| l.starts_with(&format!("{}. ", k + 1))).unwrap_or_else(|| panic!("{}", p.user));
+        let shown = line.split_once(". ").unwrap().1;
+        assert_eq!(parse_action(shown, u32::MAX).as_ref(), Ok(a), "{line}");
+    }
+}

@@ -19,6 +19,11 @@ pub struct ServeOptions {
     #[arg(long = "worker", default_value = "http://127.0.0.1:50051")]
     #[serde(rename = "worker")]
     pub workers: Vec<String>,
+    /// Most screen controls one prompt lists (at least 1); a larger screen lists the most
+    /// important ones (focused control, navigation bars and tabs, editable fields, clickable
+    /// controls with text, then the rest) and says how many were left out.
+    #[arg(long, default_value_t = crate::observation::DEFAULT_MAX_CONTROLS, value_parser = max_controls)]
+    pub max_controls: usize,
     /// Address for the OpenAI-compatible HTTP endpoint (`/v1/chat/completions`,
     /// `/v1/models`, `/health`), or `off`.
     #[arg(long, default_value = "127.0.0.1:8080")]
@@ -37,6 +42,14 @@ pub struct ServeOptions {
     #[arg(long, env = "TANDEM_WORKER_TOKEN_FILE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub worker_token_file: Option<std::path::PathBuf>,
+}
+
+/// `--max-controls`: a whole number of at least 1. Errors: a message naming the bad value.
+fn max_controls(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("expected a whole number of controls, at least 1, found {s:?}")),
+    }
 }
 
 fn as_display<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {

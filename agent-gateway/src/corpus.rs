@@ -9,6 +9,14 @@
 //!   Line N is the action taken on screen N; the last screen has none. Click positions are
 //!   rescaled to the episode's XML pixel space (the largest dump size in the trace) and recorded
 //!   as `{"action_type":"click","x":..,"y":..}`.
+//! - LlamaTouch action records, `llamatouch_evaluator/<dir>/` holding `1.action`: `N.xml` and
+//!   `N.action` from N = 1, one line `KIND|arg|arg|width|height` with normalized `[x, y]`
+//!   positions (`SWIPE|[x1, y1]|[x2, y2]|..`, `CLICK|[x, y]|NULL|..`, `TYPE|'text'|NULL|..`,
+//!   `STATUS_TASK_COMPLETE|..`). A step is a screen with its `.xml`; actions past the last
+//!   screen are dropped. `SWIPE` becomes `swipe` in the finger's main direction, `CLICK` a
+//!   pixel click in the dump's pixel space, `STATUS_TASK_COMPLETE` `status complete`; `TYPE`
+//!   names no target and is not recorded. The folder records no task: the episode's task is
+//!   [`NO_TASK_RECORDED`]. (`test_asset` is the corpus's only recorded swipe.)
 //! - AndroidWorld episode logs, `androidworld_episodes_t3a/*.json`: `goal`, and either
 //!   `step_records[i].state.ui_elements` with `step_records[i].action` (T3A text
 //!   `"Reason: ...\nAction: {...}"`), or `observations[i].ui_elements` with `actions[i]`
@@ -24,10 +32,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::action::{action_from_value, extract_action_json, parse_action, Action};
+use crate::action::{action_from_value, extract_action_json, parse_action, Action, Direction, GoalStatus, Target};
 use crate::error::{CorpusError, GatewayError, ObservationError};
 use crate::prompt::{build_prompt, AgentPrompt, PromptInput};
-use crate::observation::{parse_android_world, parse_uiautomator, parse_uiautomator_bytes, Screen};
+use crate::observation::{parse_android_world, parse_uiautomator, parse_uiautomator_bytes, Screen, DEFAULT_MAX_CONTROLS};
 
 /// The corpus root used when none is given: `<repo>/../shared/corpus/raw`, located from this
 /// crate's manifest directory at build time.
@@ -93,7 +101,7 @@ pub struct Episode {
 impl Episode {
     /// The agent prompt of step `i` as the gateway builds it, with the episode's recorded
     /// actions of steps `0..i` as the history (what `agent-gateway prompt` prints and the dry
-    /// run plans).
+    /// run plans), listing at most [`DEFAULT_MAX_CONTROLS`] controls.
     ///
     /// Errors: [`GatewayError::Config`] for a step past the end; the observation's parse error.
     pub fn step_prompt(&self, i: usize) -> Result<AgentPrompt, GatewayError> {
@@ -103,7 +111,13 @@ impl Episode {
         let screen = step.observation.parse()?;
         let history: Vec<String> = self.steps[..i].iter().filter_map(|s| s.recorded_action.clone()).collect();
         let app = step.foreground_app.clone().or_else(|| screen.foreground_package.clone());
-        Ok(build_prompt(&PromptInput { task: &self.task, foreground_app: app.as_deref(), history: &history, screen: &screen }))
+        Ok(build_prompt(&PromptInput {
+            task: &self.task,
+            foreground_app: app.as_deref(),
+            history: &history,
+            screen: &screen,
+            max_controls: DEFAULT_MAX_CONTROLS,
+        }))
     }
 }
 
@@ -163,6 +177,8 @@ pub fn scan_corpus(corpus_root: &Path) -> Result<CorpusLoad, CorpusError> {
         let name = file_name(&dir);
         if dir.is_dir() && name.starts_with("trace_") {
             record(load_llamatouch(corpus_root, &dir), rel(corpus_root, &dir));
+        } else if dir.join("1.action").is_file() {
+            record(load_llamatouch_records(corpus_root, &dir), rel(corpus_root, &dir));
         }
     }
     for file in sorted_entries(&corpus_root.join("androidworld_episodes_t3a"))? {
@@ -310,10 +326,101 @@ pub(crate) fn llamatouch_action(line: &str, width: u32, height: u32) -> Option<A
     if *rw <= 0.0 || *rh <= 0.0 || width == 0 || height == 0 {
         return None;
     }
-    Some(Action::ClickAt {
-        x: (x * f64::from(width) / rw).round() as u32,
-        y: (y * f64::from(height) / rh).round() as u32,
+    Some(Action::Click {
+        target: Target::Point { x: (x * f64::from(width) / rw).round() as u32, y: (y * f64::from(height) / rh).round() as u32 },
     })
+}
+
+/// The task of an episode whose source records none (LlamaTouch action-record folders).
+pub const NO_TASK_RECORDED: &str = "(no task recorded)";
+
+/// A LlamaTouch action-record folder (`N.xml` + `N.action`, see the module docs).
+fn load_llamatouch_records(root: &Path, dir: &Path) -> Result<Episode, CorpusError> {
+    let mut steps = Vec::new();
+    for n in 1.. {
+        let xml_path = dir.join(format!("{n}.xml"));
+        if !xml_path.is_file() {
+            break;
+        }
+        let xml = read_bytes(&xml_path)?;
+        let screen = parse_uiautomator_bytes(&xml).map_err(|e| CorpusError::Invalid {
+            path: xml_path.clone(),
+            what: e.to_string(),
+        })?;
+        let action_path = dir.join(format!("{n}.action"));
+        let recorded_action = if action_path.is_file() {
+            llamatouch_record(&read_text(&action_path)?, screen.width, screen.height)
+                .map(|a| a.to_compact_json())
+        } else {
+            None
+        };
+        steps.push(EpisodeStepData {
+            observation: ObservationSource::Xml(String::from_utf8_lossy(&xml).into_owned()),
+            foreground_app: None,
+            recorded_action,
+        });
+    }
+    if steps.is_empty() {
+        return Err(CorpusError::Invalid {
+            path: dir.to_path_buf(),
+            what: "no 1.xml step dump".to_string(),
+        });
+    }
+    let id = format!("llamatouch/{}", file_name(dir));
+    Ok(Episode {
+        id,
+        source: rel(root, dir),
+        task: NO_TASK_RECORDED.to_string(),
+        steps,
+    })
+}
+
+/// One LlamaTouch `N.action` line (`KIND|arg|arg|width|height`, positions normalized to 0..1)
+/// as an action in a `width` x `height` pixel space; `None` for `TYPE` (no target), unknown
+/// kinds and malformed lines.
+pub(crate) fn llamatouch_record(line: &str, width: u32, height: u32) -> Option<Action> {
+    let fields: Vec<&str> = line.trim().split('|').map(str::trim).collect();
+    let point = |s: &str| -> Option<(f64, f64)> {
+        let nums: Vec<f64> = s
+            .trim_matches(['[', ']'])
+            .split(',')
+            .map(|p| p.trim().parse::<f64>().ok())
+            .collect::<Option<_>>()?;
+        match nums.as_slice() {
+            [x, y] if x.is_finite() && y.is_finite() => Some((*x, *y)),
+            _ => None,
+        }
+    };
+    match *fields.first()? {
+        "SWIPE" => {
+            let ((x1, y1), (x2, y2)) = (point(fields.get(1)?)?, point(fields.get(2)?)?);
+            let (dx, dy) = (x2 - x1, y2 - y1);
+            let direction = match (dx.abs() >= dy.abs(), dx >= 0.0, dy >= 0.0) {
+                (true, true, _) => Direction::Right,
+                (true, false, _) => Direction::Left,
+                (false, _, true) => Direction::Down,
+                (false, _, false) => Direction::Up,
+            };
+            (dx != 0.0 || dy != 0.0).then_some(Action::Swipe { direction })
+        }
+        "CLICK" => {
+            let (x, y) = point(fields.get(1)?)?;
+            let inside = (0.0..=1.0).contains(&x) && (0.0..=1.0).contains(&y);
+            let px = |v: f64, size: u32| {
+                ((v * f64::from(size)).round() as u32).min(size.saturating_sub(1))
+            };
+            (inside && width > 0 && height > 0).then(|| Action::Click {
+                target: Target::Point {
+                    x: px(x, width),
+                    y: px(y, height),
+                },
+            })
+        }
+        "STATUS_TASK_COMPLETE" => Some(Action::Status {
+            goal_status: GoalStatus::Complete,
+        }),
+        _ => None,
+    }
 }
 
 // === AndroidWorld logs ===
@@ -382,10 +489,52 @@ mod tests {
         assert_eq!(llamatouch_action("[Home]", 1080, 1792), Some(Action::NavigateHome));
         assert_eq!(
             llamatouch_action("[Click] Screen Resolution (400, 720), Click Position (200, 360)", 1080, 1792),
-            Some(Action::ClickAt { x: 540, y: 896 })
+            Some(Action::Click { target: Target::Point { x: 540, y: 896 } })
         );
         assert_eq!(llamatouch_action("[Click] Screen Resolution (400, 720)", 1080, 1792), None);
         assert_eq!(llamatouch_action("[Swipe] something", 1080, 1792), None);
+    }
+
+    #[test]
+    fn llamatouch_records() {
+        let swipe = "SWIPE|[0.5, 0.8138888888888889]|[0.5, 0.18625]|1080|2400";
+        assert_eq!(
+            llamatouch_record(swipe, 1080, 1792),
+            Some(Action::Swipe {
+                direction: Direction::Up
+            })
+        );
+        assert_eq!(
+            llamatouch_record("SWIPE|[0.9, 0.5]|[0.1, 0.52]|1080|2400", 1080, 1792),
+            Some(Action::Swipe {
+                direction: Direction::Left
+            })
+        );
+        assert_eq!(
+            llamatouch_record("CLICK|[0.5, 0.1225]|NULL|1080|2400", 1080, 1792),
+            Some(Action::Click {
+                target: Target::Point { x: 540, y: 220 }
+            })
+        );
+        assert_eq!(
+            llamatouch_record("TYPE|'expedia'|NULL|1080|2400", 1080, 1792),
+            None
+        );
+        assert_eq!(
+            llamatouch_record("STATUS_TASK_COMPLETE|NULL|NULL|1080|2400", 1, 1),
+            Some(Action::Status {
+                goal_status: GoalStatus::Complete
+            })
+        );
+        for bad in [
+            "",
+            "SWIPE|[0.5]|[0.5, 0.1]",
+            "SWIPE|[0.5, 0.5]|[0.5, 0.5]",
+            "CLICK|[1.5, 0.1]|NULL",
+            "CLICK|[NaN, 0.1]|NULL",
+        ] {
+            assert_eq!(llamatouch_record(bad, 1080, 1792), None, "{bad}");
+        }
     }
 
     #[test]

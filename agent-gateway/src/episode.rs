@@ -13,9 +13,12 @@ pub struct EpisodeState {
     pub steps: u32,
 }
 
+/// Episodes by id with the clock tick of their last step, and the clock.
+type Episodes = (HashMap<String, (u64, EpisodeState)>, u64);
+
 /// Episodes by id. Bounded: the least recently started episodes are forgotten first.
 pub struct EpisodeStore {
-    inner: Mutex<(HashMap<String, (u64, EpisodeState)>, u64)>,
+    inner: Mutex<Episodes>,
     capacity: usize,
 }
 

@@ -61,6 +61,9 @@ pub enum ActionError {
     /// the source element indices, so the listed indices may have gaps).
     #[error("index {index} names no listed control of this screen")]
     IndexNotListed { index: u32 },
+    /// A pixel target (`x`, `y`) lies outside the `width` x `height` screen.
+    #[error("point ({x}, {y}) is off the {width}x{height} screen")]
+    PointOffScreen { x: u32, y: u32, width: u32, height: u32 },
 }
 
 /// A corpus episode could not be loaded.

@@ -73,7 +73,7 @@ fn main() -> anyhow::Result<()> {
                 };
                 let metrics = agent_gateway::metrics::install()?;
                 let router = agent_gateway::worker::Router::with_token(&cfg.workers, worker_token)?;
-                let runner = Arc::new(agent_gateway::step::StepRunner::new(router.clone()));
+                let runner = Arc::new(agent_gateway::step::StepRunner::new(router.clone()).with_max_controls(cfg.max_controls));
                 let listener = tokio::net::TcpListener::bind(cfg.listen)
                     .await
                     .with_context(|| format!("cannot listen on {}", cfg.listen))?;

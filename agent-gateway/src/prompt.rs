@@ -4,35 +4,47 @@
 //! parts that change least come first, so consecutive prompts of an episode share a long
 //! prefix and diverge inside the history or the controls (Tandem §2.4).
 //!
+//! Controls: a screen with more controls than [`PromptInput::max_controls`] (the gateway's
+//! `--max-controls`, default [`DEFAULT_MAX_CONTROLS`]) lists the most important ones, chosen
+//! in this order: the focused control, navigation bars and tabs, editable fields, clickable
+//! controls with text, other interactive controls, plain labels (ties: document order; see
+//! [`crate::observation::select_controls`]). Listed controls appear in index order with the
+//! indices of the full list, and a last line says how many were left out:
+//! `... 7 more controls left out (kept first: ...)`.
+//!
 //! Output is deterministic: the same input always gives byte-identical text.
 
-use crate::observation::{Control, Screen};
+pub use crate::observation::DEFAULT_MAX_CONTROLS;
+use crate::observation::{select_controls, Control, Screen};
 
 /// How many previous actions the prompt shows (oldest first).
 pub const HISTORY_WINDOW: usize = 3;
-/// Most controls listed; the rest are counted in a trailing line.
-pub const MAX_CONTROLS: usize = 60;
 /// Most characters shown of one text (label, content-desc, hint, task is not capped).
 pub const MAX_TEXT_CHARS: usize = 60;
 
 /// The rules: what the agent is, the action format with one example per action type, and the
-/// answer format. Constant across requests (the shared prefix of every prompt).
+/// answer format. Constant across requests (the shared prefix of every prompt). The action
+/// types are android_world's fourteen (`env/json_action.py`).
 pub const RULES: &str = "\
-You are an agent that operates an Android phone to complete the user's task, one action per step.
+You are an agent that operates an Android phone or TV to complete the user's task, one action per step.
 Each step you get the task, the foreground app, your last actions and the list of on-screen controls. \
 Each control line is: [index] class \"text\" desc=\"content description\" id=resource-id (states).
 Choose the single next action and answer with one JSON object only, no other text. Action formats:
 - Tap a control: {\"action_type\":\"click\",\"index\":7}
+- Double-tap a control: {\"action_type\":\"double_tap\",\"index\":7}
 - Long-press a control: {\"action_type\":\"long_press\",\"index\":7}
-- Type into an editable control: {\"action_type\":\"input_text\",\"text\":\"milk\",\"index\":3}
+- Type into an editable control (add \"clear_text\":true to empty it first): {\"action_type\":\"input_text\",\"text\":\"milk\",\"index\":3}
 - Scroll the screen or a scrollable control (direction: up, down, left or right): {\"action_type\":\"scroll\",\"direction\":\"down\"}
+- Swipe across the screen (the finger's direction): {\"action_type\":\"swipe\",\"direction\":\"left\"}
 - Go back: {\"action_type\":\"navigate_back\"}
 - Go to the home screen: {\"action_type\":\"navigate_home\"}
 - Open an app by name: {\"action_type\":\"open_app\",\"app_name\":\"Contacts\"}
 - Press Enter on the keyboard: {\"action_type\":\"keyboard_enter\"}
+- Press another key, e.g. a TV remote's D-pad: {\"action_type\":\"keyboard_enter\",\"keycode\":\"KEYCODE_DPAD_DOWN\"}
 - Wait for the screen to update: {\"action_type\":\"wait\"}
 - Finish: {\"action_type\":\"status\",\"goal_status\":\"complete\"} (or \"infeasible\" if the task cannot be done)
 - Answer a question from the task: {\"action_type\":\"answer\",\"text\":\"It is 5 pm.\"}
+- No idea what to do: {\"action_type\":\"unknown\"}
 Use only indices from the current list. Prefer open_app to launching apps by hand. \
 To type, use input_text on the field directly; it focuses the field first. \
 When the task is done, answer with the complete status.";
@@ -46,8 +58,11 @@ pub struct PromptInput<'a> {
     pub foreground_app: Option<&'a str>,
     /// Previous actions as compact JSON, oldest first; only the last [`HISTORY_WINDOW`] are shown.
     pub history: &'a [String],
-    /// The current screen.
+    /// The current screen (all its controls; the prompt lists at most `max_controls`).
     pub screen: &'a Screen,
+    /// Most controls listed (see the module docs for which); [`DEFAULT_MAX_CONTROLS`] unless
+    /// the gateway's `--max-controls` says otherwise.
+    pub max_controls: usize,
 }
 
 /// The prompt as two chat messages; the worker renders them with the model's chat template.
@@ -61,7 +76,7 @@ pub struct AgentPrompt {
 
 /// Build the prompt for one step (see the module docs for the section order).
 pub fn build_prompt(input: &PromptInput<'_>) -> AgentPrompt {
-    let mut user = String::with_capacity(256 + input.screen.controls.len().min(MAX_CONTROLS) * 48);
+    let mut user = String::with_capacity(256 + input.screen.controls.len().min(input.max_controls) * 48);
     user.push_str("Task: ");
     user.push_str(&one_line_raw(input.task));
     user.push_str("\nForeground app: ");
@@ -77,18 +92,22 @@ pub fn build_prompt(input: &PromptInput<'_>) -> AgentPrompt {
         user.push_str(&format!("\n{}. {}", first_step + i, one_line_raw(a)));
     }
 
-    let controls = &input.screen.controls;
-    user.push_str(&format!("\nScreen controls ({}):", controls.len()));
-    for c in controls.iter().take(MAX_CONTROLS) {
+    let selection = select_controls(input.screen, input.max_controls);
+    user.push_str(&format!("\nScreen controls ({}):", input.screen.controls.len()));
+    for c in &selection.shown.controls {
         user.push('\n');
         user.push_str(&control_line(c));
     }
-    if controls.len() > MAX_CONTROLS {
-        user.push_str(&format!("\n... {} more controls not shown", controls.len() - MAX_CONTROLS));
+    if selection.left_out > 0 {
+        user.push_str(&format!("\n... {} more controls {LEFT_OUT_NOTE}", selection.left_out));
     }
     user.push_str("\nNext action (one JSON object):");
     AgentPrompt { system: RULES.to_string(), user }
 }
+
+/// What the last control line says after the number of controls left out.
+pub const LEFT_OUT_NOTE: &str =
+    "left out (kept first: focused control, navigation bars and tabs, editable fields, clickable controls with text)";
 
 /// One control as a compact line, e.g. `[7] Button "Search" (clickable)`.
 pub fn control_line(c: &Control) -> String {

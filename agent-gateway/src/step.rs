@@ -10,13 +10,13 @@ use tokio_stream::StreamExt;
 use tonic::Status;
 use tracing::Instrument;
 
-use crate::action::{action_json_schema_for, check_index_listed, parse_action};
+use crate::action::{action_json_schema_for, check_on_screen, parse_action};
 use crate::episode::EpisodeStore;
 use crate::error::ObservationError;
 use crate::metrics::{
     record_first_token, record_retry, record_step, InFlight, StepKind, StepOutcome,
 };
-use crate::observation::{parse_android_world, parse_uiautomator, Screen};
+use crate::observation::{parse_android_world, parse_uiautomator, select_controls, Screen, DEFAULT_MAX_CONTROLS};
 use crate::prompt::{build_prompt, PromptInput};
 use crate::worker::Router;
 
@@ -38,6 +38,8 @@ pub fn parse_observation(obs: &apb::Observation) -> Result<Screen, ObservationEr
 pub struct StepRunner {
     pub router: Router,
     pub episodes: EpisodeStore,
+    /// Most controls a prompt lists (`serve --max-controls`; see [`crate::prompt`]).
+    pub max_controls: usize,
 }
 
 /// What one step is asked to do, besides the screen.
@@ -60,7 +62,14 @@ impl StepRunner {
         Self {
             router,
             episodes: EpisodeStore::new(4096),
+            max_controls: DEFAULT_MAX_CONTROLS,
         }
+    }
+
+    /// The runner with prompts listing at most `max_controls` controls.
+    pub fn with_max_controls(mut self, max_controls: usize) -> Self {
+        self.max_controls = max_controls;
+        self
     }
 
     /// Runs one step on an already parsed `screen`, sending [`apb::ActionToken`] events to
@@ -109,16 +118,12 @@ impl StepRunner {
             foreground_app: app.as_deref(),
             history: &state.history,
             screen: &screen,
+            max_controls: self.max_controls,
         });
-        // Indices the model may name: those of the controls listed in the prompt (AndroidWorld
-        // screens keep their source indices, so this is the largest listed index + 1).
-        let n_controls = screen
-            .controls
-            .iter()
-            .take(crate::prompt::MAX_CONTROLS)
-            .map(|c| c.index + 1)
-            .max()
-            .unwrap_or(0);
+        // Indices the model may name: those of the controls listed in the prompt (they keep
+        // their indices from the full list, so this is the largest listed index + 1).
+        let listed = select_controls(&screen, self.max_controls).shown;
+        let n_controls = listed.index_bound();
         let worker = tracing::info_span!("route").in_scope(|| {
             let w = self.router.route(episode_id);
             tracing::debug!(worker = %w.addr, "routed");
@@ -191,7 +196,7 @@ impl StepRunner {
             Ok(text) => {
                 result.raw_output = text.clone();
                 match parse_action(&text, n_controls)
-                    .and_then(|a| check_index_listed(&a, &screen).map(|_| a))
+                    .and_then(|a| check_on_screen(&a, &listed).map(|_| a))
                 {
                     Ok(action) => {
                         let json = action.to_json().to_string();

@@ -2,8 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
-use agent_gateway::action::{parse_action, Action};
-use agent_gateway::corpus::{load_episode, load_episodes, scan_corpus, ObservationSource};
+use agent_gateway::action::{parse_action, Action, Direction, Target};
+use agent_gateway::corpus::{load_episode, load_episodes, scan_corpus, ObservationSource, NO_TASK_RECORDED};
 use agent_gateway::error::CorpusError;
 
 /// The corpus root (`TANDEM_CORPUS`, else `<repo>/../shared/corpus/raw`): a required input,
@@ -33,13 +33,10 @@ fn loads_at_least_three_episodes_and_every_step_parses() {
             if let Some(a) = &st.recorded_action {
                 // Recorded actions are valid actions; their indices name listed controls.
                 let action = parse_action(a, u32::MAX).unwrap_or_else(|err| panic!("{} step {i}: {a}: {err}", e.id));
-                if let Some(idx) = match action {
-                    Action::Click { index } | Action::LongPress { index } | Action::InputText { index, .. } => Some(index),
-                    _ => None,
-                } {
+                if let Some(idx) = action.index() {
                     assert!(screen.control(idx).is_some(), "{} step {i}: index {idx} not listed", e.id);
                 }
-                if let Action::ClickAt { x, y } = action {
+                if let Some(Target::Point { x, y }) = action.target() {
                     assert!(x <= screen.width.max(1080) && y <= screen.height.max(2400), "{} step {i}: {a}", e.id);
                 }
             }
@@ -61,9 +58,49 @@ fn llamatouch_trace_shape() {
     // Step 1 (launcher): the recorded tap, rescaled from 400x720 to the dump's 1080x1792,
     // lands on a listed control.
     let a = parse_action(e.steps[1].recorded_action.as_deref().unwrap(), 0).unwrap();
-    let Action::ClickAt { x, y } = a else { panic!("expected a coordinate click, got {a:?}") };
+    let Action::Click { target: Target::Point { x, y } } = a else { panic!("expected a coordinate click, got {a:?}") };
     let screen = e.steps[1].observation.parse().unwrap();
     assert!(screen.hit_test(i64::from(x), i64::from(y)).is_some(), "tap ({x},{y}) hits nothing");
+}
+
+/// The corpus's recorded swipe: LlamaTouch `test_asset/1.action`
+/// (`SWIPE|[0.5, 0.8139]|[0.5, 0.1863]|1080|2400`, LlamaTouch/Evaluator
+/// `evaluator/test_asset/1.action` at fc2b4081, see SOURCES.md): the finger moves up the
+/// screen, AndroidWorld's `swipe up`. It stays in the next step's history.
+#[test]
+fn recorded_swipe_stays_in_the_history() {
+    let e = load_episode(&corpus(), "llamatouch/test_asset").unwrap();
+    assert_eq!(e.source, "llamatouch_evaluator/test_asset");
+    assert_eq!(e.task, NO_TASK_RECORDED);
+    assert_eq!(
+        e.steps.len(),
+        2,
+        "1.xml and 2.xml; 3.action and 4.action have no screen"
+    );
+    let swipe = e.steps[0]
+        .recorded_action
+        .as_deref()
+        .expect("step 0 records the swipe");
+    assert_eq!(swipe, r#"{"action_type":"swipe","direction":"up"}"#);
+    assert_eq!(
+        parse_action(swipe, 0),
+        Ok(Action::Swipe {
+            direction: Direction::Up
+        })
+    );
+    // Step 1's recorded tap (`CLICK|[0.5, 0.1225]`) lands on the 2.xml screen.
+    let click = parse_action(e.steps[1].recorded_action.as_deref().unwrap(), 0).unwrap();
+    let screen = e.steps[1].observation.parse().unwrap();
+    assert_eq!(
+        agent_gateway::action::check_on_screen(&click, &screen),
+        Ok(())
+    );
+    let prompt = e.step_prompt(1).unwrap();
+    assert!(
+        prompt.user.contains(&format!("\n1. {swipe}\n")),
+        "history lacks the swipe:\n{}",
+        prompt.user
+    );
 }
 
 #[test]

@@ -11,12 +11,18 @@
 //! Listing rule shared by both parsers: a node becomes a control only if it is visible (positive
 //! area intersecting the screen, not flagged invisible) and it is interactive (clickable,
 //! long-clickable, editable, scrollable or checkable) or carries text / content-desc.
+//!
+//! A prompt lists at most a cap of them, chosen by importance ([`select_controls`], module
+//! `select`): focused control, navigation bars and tabs, editable fields, clickable controls
+//! with text, then the rest; listed controls keep their indices.
 
 mod androidworld;
 mod pyrepr;
+mod select;
 mod uiautomator;
 
 pub use androidworld::{parse_android_world, parse_android_world_repr, parse_android_world_value};
+pub use select::{importance, is_navigation, select_controls, Importance, Selection, DEFAULT_MAX_CONTROLS};
 pub use uiautomator::{parse_uiautomator, parse_uiautomator_bytes};
 
 use crate::error::ObservationError;

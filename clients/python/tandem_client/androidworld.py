@@ -7,6 +7,14 @@ accessibility elements of ``env.get_state().ui_elements``, sends them to the gat
 episode's ``RunEpisode`` stream, and turns the returned JSON action into a ``JSONAction`` for
 ``env.execute_action``. A ``status`` action ends the episode (it is not executed).
 
+Actions: android_world's fourteen types (``json_action._ACTION_TYPES``: click, double_tap,
+long_press, input_text, scroll, swipe, navigate_back, navigate_home, open_app,
+keyboard_enter, wait, status, answer, unknown) with its fields (``index`` or ``x``/``y``,
+``text``, ``direction``, ``app_name``, ``goal_status``, ``keycode``, ``clear_text``).
+``keyboard_enter`` with a ``keycode`` other than ``KEYCODE_ENTER`` (D-pad and other keys of TV
+screens) presses that key (see :func:`execute`), since android_world's actuation presses Enter
+for ``keyboard_enter`` whatever the keycode.
+
 With AndroidWorld installed (``android_world`` importable) the real base class, ``JSONAction``
 and ``AgentInteractionResult`` are used; without it, the stand-ins below with the same fields
 and behaviour, so the adapter runs against any object with ``get_state()`` /
@@ -49,7 +57,8 @@ except ImportError:
     @dataclasses.dataclass
     class JSONAction:  # type: ignore[no-redef]
         """Stand-in for ``json_action.JSONAction`` (same fields; validates the action type,
-        index/coordinate exclusivity and the scroll direction like the original)."""
+        index/coordinate exclusivity, the scroll direction and the ``KEYCODE_`` prefix, and
+        turns a non-string ``text`` into a string, like the original)."""
 
         action_type: Optional[str] = None
         index: Optional[int] = None
@@ -71,6 +80,10 @@ except ImportError:
                     raise ValueError("Either an index or a <x, y> should be provided.")
             if self.direction and self.direction not in ("left", "right", "down", "up"):
                 raise ValueError(f"Invalid scroll direction: {self.direction}")
+            if self.text is not None and not isinstance(self.text, str):
+                self.text = str(self.text)
+            if self.keycode is not None and not self.keycode.startswith("KEYCODE_"):
+                raise ValueError(f"Invalid keycode: {self.keycode}")
 
         def as_dict(self, skip_none: bool = True) -> dict:
             return {k: v for k, v in dataclasses.asdict(self).items() if not (skip_none and v is None)}
@@ -121,6 +134,29 @@ def to_json_action(action: dict) -> "JSONAction":
     return JSONAction(**{k: v for k, v in action.items() if k in _ACTION_FIELDS and v is not None})
 
 
+def _adb_press_key(env: Any, keycode: str) -> None:
+    """Presses ``keycode`` on an AndroidWorld env through its controller
+    (``adb_utils.press_keyboard_generic``). Raises ``RuntimeError`` without AndroidWorld or a
+    ``controller``."""
+    if not HAVE_ANDROID_WORLD or not hasattr(env, "controller"):
+        raise RuntimeError(f"cannot press {keycode}: no AndroidWorld controller on the env; pass press_key= to TandemAgent")
+    from android_world.env import adb_utils  # pragma: no cover - depends on the environment
+
+    adb_utils.press_keyboard_generic(keycode, env.controller)  # pragma: no cover
+
+
+def execute(env: Any, action: "JSONAction", press_key: Optional[Callable[[str], None]] = None) -> str:
+    """Carries out one non-``status`` action on ``env`` and says how: ``"key"`` when a
+    ``keyboard_enter`` names a keycode other than ``KEYCODE_ENTER`` (pressed with ``press_key``,
+    default :func:`_adb_press_key` on ``env``), else ``"env"`` (``env.execute_action(action)``,
+    which also handles ``unknown`` and ``answer``)."""
+    if action.action_type == "keyboard_enter" and action.keycode not in (None, "KEYCODE_ENTER"):
+        (press_key or (lambda k: _adb_press_key(env, k)))(action.keycode)
+        return "key"
+    env.execute_action(action)
+    return "env"
+
+
 class TandemAgent(EnvironmentInteractingAgent):
     """AndroidWorld agent whose actions come from a tandem gateway.
 
@@ -128,22 +164,26 @@ class TandemAgent(EnvironmentInteractingAgent):
     returning a state with ``ui_elements``, ``execute_action(JSONAction)`` and
     ``reset(go_home)``). ``client``: an :class:`AgentClient` (default: one for ``target``).
     ``max_tokens``: output budget per step (0: gateway default). ``on_token``: called with
-    each streamed :class:`Token`.
+    each streamed :class:`Token`. ``press_key``: presses a ``KEYCODE_...`` key for
+    ``keyboard_enter`` actions that name one (default: AndroidWorld's adb on ``env.controller``).
 
     ``step(goal)`` returns ``AgentInteractionResult(done, data)``; ``data`` holds ``goal``,
     ``episode_id``, ``step``, ``action`` (the dict), ``action_json``, ``raw_output``, ``error``,
     ``stats`` (the gateway's StepStats), ``n_ui_elements`` and ``first_token_s`` / ``step_s``
-    (client-side seconds). A step without a valid action executes nothing and is not done.
+    (client-side seconds), and for an executed action ``json_action`` and ``executed_by``
+    (``"env"`` or ``"key"``, see :func:`execute`). A step without a valid action executes
+    nothing and is not done.
     """
 
     def __init__(self, env: Any, name: str = "tandem", *, client: Optional[AgentClient] = None,
                  target: str = DEFAULT_TARGET, max_tokens: int = 0, transition_pause: Optional[float] = 1.0,
                  on_token: Optional[Callable[[Token], None]] = None, token: Optional[str] = None,
-                 token_file: Optional[str] = None):
+                 token_file: Optional[str] = None, press_key: Optional[Callable[[str], None]] = None):
         super().__init__(env, name, transition_pause)
         self.client = client if client is not None else AgentClient(target, token=token, token_file=token_file)
         self.max_tokens = max_tokens
         self.on_token = on_token
+        self.press_key = press_key
         self._episode: Optional[Episode] = None
 
     def reset(self, go_home: bool = False) -> None:
@@ -195,5 +235,5 @@ class TandemAgent(EnvironmentInteractingAgent):
         data["json_action"] = action
         if action.action_type == "status":
             return AgentInteractionResult(True, data)
-        self.env.execute_action(action)
+        data["executed_by"] = execute(self.env, action, self.press_key)
         return AgentInteractionResult(False, data)

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import load_androidworld_episode
 from tandem_client import AgentClient, elements_to_json
-from tandem_client.androidworld import JSONAction, TandemAgent, to_json_action
+from tandem_client.androidworld import JSONAction, TandemAgent, execute, to_json_action
 
 
 # Mirrors of android_world.env.representation_utils.BoundingBox / UIElement (field names and
@@ -99,6 +99,67 @@ def test_to_json_action_maps_gateway_actions():
     assert s.goal_status == "complete"
     with pytest.raises(ValueError):
         to_json_action({"action_type": "fly"})
+
+
+# One gateway action of each of android_world's fourteen types, as the gateway writes them
+# (agent-gateway Action::to_json: the schema's key order, only the fields each type uses).
+EVERY_TYPE = [
+    {"action_type": "click", "index": 3},
+    {"action_type": "click", "x": 540, "y": 220},
+    {"action_type": "double_tap", "index": 7},
+    {"action_type": "long_press", "x": 1, "y": 2},
+    {"action_type": "input_text", "text": "milk", "index": 3, "clear_text": True},
+    {"action_type": "scroll", "direction": "down", "index": 5},
+    {"action_type": "swipe", "direction": "up"},
+    {"action_type": "navigate_back"},
+    {"action_type": "navigate_home"},
+    {"action_type": "open_app", "app_name": "Contacts"},
+    {"action_type": "keyboard_enter"},
+    {"action_type": "keyboard_enter", "keycode": "KEYCODE_DPAD_DOWN"},
+    {"action_type": "wait"},
+    {"action_type": "status", "goal_status": "complete"},
+    {"action_type": "answer", "text": "It is 5 pm."},
+    {"action_type": "unknown"},
+]
+
+
+def test_every_androidworld_action_type_maps_to_a_json_action():
+    types = set()
+    for d in EVERY_TYPE:
+        a = to_json_action(d)
+        types.add(a.action_type)
+        # Every field the gateway sent arrives, unchanged, and nothing else is set.
+        assert a.as_dict() == d
+    assert len(types) == 14
+    with pytest.raises(ValueError):
+        to_json_action({"action_type": "keyboard_enter", "keycode": "DPAD_DOWN"})
+    with pytest.raises(ValueError):
+        to_json_action({"action_type": "click", "index": 1, "x": 2, "y": 3})
+    assert to_json_action({"action_type": "input_text", "text": 5550100, "index": 1}).text == "5550100"
+
+
+class RecordingEnv:
+    """Records what reaches the environment."""
+
+    def __init__(self):
+        self.executed: list = []
+
+    def execute_action(self, action: JSONAction) -> None:
+        self.executed.append(action)
+
+
+def test_keycodes_are_pressed_and_other_actions_go_to_the_env():
+    env, pressed = RecordingEnv(), []
+    for d in EVERY_TYPE:
+        if d["action_type"] != "status":
+            execute(env, to_json_action(d), press_key=pressed.append)
+    assert pressed == ["KEYCODE_DPAD_DOWN"]
+    assert len(env.executed) == len(EVERY_TYPE) - 2
+    assert all(a.keycode is None for a in env.executed)
+    assert execute(env, to_json_action({"action_type": "keyboard_enter", "keycode": "KEYCODE_ENTER"}), pressed.append) == "env"
+    # Without a press_key and without an AndroidWorld controller, a key press is a clear error.
+    with pytest.raises(RuntimeError, match="KEYCODE_DPAD_UP"):
+        execute(env, to_json_action({"action_type": "keyboard_enter", "keycode": "KEYCODE_DPAD_UP"}))
 
 
 def test_agent_runs_a_corpus_episode_end_to_end(servers):

@@ -96,8 +96,14 @@ impl SlotCache {
     /// its copy is the same state).
     pub fn save(&mut self, seq: &SequenceState) {
         if let Some(cp) = seq.save_checkpoint() {
-            self.checkpoints.entry(cp.pos()).or_insert(cp);
+            self.keep(cp);
         }
+    }
+
+    /// Keeps `cp` (the plan's end-of-prompt state, taken from the last batch's rollback
+    /// states); a position already held is kept as it is.
+    pub fn keep(&mut self, cp: Checkpoint) {
+        self.checkpoints.entry(cp.pos()).or_insert(cp);
     }
 
     /// After the request: evictions, then the metadata update with the tokens the slot's
@@ -115,7 +121,8 @@ impl SlotCache {
         let live: Vec<u64> = self.meta.prompt_cache.iter().map(|e| e.stored).collect();
         self.prompt_cache.retain(&live);
         CacheEvents {
-            saved: plan.saved.iter().filter(|p| held.contains_key(p)).count() as u32,
+            saved: plan.saved.iter().chain(&plan.end_state).filter(|p| held.contains_key(p)).count()
+                as u32,
             restored: plan.restored.is_some() as u32,
             evicted: (plan.evicted.len() + plan.dropped.len()) as u32,
             bytes_held: self.bytes_held() as u64,

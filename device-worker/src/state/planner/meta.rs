@@ -15,6 +15,10 @@ pub struct CheckpointMeta {
     pub created: u64,
     /// Logical clock value when last saved or restored.
     pub last_used: u64,
+    /// The end-of-prompt state (`n − 1` of the request that saved it, taken from its last
+    /// batch's rollback states): at most one per sequence, replaced by the next one, not
+    /// counted in [`PlanConfig::n_checkpoints`].
+    pub end: bool,
 }
 
 /// A token sequence with its checkpoints (sorted by position, unique).
@@ -94,8 +98,17 @@ impl CacheState {
                     pos,
                     created: now,
                     last_used: now,
+                    end: false,
                 }),
             }
+        }
+        if let Some(pos) = plan.end_state {
+            self.slot.checkpoints.push(CheckpointMeta {
+                pos,
+                created: now,
+                last_used: now,
+                end: true,
+            });
         }
         self.slot.checkpoints.retain(|c| !plan.evicted.contains(&c.pos));
         self.slot.checkpoints.sort_by_key(|c| c.pos);

@@ -14,6 +14,10 @@
 //! - Checkpoints past `L` belong to a branch the prompt left and are dropped.
 //! - Saves and batch boundaries per [`Policy`] and [`PlanConfig::consolidate`]; every save
 //!   ends a batch; no batch exceeds `n_batch`.
+//! - The end-of-prompt state (divergence policy, [`PlanConfig::end_state`]): the state after
+//!   `n − 1` tokens, taken from the rollback states of the last batch (no extra pass, no extra
+//!   batch boundary; `state/rollback.rs`), so an identical prompt resumes at `n − 1` and
+//!   processes 1 token, as a KV cache would. It replaces the slot's previous one.
 
 use super::policy::{PlanConfig, Policy, STOCK_FAR, STOCK_NEAR};
 use super::meta::{CacheState, CachedSequence, CheckpointMeta};
@@ -86,6 +90,9 @@ pub struct Plan {
     pub evicted: Vec<usize>,
     /// Checkpoints dropped because they lie past `L` (a branch the prompt left).
     pub dropped: Vec<usize>,
+    /// The end-of-prompt state saved (`n − 1`, from the last batch's rollback states; or the
+    /// live state before the last batch when that batch starts there), if any.
+    pub end_state: Option<usize>,
 }
 
 impl Plan {
@@ -146,6 +153,7 @@ pub fn plan(state: &CacheState, req: &PlanRequest<'_>, cfg: &PlanConfig) -> Plan
     };
 
     let saves = saves(req, cfg, l, r, &kept);
+    let end_state = end_state(req, cfg, r, &saves);
 
     // Batch boundaries: saves, plus the micro-batch splitting.
     let batches = if n > r {
@@ -154,7 +162,12 @@ pub fn plan(state: &CacheState, req: &PlanRequest<'_>, cfg: &PlanConfig) -> Plan
         Vec::new()
     };
 
-    let evicted = evict_after_saves(state, &kept, &saves, restored, cfg);
+    let mut evicted = evict_after_saves(state, &kept, &saves, restored, cfg);
+    if end_state.is_some() {
+        // The new end-of-prompt state replaces the previous one.
+        evicted.extend(kept.iter().filter(|c| c.end).map(|c| c.pos));
+        evicted.sort_unstable();
+    }
 
     Plan {
         n_prompt: n,
@@ -168,7 +181,18 @@ pub fn plan(state: &CacheState, req: &PlanRequest<'_>, cfg: &PlanConfig) -> Plan
         restored,
         evicted,
         dropped,
+        end_state,
     }
+}
+
+/// The end-of-prompt position `n − 1` when the request saves it (divergence policy with
+/// [`PlanConfig::end_state`] on a hybrid model): something before it is processed (`n − 1 >
+/// r`), it is before any image, and no save of the policy is already there.
+fn end_state(req: &PlanRequest<'_>, cfg: &PlanConfig, r: usize, saves: &[usize]) -> Option<usize> {
+    let e = req.prompt.len().checked_sub(1)?;
+    let on = cfg.hybrid && cfg.end_state && cfg.policy == Policy::Divergence;
+    let before_image = req.image_start.is_none_or(|i| e < i);
+    (on && e > r && before_image && !saves.contains(&e)).then_some(e)
 }
 
 /// The positions the request saves a checkpoint at, by policy (DESIGN.md "Cross-request
@@ -213,7 +237,7 @@ fn saves(
                 let at = snap_to_line(l, req.line_starts);
                 if at > r && at < n && before_image(at) && at - r >= cfg.min_gap {
                     saves.push(at);
-                } else if kept.is_empty() {
+                } else if kept.iter().all(|c| c.end) {
                     // A cold slot has no divergence point yet: leave one resumable state, at
                     // the start of the last user message (the rules that later steps share)
                     // or else at the prompt's end (a repeat with a new suffix resumes there).
@@ -257,6 +281,7 @@ fn evict_after_saves(
                 pos: p,
                 created: now,
                 last_used: now,
+                end: false,
             }),
         }
     }
@@ -352,8 +377,10 @@ fn batches(r: usize, n: usize, saves: &[usize], cfg: &PlanConfig) -> Vec<Batch> 
 
 /// Removes checkpoints beyond `n_checkpoints` and returns their positions: oldest created
 /// first (stock, divergence: llama.cpp's server), or lowest utility (marconi: recency rank
-/// plus compute saved per byte, both normalised to 0..1).
+/// plus compute saved per byte, both normalised to 0..1). The end-of-prompt state is not
+/// counted (it is replaced by the next one instead).
 fn evict(cps: &mut Vec<CheckpointMeta>, cfg: &PlanConfig) -> Vec<usize> {
+    cps.retain(|c| !c.end);
     let mut out = Vec::new();
     while cps.len() > cfg.n_checkpoints {
         let i = match cfg.policy {

@@ -78,6 +78,10 @@ pub struct Plan {
     /// The slot's content goes to the prompt cache before this request (the slot serves a
     /// prompt it does not share the best prefix with).
     pub stash_slot: bool,
+    /// The prompt-cache entry resumed from stays in the cache (the slot gets a copy): the
+    /// prompt leaves the entry's sequence before its end (`L` < its length), so the entry is
+    /// another branch — another episode's content, whose owner may come back for it.
+    pub keep_entry: bool,
     pub start: Start,
     /// `R`: prompt tokens reused (not processed).
     pub resume: usize,
@@ -124,7 +128,10 @@ pub fn plan(state: &CacheState, req: &PlanRequest<'_>, cfg: &PlanConfig) -> Plan
         for (i, e) in state.prompt_cache.iter().enumerate() {
             let ((el, er), estart) = reuse(&e.seq, req.prompt, cap, cfg);
             kv_bound = kv_bound.max(el.min(cap));
-            if er > r {
+            // Among entries resuming equally late, the one sharing the longest prefix (its
+            // branch is the prompt's: the divergence point, and the next save, come later).
+            let longer = er == r && el > l && source != Source::Slot;
+            if er > r || longer {
                 (source, l, r, r_start) = (Source::PromptCache(i), el, er, estart);
             }
         }
@@ -135,6 +142,7 @@ pub fn plan(state: &CacheState, req: &PlanRequest<'_>, cfg: &PlanConfig) -> Plan
     };
     // Stash the slot when the request moves it to another prefix: it came from the cache, or
     // the slot holds a sequence the prompt diverges from early (nothing reusable).
+    let keep_entry = source != Source::Slot && l < seq.tokens.len();
     let stash_slot = cfg.prompt_cache_bytes > 0
         && !state.slot.tokens.is_empty()
         && (source != Source::Slot || (r == 0 && l < state.slot.tokens.len()));
@@ -174,6 +182,7 @@ pub fn plan(state: &CacheState, req: &PlanRequest<'_>, cfg: &PlanConfig) -> Plan
         kv_bound,
         source,
         stash_slot,
+        keep_entry,
         start: if n == 0 { Start::Continue } else { r_start },
         resume: r,
         batches,
@@ -302,6 +311,12 @@ fn snap_to_line(l: usize, line_starts: &[usize]) -> usize {
         0 => l,
         i => line_starts[i - 1],
     }
+}
+
+/// `R`: where `prompt` could resume from `seq` under `cfg` (the prompt's tokens `seq` holds a
+/// usable state for, at most `n − 1`): what a slot or prompt-cache entry offers a request.
+pub fn resume_point(seq: &CachedSequence, prompt: &[u32], cfg: &PlanConfig) -> usize {
+    reuse(seq, prompt, prompt.len().saturating_sub(1), cfg).0 .1
 }
 
 /// `((L, R), start)` for resuming `prompt` from `seq`: `L` the common prefix, `R` where

@@ -209,6 +209,35 @@ fn the_end_of_prompt_state_replaces_the_previous_one_and_adds_no_pass() {
     assert!(!st.slot.checkpoints.iter().any(|cp| cp.pos == 299), "`a`'s end state was replaced");
 }
 
+#[test]
+fn an_entry_of_another_branch_stays_for_its_episode() {
+    let c = cfg(Policy::Divergence);
+    let mut st = CacheState::default();
+    let rules = seq(0, 300);
+    let ep = |k: u32, n: usize| -> Vec<u32> {
+        let mut p = rules.clone();
+        p.extend(seq(1_000_000 * (k + 1), n));
+        p
+    };
+    run(&mut st, &c, &ep(0, 100), Some(300), 5);
+    let mut ep0b = ep(0, 60);
+    ep0b.extend(seq(7_000_000, 40));
+    run(&mut st, &c, &ep0b, Some(300), 5); // episode 0 saves at its divergence point, 360
+    assert!(st.slot.checkpoints.iter().any(|cp| cp.pos == 360));
+    // Another slot content takes over (stash), then a third episode resumes from episode 0's
+    // entry through the shared rules: the entry stays, the slot gets a copy.
+    run(&mut st, &c, &seq(50_000_000, 400), None, 5);
+    assert_eq!(st.prompt_cache.len(), 1);
+    let p = run(&mut st, &c, &ep(2, 100), Some(300), 5);
+    assert_eq!((p.source, p.resume, p.keep_entry), (Source::PromptCache(0), 300, true));
+    // Episode 0 comes back: its own entry (still cached) resumes at its checkpoint 360.
+    let mut ep0c = ep(0, 60);
+    ep0c.extend(seq(8_000_000, 40));
+    let p = run(&mut st, &c, &ep0c, Some(300), 5);
+    assert!(matches!(p.source, Source::PromptCache(_)));
+    assert_eq!(p.resume, 360);
+}
+
 // === property test: store invariants, and every resume checked against the cached tokens ===
 
 fn prompt_strategy() -> impl Strategy<Value = Vec<(u8, usize, usize, u8)>> {

@@ -186,3 +186,27 @@ async fn eight_episodes_over_two_slots_keep_their_slots_and_reuse_as_much_as_alo
     }
     assert!(checked >= 12, "only {checked} requests had their slot to themselves");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_per_slot_is_kv_of_the_context_plus_one_recurrent_state() {
+    // What a concurrent episode costs (README "Slots and episodes"), from the engine's own
+    // accounting (Status): the KV cache of the whole context plus one recurrent state per
+    // slot; checkpoints (at most --checkpoints + 1 per slot) and the shared prompt cache
+    // come on top, reported as checkpoint_bytes_held.
+    for (model, name) in [(tiny(), "tiny qwen35"), (common::model_path(), "SmolLM2")] {
+        let opts = EngineOptions { ctx_size: 4096, ..common::config(model) };
+        let mut w = common::start_worker(opts).await;
+        let req = common::chat("m", &rules(), &user(0, 0), 2);
+        common::generate(&mut w.client, req).await.expect("request");
+        let st = status(&mut w).await;
+        let c = st.cache.expect("cache info");
+        let n_ctx = u64::from(st.model.expect("model info").context_length.min(4096));
+        let per_slot = c.kv_bytes_total / u64::from(c.n_slots);
+        eprintln!(
+            "{name}: {per_slot} bytes per slot at {n_ctx} tokens ({} KV bytes per token, {} bytes per recurrent state), {} bytes of checkpoints and prompt cache held",
+            c.kv_bytes_per_token, c.checkpoint_bytes, c.checkpoint_bytes_held
+        );
+        assert_eq!(per_slot, n_ctx * c.kv_bytes_per_token + c.checkpoint_bytes, "{name}");
+        assert!(c.checkpoint_bytes_held <= u64::from(c.n_slots) * (u64::from(c.checkpoints_per_slot) + 1) * c.checkpoint_bytes + c.prompt_cache_bytes_limit);
+    }
+}

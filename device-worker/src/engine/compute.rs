@@ -9,7 +9,9 @@ use gguf::reader::GgufFile;
 use crate::config::EngineSettings;
 use crate::error::WorkerError;
 use crate::model::Model;
-use crate::state::planner::{resume_point, CachedSequence, PlanConfig, SharedPromptCache};
+use crate::state::planner::{
+    resume_point, CachedSequence, CheckpointMeta, PlanConfig, SharedPromptCache,
+};
 use crate::state::prompt_cache::Stashed;
 use crate::state::slot::Slot;
 
@@ -127,10 +129,11 @@ impl Compute {
                 return 0;
             }
         };
-        let checkpoints = d.cache.meta.slot.checkpoints.iter().filter(|c| c.pos == pos && cp.is_some());
+        // The entry's one checkpoint: the donor's at `pos`, when the copy was taken from it.
+        let at_pos = d.cache.meta.slot.checkpoints.iter().filter(|c| c.pos == pos && cp.is_some());
         let seq = CachedSequence {
             tokens: d.cache.meta.slot.tokens[..pos].to_vec(),
-            checkpoints: checkpoints.map(|c| crate::state::planner::CheckpointMeta { end: false, ..*c }).collect(),
+            checkpoints: at_pos.map(|c| CheckpointMeta { end: false, ..*c }).collect(),
         };
         self.slots[si].cache.add_entry(cfg, seq, st);
         pos

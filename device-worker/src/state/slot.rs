@@ -10,7 +10,8 @@ use super::planner::SlotCache;
 
 pub struct Slot {
     pub id: u32,
-    /// Session (episode) the slot last served; empty when never used.
+    /// Session (episode) the slot is bound to while it is live (until a new session takes the
+    /// slot, [`choose_slot`]); empty: free (never used, or last used by an unbound request).
     pub session_id: String,
     /// Tokens the model state has processed (`tokens.len() == seq.len()`).
     pub tokens: Vec<u32>,

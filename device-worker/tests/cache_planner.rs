@@ -139,6 +139,105 @@ fn prompt_cache_serves_an_earlier_episode_after_the_slot_moved_on() {
     assert_eq!(p3.resume, 300);
 }
 
+/// Plans and applies `prompt` (with `last_user_start` and line starts) on `st`; its output
+/// (`out` tokens, fed back but the last) continues the prompt.
+fn run_chat(st: &mut CacheState, c: &PlanConfig, prompt: &[u32], last_user: Option<usize>, lines: &[usize]) -> device_worker::state::planner::Plan {
+    let req = PlanRequest { prompt, last_user_start: last_user, image_start: None, line_starts: lines };
+    let p = plan(st, &req, c);
+    let mut processed = prompt.to_vec();
+    processed.extend([777_000, 777_001]);
+    st.apply(c, &p, &processed);
+    p
+}
+
+#[test]
+fn an_identical_prompt_processes_one_token_like_a_kv_cache() {
+    // A raw 100-token prompt (no user message, no lines) and a 243-token chat prompt (user
+    // message at 180, a line every 9 tokens): sent three times each.
+    let lines: Vec<usize> = (9..243).step_by(9).collect();
+    for (n, last_user, lines) in [(100, None, &[][..]), (243, Some(180), &lines[..])] {
+        for consolidate in [false, true] {
+            let mut c = cfg(Policy::Divergence);
+            c.consolidate = consolidate;
+            let mut st = CacheState::default();
+            let a = seq(0, n);
+            let first = run_chat(&mut st, &c, &a, last_user, lines);
+            assert_eq!(first.end_state, Some(n - 1));
+            for repeat in 1..3 {
+                let p = run_chat(&mut st, &c, &a, last_user, lines);
+                let kv_new = p.n_prompt - p.kv_bound;
+                assert_eq!(kv_new, 1);
+                assert_eq!((p.resume, p.start), (n - 1, Start::Restore(n - 1)), "repeat {repeat}");
+                assert_eq!((p.new_tokens(), p.passes()), (1, 1));
+                assert!(p.saved.is_empty() && p.end_state.is_none(), "nothing new to save");
+            }
+            // Without the end-of-prompt state (no rollback states) a repeat resumes earlier.
+            let mut off = c.clone();
+            off.end_state = false;
+            let mut st = CacheState::default();
+            run_chat(&mut st, &off, &a, last_user, lines);
+            let p = run_chat(&mut st, &off, &a, last_user, lines);
+            assert!(p.new_tokens() > 1, "{n}: {} new tokens without the end state", p.new_tokens());
+        }
+    }
+}
+
+#[test]
+fn the_end_of_prompt_state_replaces_the_previous_one_and_adds_no_pass() {
+    let c = cfg(Policy::Divergence);
+    let mut off = c.clone();
+    off.end_state = false;
+    let (mut st, mut st_off) = (CacheState::default(), CacheState::default());
+    let a = seq(0, 300);
+    let mut b = a.clone();
+    b.extend(seq(40_000, 80));
+    for (i, prompt) in [&a, &b].into_iter().enumerate() {
+        let p = run_chat(&mut st, &c, prompt, Some(200), &[]);
+        let q = run_chat(&mut st_off, &off, prompt, Some(200), &[]);
+        if i == 0 {
+            // A cold slot: the same batches (no extra pass or boundary) and policy saves.
+            assert_eq!((&p.batches, &p.saved), (&q.batches, &q.saved));
+        } else {
+            // `b` extends `a`: it resumes at `a`'s end state (299), not at the user message.
+            assert_eq!((p.resume, q.resume), (299, 200));
+            assert!(p.passes() <= q.passes());
+        }
+        assert_eq!(p.end_state, Some(prompt.len() - 1));
+        let ends: Vec<usize> = st.slot.checkpoints.iter().filter(|cp| cp.end).map(|cp| cp.pos).collect();
+        assert_eq!(ends, vec![prompt.len() - 1], "one end-of-prompt state, the newest");
+    }
+    assert!(!st.slot.checkpoints.iter().any(|cp| cp.pos == 299), "`a`'s end state was replaced");
+}
+
+#[test]
+fn an_entry_of_another_branch_stays_for_its_episode() {
+    let c = cfg(Policy::Divergence);
+    let mut st = CacheState::default();
+    let rules = seq(0, 300);
+    let ep = |k: u32, n: usize| -> Vec<u32> {
+        let mut p = rules.clone();
+        p.extend(seq(1_000_000 * (k + 1), n));
+        p
+    };
+    run(&mut st, &c, &ep(0, 100), Some(300), 5);
+    let mut ep0b = ep(0, 60);
+    ep0b.extend(seq(7_000_000, 40));
+    run(&mut st, &c, &ep0b, Some(300), 5); // episode 0 saves at its divergence point, 360
+    assert!(st.slot.checkpoints.iter().any(|cp| cp.pos == 360));
+    // Another slot content takes over (stash), then a third episode resumes from episode 0's
+    // entry through the shared rules: the entry stays, the slot gets a copy.
+    run(&mut st, &c, &seq(50_000_000, 400), None, 5);
+    assert_eq!(st.prompt_cache.len(), 1);
+    let p = run(&mut st, &c, &ep(2, 100), Some(300), 5);
+    assert_eq!((p.source, p.resume, p.keep_entry), (Source::PromptCache(0), 300, true));
+    // Episode 0 comes back: its own entry (still cached) resumes at its checkpoint 360.
+    let mut ep0c = ep(0, 60);
+    ep0c.extend(seq(8_000_000, 40));
+    let p = run(&mut st, &c, &ep0c, Some(300), 5);
+    assert!(matches!(p.source, Source::PromptCache(_)));
+    assert_eq!(p.resume, 360);
+}
+
 // === property test: store invariants, and every resume checked against the cached tokens ===
 
 fn prompt_strategy() -> impl Strategy<Value = Vec<(u8, usize, usize, u8)>> {
@@ -199,7 +298,12 @@ proptest! {
             // Invariants: sorted unique positions, count and bytes within limits, every
             // checkpoint inside its sequence.
             prop_assert!(st.slot.checkpoints.windows(2).all(|w| w[0].pos < w[1].pos));
-            prop_assert!(st.slot.checkpoints.len() <= c.n_checkpoints);
+            prop_assert!(st.slot.checkpoints.iter().filter(|cp| !cp.end).count() <= c.n_checkpoints);
+            prop_assert!(st.slot.checkpoints.iter().filter(|cp| cp.end).count() <= 1);
+            if let Some(e) = p.end_state {
+                prop_assert_eq!(e, prompt.len() - 1);
+                prop_assert!(st.slot.checkpoints.iter().any(|cp| cp.end && cp.pos == e));
+            }
             prop_assert!(st.slot.checkpoints.iter().all(|cp| cp.pos <= st.slot.tokens.len()));
             prop_assert!(st.prompt_cache_bytes(&c) <= c.prompt_cache_bytes);
             for e in &st.prompt_cache {

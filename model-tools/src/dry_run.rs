@@ -74,6 +74,14 @@ pub struct DryRunArgs {
     /// Also print a line per step.
     #[arg(long)]
     pub per_step: bool,
+    /// Send every step's prompt this many more times (an agent that waited, or whose action
+    /// changed nothing, repeats its prompt), each a step of its own in the figures.
+    #[arg(long, default_value_t = 0)]
+    pub repeats: usize,
+    /// Plan without the end-of-prompt state (a worker without rollback states: drafters
+    /// `none`), for comparison.
+    #[arg(long)]
+    pub no_end_state: bool,
 }
 
 impl Default for DryRunArgs {
@@ -86,6 +94,8 @@ impl Default for DryRunArgs {
             checkpoints: d::CHECKPOINTS,
             checkpoint_min_gap: d::CHECKPOINT_MIN_GAP,
             per_step: false,
+            repeats: 0,
+            no_end_state: false,
         }
     }
 }
@@ -159,7 +169,8 @@ pub fn run(
     println!(
         "dry run: {} episodes, tokenizer and template of {}, planned as {} with the state \
          sizes of {} ({} bytes per checkpoint, {} KV bytes per token; micro-batch {}, {} \
-         checkpoints per slot, divergence min gap {}, one slot, {} MiB prompt cache)",
+         checkpoints per slot, divergence min gap {}, one slot, {} MiB prompt cache; end-of-prompt \
+         state {}, every prompt sent {} time(s))",
         episodes.len(),
         path.display(),
         if shape.hybrid() { "a hybrid model" } else { "an attention-only model" },
@@ -169,7 +180,9 @@ pub fn run(
         args.micro_batch,
         args.checkpoints,
         args.checkpoint_min_gap,
-        PlannerSettings::default().prompt_cache_bytes >> 20
+        PlannerSettings::default().prompt_cache_bytes >> 20,
+        if args.no_end_state { "off" } else { "on" },
+        args.repeats + 1
     );
     let mut out = Vec::new();
     for &format in formats {
@@ -198,6 +211,7 @@ fn plan_format(
                 consolidate,
                 n_checkpoints: args.checkpoints.max(1),
                 min_gap: args.checkpoint_min_gap,
+                end_state: !args.no_end_state,
                 ..PlannerSettings::default()
             }
             .plan_config(args.micro_batch.max(1), shape)
@@ -233,21 +247,24 @@ fn plan_format(
             };
             let mut processed = ct.tokens.clone();
             processed.extend_from_slice(&output[..output.len().saturating_sub(1)]);
-            let mut row = StepPlan {
-                episode: ep.id.clone(),
-                step: i,
-                prompt_tokens: ct.tokens.len(),
-                kv_bound_new: 0,
-                configs: Vec::new(),
-            };
-            for ((cfg, st), (name, _, _)) in cfgs.iter().zip(states.iter_mut()).zip(CONFIGS) {
-                let pl = plan(st, &req, cfg);
-                row.kv_bound_new = pl.n_prompt - pl.kv_bound;
-                row.configs
-                    .push((name.to_string(), pl.new_tokens(), pl.passes(), pl.saved.len()));
-                st.apply(cfg, &pl, &processed);
+            for _ in 0..=args.repeats {
+                let mut row = StepPlan {
+                    episode: ep.id.clone(),
+                    step: i,
+                    prompt_tokens: ct.tokens.len(),
+                    kv_bound_new: 0,
+                    configs: Vec::new(),
+                };
+                for ((cfg, st), (name, _, _)) in cfgs.iter().zip(states.iter_mut()).zip(CONFIGS) {
+                    let pl = plan(st, &req, cfg);
+                    row.kv_bound_new = pl.n_prompt - pl.kv_bound;
+                    // Checkpoints saved: the policy's and the end-of-prompt state.
+                    let saved = pl.saved.len() + usize::from(pl.end_state.is_some());
+                    row.configs.push((name.to_string(), pl.new_tokens(), pl.passes(), saved));
+                    st.apply(cfg, &pl, &processed);
+                }
+                steps.push(row);
             }
-            steps.push(row);
         }
     }
     Ok(steps)

@@ -8,6 +8,36 @@
 
 use model_tools::dry_run::{run, DryRunArgs, PromptFormat};
 
+fn args() -> DryRunArgs {
+    DryRunArgs {
+        model: Some(test_support::model_path()),
+        state_shapes: Some(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../device-worker/tests/fixtures/qwen35/qwen35-0.8b-shapes.gguf"),
+        ),
+        ..DryRunArgs::default()
+    }
+}
+
+#[test]
+fn repeated_prompts_cost_one_token_with_the_end_of_prompt_state() {
+    // Every step's prompt sent twice: with the end-of-prompt state each repeat processes one
+    // token, so the mean per step is the single run's over two plus about half a token; without
+    // it a repeat resumes at the last divergence checkpoint.
+    let corpus = test_support::corpus_dir();
+    let single = run(&corpus, &[], &args()).expect("dry run");
+    let on = run(&corpus, &[], &DryRunArgs { repeats: 1, ..args() }).expect("dry run");
+    let off = run(&corpus, &[], &DryRunArgs { repeats: 1, no_end_state: true, ..args() }).expect("dry run");
+    for ((s1, on), off) in single.iter().zip(&on).zip(&off) {
+        let pick = |s: &model_tools::dry_run::FormatSummary| s.configs.iter().find(|c| c.0 == "div+cons").expect("div+cons").clone();
+        let (d1, d_on, d_off) = (pick(s1), pick(on), pick(off));
+        assert_eq!(on.steps, 2 * s1.steps);
+        assert!((d_on.1 - (d1.1 / 2.0 + 0.5)).abs() < 1e-9, "{}: {} vs {}", on.format, d_on.1, d1.1);
+        assert!((d_on.2 - (d1.2 / 2.0 + 0.5)).abs() < 1e-9, "{}: one pass per repeat", on.format);
+        assert!(d_off.1 > d_on.1 + 100.0, "{}: {} without the end state", on.format, d_off.1);
+    }
+}
+
 #[test]
 fn divergence_with_consolidation_stays_within_5_percent_of_the_kv_bound() {
     let corpus = test_support::corpus_dir();
@@ -22,6 +52,8 @@ fn divergence_with_consolidation_stays_within_5_percent_of_the_kv_bound() {
         checkpoints: 8,
         checkpoint_min_gap: 32,
         per_step: std::env::var_os("DRY_RUN_PER_STEP").is_some(),
+        repeats: 0,
+        no_end_state: false,
     };
     let summaries = run(&corpus, &[], &args).expect("dry run");
     assert_eq!(summaries.len(), 2);

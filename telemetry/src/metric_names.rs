@@ -70,6 +70,9 @@ pub const WORKER_CHECKPOINT_EVENTS_TOTAL: &str = "worker_checkpoint_events_total
 /// Gauge, bytes: saved recurrent-state checkpoints (slot and prompt cache) held after the
 /// latest request (`FinalStats.checkpoint_bytes_held`).
 pub const WORKER_CHECKPOINT_BYTES_HELD: &str = "worker_checkpoint_bytes_held";
+/// Counter: live sessions (episodes) that lost their slot to a new session because every slot
+/// was bound (the least recently used one is taken; its content moves to the prompt cache).
+pub const WORKER_SLOT_EVICTIONS_TOTAL: &str = "worker_slot_evictions_total";
 /// Gauge, 0/1 per state: 1 for the current power state. Label [`LABEL_STATE`]
 /// (`"active"`, `"released"`, `"unloaded"`, `"loading"`).
 pub const WORKER_POWER_STATE: &str = "worker_power_state";

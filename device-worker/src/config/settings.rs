@@ -61,6 +61,9 @@ pub struct PlannerSettings {
     pub min_gap: usize,
     /// Host prompt-cache byte limit (0: off).
     pub prompt_cache_bytes: usize,
+    /// Save the end-of-prompt state from the last batch's rollback states
+    /// ([`PlanConfig::end_state`]); on when speculative decoding keeps rollback states.
+    pub end_state: bool,
 }
 
 impl Default for PlannerSettings {
@@ -71,6 +74,7 @@ impl Default for PlannerSettings {
             n_checkpoints: d::CHECKPOINTS,
             min_gap: d::CHECKPOINT_MIN_GAP,
             prompt_cache_bytes: d::PROMPT_CACHE_MIB << 20,
+            end_state: true,
         }
     }
 }
@@ -90,6 +94,7 @@ impl Default for PlanConfig {
             checkpoint_bytes: 0,
             kv_bytes_per_token: 0,
             prompt_cache_bytes: p.prompt_cache_bytes,
+            end_state: p.end_state,
         }
     }
 }
@@ -108,6 +113,7 @@ impl PlannerSettings {
             checkpoint_bytes: shape.checkpoint_bytes(),
             kv_bytes_per_token: shape.kv_bytes_per_token(),
             prompt_cache_bytes: self.prompt_cache_bytes,
+            end_state: self.end_state,
         }
     }
 }
@@ -167,6 +173,8 @@ impl EngineOptions {
                 n_checkpoints: positive("checkpoints", self.checkpoints)?,
                 min_gap: self.checkpoint_min_gap,
                 prompt_cache_bytes: self.prompt_cache_mib << 20,
+                // The rollback states exist only with speculative decoding on.
+                end_state: speculative.is_some(),
             },
             speculative,
         })

@@ -339,7 +339,9 @@ impl Engine {
             prompt_cache_bytes_limit: self.ctx.cfg.planner.prompt_cache_bytes as u64,
             checkpoint_bytes: plan_cfg.map_or(0, |p| p.checkpoint_bytes as u64),
             kv_bytes_per_token: plan_cfg.map_or(0, |p| p.kv_bytes_per_token as u64),
-            checkpoint_bytes_held: slots.iter().map(|sl| sl.cache.bytes_held() as u64).sum(),
+            checkpoint_bytes_held: self.compute.as_ref().map_or(0, |c| c.checkpoint_bytes_held() as u64),
+            live_slot_evictions: self.compute.as_ref().map_or(0, |c| c.live_evictions),
+            prompt_cache_entries: self.compute.as_ref().map_or(0, |c| c.prompt_cache.len() as u32),
         });
         s.requests_served = self.served;
         s.forward = self.compute.as_ref().map(|c| {

@@ -9,7 +9,10 @@ use gguf::reader::GgufFile;
 use crate::config::EngineSettings;
 use crate::error::WorkerError;
 use crate::model::Model;
-use crate::state::planner::PlanConfig;
+use crate::state::planner::{
+    resume_point, CachedSequence, CheckpointMeta, PlanConfig, SharedPromptCache,
+};
+use crate::state::prompt_cache::Stashed;
 use crate::state::slot::Slot;
 
 /// Model (with its activation buffers), slots and pool: what an unload drops.
@@ -22,6 +25,13 @@ pub(super) struct Compute {
     /// The checkpoint planner's configuration for this model (policy and limits from the
     /// settings, state sizes from the model).
     pub plan_cfg: PlanConfig,
+    /// The host prompt cache all slots share; lent to the request's slot
+    /// ([`Compute::lend_prompt_cache`]).
+    pub prompt_cache: SharedPromptCache,
+    /// Live sessions evicted from their slot since the model was loaded (Status).
+    pub live_evictions: u64,
+    /// The slot holding the prompt cache now, if lent.
+    lent_to: Option<usize>,
 }
 
 impl Compute {
@@ -60,6 +70,72 @@ impl Compute {
             slots,
             n_ctx,
             plan_cfg,
+            prompt_cache: SharedPromptCache::default(),
+            live_evictions: 0,
+            lent_to: None,
         })
+    }
+
+    /// Lends the shared prompt cache to slot `si` for one request (any earlier loan is given
+    /// back first).
+    pub fn lend_prompt_cache(&mut self, si: usize) {
+        self.return_prompt_cache();
+        self.slots[si].cache.lend(&mut self.prompt_cache);
+        self.lent_to = Some(si);
+    }
+
+    /// Takes the prompt cache back from the slot it was lent to (no-op when not lent).
+    pub fn return_prompt_cache(&mut self) {
+        if let Some(si) = self.lent_to.take() {
+            self.slots[si].cache.give_back(&mut self.prompt_cache);
+        }
+    }
+
+    /// Bytes of saved states: every slot's checkpoints and the prompt cache.
+    pub fn checkpoint_bytes_held(&self) -> usize {
+        let slots: usize = self.slots.iter().map(|s| s.cache.bytes_held()).sum();
+        slots + self.prompt_cache.bytes()
+    }
+
+    /// For slot `si` (lent the prompt cache) starting a session: when another slot holds a
+    /// state of a longer prefix of `prompt` (the rules every episode shares) than the slot and
+    /// the prompt cache offer, copies that prefix into the prompt cache ([`Stashed::prefix_of`]:
+    /// its KV cache and one recurrent state), so the plan finds it there instead of the
+    /// session taking the other, live slot. Returns the tokens copied (0: none).
+    pub fn share_prefix(&mut self, si: usize, prompt: &[u32]) -> usize {
+        let cfg = &self.plan_cfg;
+        if cfg.prompt_cache_bytes == 0 {
+            return 0;
+        }
+        let meta = &self.slots[si].cache.meta;
+        let have = std::iter::once(&meta.slot)
+            .chain(meta.prompt_cache.iter().map(|e| &e.seq))
+            .map(|seq| resume_point(seq, prompt, cfg))
+            .max()
+            .unwrap_or(0);
+        let donor = (0..self.slots.len())
+            .filter(|&j| j != si)
+            .map(|j| (resume_point(&self.slots[j].cache.meta.slot, prompt, cfg), j))
+            .max();
+        let Some((pos, j)) = donor.filter(|&(pos, _)| pos > have) else {
+            return 0;
+        };
+        let d = &self.slots[j];
+        let cp = d.cache.checkpoint(pos);
+        let st = match Stashed::prefix_of(&d.seq, pos, cp) {
+            Ok(st) => st,
+            Err(e) => {
+                tracing::warn!(error = %e, "shared prefix not copied");
+                return 0;
+            }
+        };
+        // The entry's one checkpoint: the donor's at `pos`, when the copy was taken from it.
+        let at_pos = d.cache.meta.slot.checkpoints.iter().filter(|c| c.pos == pos && cp.is_some());
+        let seq = CachedSequence {
+            tokens: d.cache.meta.slot.tokens[..pos].to_vec(),
+            checkpoints: at_pos.map(|c| CheckpointMeta { end: false, ..*c }).collect(),
+        };
+        self.slots[si].cache.add_entry(cfg, seq, st);
+        pos
     }
 }

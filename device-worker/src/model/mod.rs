@@ -26,6 +26,7 @@ pub use blocks::Outputs;
 pub use error::ModelError;
 pub use llama::LlamaModel;
 pub use qwen35::Qwen35Model;
+use crate::state::checkpoint::Checkpoint;
 use crate::state::mtp::MtpCache;
 use crate::state::rollback::RollbackPrefill;
 use crate::state::sequence::{SequenceShape, SequenceState};
@@ -152,6 +153,20 @@ pub trait CausalLm: Send + Sync {
     fn rewind(&self, seq: &mut SequenceState, len: usize) -> Result<(), ModelError> {
         seq.kv.truncate(len);
         Ok(())
+    }
+
+    /// The recurrent state after the first `len` positions of the last pass, as a checkpoint,
+    /// from its rollback states ([`crate::state::rollback::RollbackStates::checkpoint_at`]);
+    /// `seq` is unchanged. Default: `None` (attention-only: nothing to save).
+    ///
+    /// Errors: [`ModelError::Invalid`] (hybrid) outside the rollback states of the last pass
+    /// or with rollback states off.
+    fn rollback_checkpoint(
+        &self,
+        _seq: &SequenceState,
+        _len: usize,
+    ) -> Result<Option<Checkpoint>, ModelError> {
+        Ok(None)
     }
 
     /// Milliseconds the passes spent producing rollback states since the last call.

@@ -38,6 +38,7 @@ use super::loader::Loader;
 use super::op_profile::{Laps, OpProfile};
 use super::project::kernel;
 use super::{CausalLm, ModelError, MtpHead};
+use crate::state::checkpoint::Checkpoint;
 use crate::state::kv::KvCache;
 use crate::state::mtp::MtpCache;
 use crate::state::recurrent::RecurrentState;
@@ -639,6 +640,19 @@ impl CausalLm for Qwen35Model {
             None if len == seq.len() => Ok(()),
             None => Err(ModelError::Invalid(
                 "rollback of a hybrid model needs rollback states (set_rollback)".into(),
+            )),
+        }
+    }
+
+    fn rollback_checkpoint(
+        &self,
+        seq: &SequenceState,
+        len: usize,
+    ) -> Result<Option<Checkpoint>, ModelError> {
+        match &self.scratch.rollback {
+            Some(rb) => Ok(rb.checkpoint_at(seq, len)?),
+            None => Err(ModelError::Invalid(
+                "an end-of-prompt state needs rollback states (set_rollback)".into(),
             )),
         }
     }

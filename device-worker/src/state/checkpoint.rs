@@ -50,6 +50,14 @@ impl Checkpoint {
     pub fn recurrent(&self) -> &RecurrentState {
         &self.recurrent
     }
+
+    /// A checkpoint of `recurrent` as the state after the first `pos` tokens (the caller's
+    /// contract: e.g. a rollback slot of a pass covering `pos`,
+    /// [`super::rollback::RollbackStates::checkpoint_at`]).
+    pub fn from_state(pos: usize, recurrent: RecurrentState) -> Self {
+        let bytes = recurrent.bytes();
+        Self { pos, recurrent, bytes }
+    }
 }
 
 impl SequenceState {

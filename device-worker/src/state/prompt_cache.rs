@@ -41,6 +41,35 @@ impl Stashed {
         })
     }
 
+    /// A copy of the first `pos` positions of `seq` (another slot's shared prefix, e.g. the
+    /// rules): their KV cache and, for a hybrid model, the recurrent state after them — `cp`
+    /// (a checkpoint at `pos`, also kept as the entry's checkpoint) or, when `cp` is `None`
+    /// and `pos == seq.len()`, the live state.
+    ///
+    /// Errors: [`CheckpointError::PlanMismatch`] for a hybrid `seq` with neither a checkpoint
+    /// at `pos` nor its live state there; [`CheckpointError::KvPrefix`].
+    pub fn prefix_of(
+        seq: &SequenceState,
+        pos: usize,
+        cp: Option<&Checkpoint>,
+    ) -> Result<Self, CheckpointError> {
+        let mut kv = KvCache::like(&seq.kv, pos);
+        kv.copy_prefix_from(&seq.kv, pos)?;
+        let (recurrent, checkpoints) = match (&seq.recurrent, cp) {
+            (None, _) => (None, BTreeMap::new()),
+            (Some(_), Some(cp)) if cp.pos() == pos => {
+                (Some(cp.recurrent().clone()), BTreeMap::from([(pos, cp.clone())]))
+            }
+            (Some(r), None) if seq.len() == pos => (Some(r.clone()), BTreeMap::new()),
+            _ => {
+                return Err(CheckpointError::PlanMismatch(format!(
+                    "no recurrent state at {pos} to copy"
+                )))
+            }
+        };
+        Ok(Self { kv, recurrent, checkpoints })
+    }
+
     /// Writes the parked content into `seq` (KV prefix and recurrent state) and returns its
     /// checkpoints.
     ///
@@ -51,6 +80,24 @@ impl Stashed {
         self,
         seq: &mut SequenceState,
     ) -> Result<BTreeMap<usize, Checkpoint>, CheckpointError> {
+        self.write_into(seq)?;
+        Ok(self.checkpoints)
+    }
+
+    /// As [`Stashed::load_into`], the entry staying as it is: returns copies of its
+    /// checkpoints.
+    ///
+    /// Errors: as [`Stashed::load_into`].
+    pub fn copy_into(
+        &self,
+        seq: &mut SequenceState,
+    ) -> Result<BTreeMap<usize, Checkpoint>, CheckpointError> {
+        self.write_into(seq)?;
+        Ok(self.checkpoints.clone())
+    }
+
+    /// Writes the KV prefix and the recurrent state into `seq`.
+    fn write_into(&self, seq: &mut SequenceState) -> Result<(), CheckpointError> {
         let n = self.kv.len();
         if seq.kv.n_ctx() < n {
             return Err(CheckpointError::PlanMismatch(
@@ -61,7 +108,7 @@ impl Stashed {
         if let (Some(dst), Some(src)) = (seq.recurrent.as_mut(), self.recurrent.as_ref()) {
             dst.copy_from(src)?;
         }
-        Ok(self.checkpoints)
+        Ok(())
     }
 
     /// Bytes held: KV of its tokens, its recurrent state and checkpoints.
@@ -82,6 +129,11 @@ impl PromptCache {
     /// Parks `st` as entry `id`.
     pub fn insert(&mut self, id: u64, st: Stashed) {
         self.entries.insert(id, st);
+    }
+
+    /// Entry `id`, left in place (a slot gets a copy: [`Stashed::copy_into`]).
+    pub fn get(&self, id: u64) -> Option<&Stashed> {
+        self.entries.get(&id)
     }
 
     /// Removes and returns entry `id` (its content goes back into a slot).

@@ -14,6 +14,8 @@
 //! describes the last pass of whichever sequence ran it, so a rollback must follow that pass
 //! before any other.
 
+use super::checkpoint::Checkpoint;
+use super::recurrent::RecurrentState;
 use super::sequence::SequenceState;
 
 /// A rollback the last pass's rollback states cannot serve.
@@ -154,6 +156,38 @@ impl RollbackStates {
     /// Errors: [`RollbackError`] when `seq` is not at the end of the recorded pass or `len`
     /// is outside [`Self::reachable`].
     pub fn rollback(&self, seq: &mut SequenceState, len: usize) -> Result<(), RollbackError> {
+        let slot = self.slot_of(seq, len)?;
+        if let (Some(slot), Some(rec)) = (slot, seq.recurrent.as_mut()) {
+            self.write_slot(rec, slot, len)?;
+        }
+        seq.kv.truncate(len);
+        Ok(())
+    }
+
+    /// The recurrent state after the first `len` tokens of the last pass as a checkpoint,
+    /// without changing `seq` (the end-of-prompt state of the planner, `state/planner/`: the
+    /// state after `n − 1` prompt tokens from the last prefill batch, no extra pass). Copies
+    /// one recurrent state ([`Checkpoint::bytes`]); `None` for an attention-only `seq`.
+    ///
+    /// Errors: as [`Self::rollback`].
+    pub fn checkpoint_at(
+        &self,
+        seq: &SequenceState,
+        len: usize,
+    ) -> Result<Option<Checkpoint>, RollbackError> {
+        let slot = self.slot_of(seq, len)?;
+        let Some(mut rec) = seq.recurrent.clone() else {
+            return Ok(None);
+        };
+        if let Some(slot) = slot {
+            self.write_slot(&mut rec, slot, len)?;
+        }
+        Ok(Some(Checkpoint::from_state(len, rec)))
+    }
+
+    /// The slot holding the state after `len` tokens (`None`: `len` is the current length,
+    /// the live state).
+    fn slot_of(&self, seq: &SequenceState, len: usize) -> Result<Option<usize>, RollbackError> {
         let end = self.pos0 + self.n;
         let fail = |reason: String| Err(RollbackError { len, reason });
         if seq.len() != end || self.m == 0 {
@@ -166,27 +200,28 @@ impl RollbackStates {
         if !self.reachable().is_some_and(|r| r.contains(&len)) {
             return fail(format!("only positions {:?} are reachable", self.reachable()));
         }
-        if len == end {
-            return Ok(());
-        }
-        let slot = len - 1 - (end - self.m);
-        if let Some(rec) = seq.recurrent.as_mut() {
-            if rec.n_layers() != self.layers.len() {
-                return fail(format!(
+        Ok((len != end).then(|| len - 1 - (end - self.m)))
+    }
+
+    /// Copies slot `slot` of every GDN layer into `rec`.
+    fn write_slot(&self, rec: &mut RecurrentState, slot: usize, len: usize) -> Result<(), RollbackError> {
+        if rec.n_layers() != self.layers.len() {
+            return Err(RollbackError {
+                len,
+                reason: format!(
                     "rollback states of {} GDN layers for a sequence of {}",
                     self.layers.len(),
                     rec.n_layers()
-                ));
-            }
-            for (i, l) in self.layers.iter().enumerate() {
-                let st = rec.layer_mut(i);
-                st.conv
-                    .copy_from_slice(&l.conv[slot * self.conv_len..][..self.conv_len]);
-                st.ssm
-                    .copy_from_slice(&l.ssm[slot * self.ssm_len..][..self.ssm_len]);
-            }
+                ),
+            });
         }
-        seq.kv.truncate(len);
+        for (i, l) in self.layers.iter().enumerate() {
+            let st = rec.layer_mut(i);
+            st.conv
+                .copy_from_slice(&l.conv[slot * self.conv_len..][..self.conv_len]);
+            st.ssm
+                .copy_from_slice(&l.ssm[slot * self.ssm_len..][..self.ssm_len]);
+        }
         Ok(())
     }
 }
@@ -195,7 +230,6 @@ impl RollbackStates {
 mod tests {
     use super::*;
     use crate::state::kv::KvCache;
-    use crate::state::recurrent::RecurrentState;
 
     #[test]
     fn rollback_restores_the_slot_of_the_kept_position() {
@@ -227,5 +261,27 @@ mod tests {
             rb.rollback(&mut seq, 8).is_err(),
             "the sequence moved off the pass"
         );
+    }
+
+    #[test]
+    fn checkpoint_at_copies_the_slot_and_leaves_the_sequence() {
+        let mut rb = RollbackStates::new(3, 1, 2, 4, RollbackPrefill::Aware);
+        for s in 0..3 {
+            rb.layer_mut(0).conv[s * 2..][..2].fill(s as f32 + 1.0);
+            rb.layer_mut(0).ssm[s * 4..][..4].fill(s as f32 + 10.0);
+        }
+        let mut seq = SequenceState {
+            kv: KvCache::new(1, 1, 2, 16),
+            recurrent: Some(RecurrentState::new(1, 2, 4)),
+        };
+        seq.kv.set_len(6);
+        rb.record_pass(2, 4); // tokens 2..6, slots hold states after 4, 5, 6 tokens
+        let cp = rb.checkpoint_at(&seq, 5).unwrap().expect("hybrid");
+        assert_eq!(cp.pos(), 5);
+        assert_eq!(cp.recurrent().layer(0).conv, vec![2.0; 2]);
+        assert_eq!(cp.recurrent().layer(0).ssm, vec![11.0; 4]);
+        assert_eq!(seq.len(), 6, "the sequence is unchanged");
+        assert_eq!(seq.recurrent.as_ref().unwrap().layer(0).ssm, vec![0.0; 4]);
+        assert!(rb.checkpoint_at(&seq, 3).is_err(), "before the first kept state");
     }
 }

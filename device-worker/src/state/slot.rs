@@ -2,7 +2,7 @@
 //! hybrid models), bound to a session (episode).
 //!
 //! Names follow llama.cpp's server (`server_slot`): a request is routed to the slot of its
-//! session, or to the least recently used one.
+//! session, else to a free slot, else to the least recently used one ([`choose_slot`]).
 
 use super::mtp::MtpCache;
 use super::sequence::SequenceState;
@@ -10,7 +10,8 @@ use super::planner::SlotCache;
 
 pub struct Slot {
     pub id: u32,
-    /// Session (episode) the slot last served; empty when never used.
+    /// Session (episode) the slot is bound to while it is live (until a new session takes the
+    /// slot, [`choose_slot`]); empty: free (never used, or last used by an unbound request).
     pub session_id: String,
     /// Tokens the model state has processed (`tokens.len() == seq.len()`).
     pub tokens: Vec<u32>,
@@ -94,31 +95,50 @@ pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-/// Picks the slot for `session_id`: the slot already bound to it; else the slot whose cached
-/// tokens share the longest reusable prefix with `prompt` ([`Slot::reusable_prefix`]; ties:
-/// least recently used); unbound
-/// requests (empty session) take the least recently used slot.
-pub fn choose_slot(slots: &[Slot], session_id: &str, prompt: &[u32]) -> usize {
+/// Where a request runs ([`choose_slot`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotChoice {
+    /// Index of the slot.
+    pub slot: usize,
+    /// The session whose live slot this request takes (the least recently used one, every
+    /// slot being bound), if any: its slot content moves to the prompt cache.
+    pub evicted: Option<String>,
+}
+
+/// Picks the slot for `session_id` (an episode keeps its slot while it is live):
+/// 1. the slot already bound to the session;
+/// 2. else a free slot (bound to no session), the one sharing the longest reusable prefix with
+///    `prompt` ([`Slot::reusable_prefix`]), ties: least recently used;
+/// 3. else the least recently used slot, whose session is then evicted
+///    ([`SlotChoice::evicted`]).
+///
+/// Unbound requests (empty session) follow 2 and 3 as well. A shared prefix held by another
+/// live slot (the rules) is not a reason to take that slot: it is found through the prompt
+/// cache (`engine/step/restore.rs`).
+pub fn choose_slot(slots: &[Slot], session_id: &str, prompt: &[u32]) -> SlotChoice {
     if !session_id.is_empty() {
         if let Some(i) = slots.iter().position(|s| s.session_id == session_id) {
-            return i;
-        }
-        let best = slots
-            .iter()
-            .enumerate()
-            .max_by_key(|(_, s)| (s.reusable_prefix(prompt), std::cmp::Reverse(s.last_used)))
-            .map(|(i, _)| i)
-            .unwrap_or(0);
-        if slots[best].reusable_prefix(prompt) > 0 {
-            return best;
+            return SlotChoice { slot: i, evicted: None };
         }
     }
-    slots
+    let free = slots
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.session_id.is_empty())
+        .max_by_key(|(_, s)| (s.reusable_prefix(prompt), std::cmp::Reverse(s.last_used)))
+        .map(|(i, _)| i);
+    if let Some(i) = free {
+        return SlotChoice { slot: i, evicted: None };
+    }
+    let lru = slots
         .iter()
         .enumerate()
         .min_by_key(|(_, s)| s.last_used)
-        .map(|(i, _)| i)
-        .unwrap_or(0)
+        .map_or(0, |(i, _)| i);
+    SlotChoice {
+        slot: lru,
+        evicted: slots.get(lru).map(|s| s.session_id.clone()),
+    }
 }
 
 #[cfg(test)]
@@ -135,16 +155,23 @@ mod tests {
     }
 
     #[test]
-    fn session_affinity_then_prefix_then_lru() {
+    fn session_affinity_then_a_free_slot_then_lru() {
         let slots = vec![
             slot(0, "a", &[1, 2, 3], 5),
             slot(1, "b", &[1, 9], 3),
             slot(2, "", &[], 1),
+            slot(3, "", &[1, 2], 0),
         ];
-        assert_eq!(choose_slot(&slots, "b", &[1, 2, 3]), 1);
-        assert_eq!(choose_slot(&slots, "new", &[1, 2, 7]), 0);
-        assert_eq!(choose_slot(&slots, "new", &[8]), 2);
-        assert_eq!(choose_slot(&slots, "", &[1, 2, 3]), 2);
+        let pick = |s: &[Slot], session: &str, p: &[u32]| choose_slot(s, session, p);
+        assert_eq!(pick(&slots, "b", &[1, 2, 3]), SlotChoice { slot: 1, evicted: None });
+        // A new session never takes a live slot while one is free, however long the prefix
+        // the live one shares; among free slots the longest reusable prefix wins.
+        assert_eq!(pick(&slots, "new", &[1, 2, 3]).slot, 3);
+        assert_eq!(pick(&slots, "new", &[8]).slot, 3, "no prefix anywhere: least recently used free slot");
+        assert_eq!(pick(&slots, "", &[1, 2, 3]).slot, 3);
+        // Every slot bound: the least recently used one, its session evicted.
+        let bound = vec![slot(0, "a", &[1, 2, 3], 5), slot(1, "b", &[1, 9], 3)];
+        assert_eq!(pick(&bound, "new", &[1, 2, 3]), SlotChoice { slot: 1, evicted: Some("b".into()) });
         assert_eq!(common_prefix(&[1, 2, 3], &[1, 2]), 2);
     }
 
@@ -170,9 +197,9 @@ mod tests {
         // Slot 0 shares 3 tokens but would have to rewind; slot 1 is a full prefix.
         assert_eq!(slots[0].reusable_prefix(&[1, 2, 3, 9]), 0);
         assert_eq!(slots[1].reusable_prefix(&[1, 2, 3, 9]), 2);
-        assert_eq!(choose_slot(&slots, "new", &[1, 2, 3, 9]), 1);
+        assert_eq!(choose_slot(&slots, "new", &[1, 2, 3, 9]).slot, 1);
         // Nothing reusable: least recently used.
-        assert_eq!(choose_slot(&slots, "new", &[7]), 2);
+        assert_eq!(choose_slot(&slots, "new", &[7]).slot, 2);
         // Truncating a hybrid slot below its length empties it.
         assert_eq!(slots[0].truncate(3), 0);
         assert!(slots[0].tokens.is_empty());

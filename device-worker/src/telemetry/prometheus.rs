@@ -50,6 +50,7 @@ fn describe_worker() {
     describe_counter!(m::WORKER_DRAFT_TOKENS_TOTAL, "Speculative draft tokens by drafter, proposed or accepted by verification.");
     describe_counter!(m::WORKER_CHECKPOINT_EVENTS_TOTAL, "Recurrent-state checkpoint events.");
     describe_gauge!(m::WORKER_CHECKPOINT_BYTES_HELD, "Bytes of saved checkpoint states held after the latest request.");
+    describe_counter!(m::WORKER_SLOT_EVICTIONS_TOTAL, "Live sessions that lost their slot to a new session (every slot bound).");
     describe_gauge!(m::WORKER_POWER_STATE, "1 for the current power state.");
     describe_counter!(m::WORKER_COLD_STARTS_TOTAL, "Model reloads after an idle unload.");
     describe_counter!(m::WORKER_RELEASE_CYCLES_TOTAL, "Power-vote releases (active to released).");

@@ -81,14 +81,21 @@ pub(super) fn serve(
         wake: None,
         passes: 0,
     };
-    let restored = restore::run(c, &req)?;
-    let Some(prefilled) = prefill::run(&mut env, c, &restored, &req, logits)? else {
-        return Ok(());
-    };
-    let spec = spec.filter(|_| req.sampling == crate::sampling::SamplingMode::Greedy);
-    let decoded = decode::run(&mut env, c, admission, spec, &restored, &prefilled, &mut req, logits)?;
-    finish::run(&env, c, &restored, &prefilled, decoded, &req);
-    Ok(())
+    // The shared prompt cache is lent to the request's slot (restore) and taken back
+    // whatever way the request ends.
+    let out = (|| {
+        let restored = restore::run(c, &req)?;
+        let Some(prefilled) = prefill::run(&mut env, c, &restored, &req, logits)? else {
+            return Ok(());
+        };
+        let spec = spec.filter(|_| req.sampling == crate::sampling::SamplingMode::Greedy);
+        let decoded =
+            decode::run(&mut env, c, admission, spec, &restored, &prefilled, &mut req, logits)?;
+        finish::run(&env, c, &restored, &prefilled, decoded, &req);
+        Ok(())
+    })();
+    c.return_prompt_cache();
+    out
 }
 
 /// Milliseconds of `d`.

@@ -45,6 +45,10 @@ pub(super) fn run(
         let last = b.end == n_prompt;
         let Compute { model, pool, slots, .. } = c;
         let slot = &mut slots[si];
+        if plan.end_state == Some(b.start) {
+            // The end-of-prompt state is where this (one-token) batch starts: the live state.
+            slot.cache.save(&slot.seq);
+        }
         env.begin_batch(pool);
         let out = model.forward(pool, &mut slot.seq, tokens, last);
         env.end_batch()?;
@@ -57,6 +61,14 @@ pub(super) fn run(
             Err(e) => {
                 slot.reset();
                 return Err(e.into());
+            }
+        }
+        if let Some(e) = plan.end_state.filter(|&e| last && e > b.start) {
+            // From the rollback states this batch already wrote: no extra pass.
+            match model.rollback_checkpoint(&slot.seq, e) {
+                Ok(Some(cp)) => slot.cache.keep(cp),
+                Ok(None) => {}
+                Err(err) => tracing::warn!(error = %err, "end-of-prompt state not saved"),
             }
         }
         slot.tokens.extend_from_slice(tokens);

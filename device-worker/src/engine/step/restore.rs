@@ -7,6 +7,7 @@ use super::super::request::EngineRequest;
 use crate::error::WorkerError;
 use crate::state::planner::{self, Plan, PlanRequest};
 use crate::state::slot::{choose_slot, common_prefix};
+use tandem_telemetry::metric_names as names;
 
 /// The request's slot and plan, the slot resumed at `plan.resume`.
 pub(super) struct Restored {
@@ -21,7 +22,29 @@ pub(super) struct Restored {
 /// Errors: [`WorkerError::Internal`] when the slot's saved states do not match the plan (the
 /// slot is reset).
 pub(super) fn run(c: &mut Compute, req: &EngineRequest) -> Result<Restored, WorkerError> {
-    let si = choose_slot(&c.slots, &req.session_id, &req.prompt);
+    let choice = choose_slot(&c.slots, &req.session_id, &req.prompt);
+    let si = choice.slot;
+    c.lend_prompt_cache(si);
+    if let Some(evicted) = choice.evicted.filter(|s| !s.is_empty()) {
+        // Every slot is bound: the least recently used episode loses its slot; what it
+        // cached moves to the prompt cache (kept while the cache's byte limit allows).
+        metrics::counter!(names::WORKER_SLOT_EVICTIONS_TOTAL).increment(1);
+        c.live_evictions += 1;
+        tracing::info!(slot = si, evicted = %evicted, session = %req.session_id, "live session evicted from its slot");
+        if c.plan_cfg.prompt_cache_bytes > 0 {
+            let slot = &mut c.slots[si];
+            if let Err(e) = slot.cache.stash(&c.plan_cfg, &mut slot.seq) {
+                tracing::warn!(error = %e, "evicted slot not stashed");
+            }
+            slot.reset();
+        }
+    }
+    if c.slots[si].session_id != req.session_id || req.session_id.is_empty() {
+        let copied = c.share_prefix(si, &req.prompt);
+        if copied > 0 {
+            tracing::debug!(slot = si, tokens = copied, "shared prefix copied into the prompt cache");
+        }
+    }
     let next_use = c.slots.iter().map(|s| s.last_used).max().unwrap_or(0) + 1;
     c.slots[si].touch(&req.session_id, next_use);
     // Cross-request reuse: the planner decides where processing resumes, the batches, and

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use super::meta::CacheState;
+use super::meta::{CacheState, CachedSequence, PromptCacheEntry};
 use super::plan::{Plan, Source, Start};
 use super::policy::PlanConfig;
 use crate::state::checkpoint::Checkpoint;
@@ -21,6 +21,34 @@ pub struct SlotCache {
     checkpoints: BTreeMap<usize, Checkpoint>,
     /// The states of the prompt-cache entries in `meta`.
     prompt_cache: PromptCache,
+}
+
+/// The host prompt cache shared by all slots: entries' metadata, their states and the logical
+/// clock their ids come from. Lent to the slot a request runs on ([`SlotCache::lend`]) for the
+/// request's plan and execution, then given back ([`SlotCache::give_back`]), so every slot's
+/// requests find what any slot stashed (the shared rules prefix of a new episode included).
+#[derive(Default)]
+pub struct SharedPromptCache {
+    entries: Vec<PromptCacheEntry>,
+    states: PromptCache,
+    clock: u64,
+}
+
+impl SharedPromptCache {
+    /// Bytes held by the entries' states (while not lent).
+    pub fn bytes(&self) -> usize {
+        self.states.bytes()
+    }
+
+    /// Entries held (while not lent).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no entry is held (while not lent).
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
 }
 
 /// Checkpoint activity of one request, for the per-step figures.
@@ -55,11 +83,14 @@ impl SlotCache {
                     .get(i)
                     .map(|e| e.stored)
                     .ok_or_else(|| mismatch("prompt-cache entry planned but absent"))?;
-                let st = self
-                    .prompt_cache
-                    .take(id)
-                    .ok_or_else(|| mismatch("prompt-cache state missing"))?;
-                self.checkpoints = st.load_into(seq).map_err(cp_err)?;
+                let missing = || mismatch("prompt-cache state missing");
+                self.checkpoints = if plan.keep_entry {
+                    let st = self.prompt_cache.get(id).ok_or_else(missing)?;
+                    st.copy_into(seq).map_err(cp_err)?
+                } else {
+                    let st = self.prompt_cache.take(id).ok_or_else(missing)?;
+                    st.load_into(seq).map_err(cp_err)?
+                };
             }
             Source::Slot if plan.stash_slot => seq.reset(),
             Source::Slot => {}
@@ -96,8 +127,14 @@ impl SlotCache {
     /// its copy is the same state).
     pub fn save(&mut self, seq: &SequenceState) {
         if let Some(cp) = seq.save_checkpoint() {
-            self.checkpoints.entry(cp.pos()).or_insert(cp);
+            self.keep(cp);
         }
+    }
+
+    /// Keeps `cp` (the plan's end-of-prompt state, taken from the last batch's rollback
+    /// states); a position already held is kept as it is.
+    pub fn keep(&mut self, cp: Checkpoint) {
+        self.checkpoints.entry(cp.pos()).or_insert(cp);
     }
 
     /// After the request: evictions, then the metadata update with the tokens the slot's
@@ -112,19 +149,88 @@ impl SlotCache {
         // not held; prompt-cache entries the byte limit evicted are freed.
         let held = &self.checkpoints;
         self.meta.slot.checkpoints.retain(|c| held.contains_key(&c.pos));
-        let live: Vec<u64> = self.meta.prompt_cache.iter().map(|e| e.stored).collect();
-        self.prompt_cache.retain(&live);
+        let saved = plan.saved.iter().chain(&plan.end_state).filter(|p| held.contains_key(p));
+        let saved = saved.count() as u32;
+        self.drop_evicted_entries();
         CacheEvents {
-            saved: plan.saved.iter().filter(|p| held.contains_key(p)).count() as u32,
+            saved,
             restored: plan.restored.is_some() as u32,
             evicted: (plan.evicted.len() + plan.dropped.len()) as u32,
             bytes_held: self.bytes_held() as u64,
         }
     }
 
-    /// Forgets everything (the slot's state was lost, e.g. a failed request).
+    /// Forgets the slot's own states (its state was lost, e.g. a failed request); a lent
+    /// prompt cache and the clock stay (their states are copies, still valid).
     pub fn clear(&mut self) {
+        let prompt_cache = std::mem::take(&mut self.prompt_cache);
+        let entries = std::mem::take(&mut self.meta.prompt_cache);
+        let clock = self.meta.clock;
         *self = SlotCache::default();
+        (self.prompt_cache, self.meta.prompt_cache, self.meta.clock) = (prompt_cache, entries, clock);
+    }
+
+    /// Takes the shared prompt cache (and the clock) for one request; the slot's own prompt
+    /// cache is empty outside a request.
+    pub fn lend(&mut self, shared: &mut SharedPromptCache) {
+        std::mem::swap(&mut self.meta.prompt_cache, &mut shared.entries);
+        std::mem::swap(&mut self.prompt_cache, &mut shared.states);
+        self.meta.clock = self.meta.clock.max(shared.clock);
+    }
+
+    /// Gives the prompt cache (and the clock) back after the request.
+    pub fn give_back(&mut self, shared: &mut SharedPromptCache) {
+        std::mem::swap(&mut self.meta.prompt_cache, &mut shared.entries);
+        std::mem::swap(&mut self.prompt_cache, &mut shared.states);
+        shared.clock = self.meta.clock;
+    }
+
+    /// Moves the slot's content (`seq` and its checkpoints) into the prompt cache and empties
+    /// the slot (its session was evicted for another one); metadata through
+    /// [`CacheState::stash_slot`].
+    ///
+    /// Errors: [`CheckpointError::KvPrefix`] (cannot happen for a consistent `seq`); the slot
+    /// is then emptied without a stash.
+    pub fn stash(&mut self, cfg: &PlanConfig, seq: &mut SequenceState) -> Result<(), CheckpointError> {
+        let copied = if self.meta.slot.tokens.is_empty() {
+            None
+        } else {
+            Some(Stashed::copy_of(seq, std::mem::take(&mut self.checkpoints)))
+        };
+        seq.reset();
+        self.checkpoints.clear();
+        match copied {
+            Some(Ok(st)) => {
+                self.prompt_cache.insert(self.meta.clock + 1, st);
+                self.meta.stash_slot(cfg);
+            }
+            Some(Err(e)) => {
+                self.meta.slot = CachedSequence::default();
+                return Err(e);
+            }
+            None => self.meta.slot = CachedSequence::default(),
+        }
+        self.drop_evicted_entries();
+        Ok(())
+    }
+
+    /// Adds a prefix copied from another slot (`seq` metadata, `st` its states) to the
+    /// prompt cache.
+    pub fn add_entry(&mut self, cfg: &PlanConfig, seq: CachedSequence, st: Stashed) {
+        let id = self.meta.push_entry(cfg, seq);
+        self.prompt_cache.insert(id, st);
+        self.drop_evicted_entries();
+    }
+
+    /// The checkpoint held at `pos`, if any.
+    pub fn checkpoint(&self, pos: usize) -> Option<&Checkpoint> {
+        self.checkpoints.get(&pos)
+    }
+
+    /// Frees the states of prompt-cache entries the metadata no longer lists.
+    fn drop_evicted_entries(&mut self) {
+        let live: Vec<u64> = self.meta.prompt_cache.iter().map(|e| e.stored).collect();
+        self.prompt_cache.retain(&live);
     }
 
     /// Bytes of saved states: the slot's checkpoints and the prompt cache.

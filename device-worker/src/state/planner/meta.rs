@@ -15,6 +15,10 @@ pub struct CheckpointMeta {
     pub created: u64,
     /// Logical clock value when last saved or restored.
     pub last_used: u64,
+    /// The end-of-prompt state (`n − 1` of the request that saved it, taken from its last
+    /// batch's rollback states): at most one per sequence, replaced by the next one, not
+    /// counted in [`PlanConfig::n_checkpoints`].
+    pub end: bool,
 }
 
 /// A token sequence with its checkpoints (sorted by position, unique).
@@ -65,6 +69,37 @@ impl CacheState {
         self.slot.checkpoints.len() * cfg.checkpoint_bytes
     }
 
+    /// Moves the slot's content into the prompt cache as a new entry (the slot changes
+    /// session: its episode was evicted), leaving the slot empty. Advances the clock (the
+    /// entry's `stored` value) and evicts the oldest entries past the byte limit, as
+    /// [`CacheState::apply`] does. No-op for an empty slot.
+    pub fn stash_slot(&mut self, cfg: &PlanConfig) {
+        if self.slot.tokens.is_empty() {
+            return;
+        }
+        let seq = std::mem::take(&mut self.slot);
+        self.push_entry(cfg, seq);
+    }
+
+    /// Adds `seq` to the prompt cache as a new entry (a prefix copied from another slot, or
+    /// the slot's own content); returns its `stored` value (the clock, advanced).
+    pub fn push_entry(&mut self, cfg: &PlanConfig, seq: CachedSequence) -> u64 {
+        self.clock += 1;
+        let stored = self.clock;
+        self.prompt_cache.push(PromptCacheEntry { seq, stored });
+        self.limit_prompt_cache(cfg);
+        stored
+    }
+
+    /// Prompt cache: oldest entries out until within the byte limit (llama.cpp's server).
+    fn limit_prompt_cache(&mut self, cfg: &PlanConfig) {
+        self.prompt_cache.sort_by_key(|e| e.stored);
+        while !self.prompt_cache.is_empty() && self.prompt_cache_bytes(cfg) > cfg.prompt_cache_bytes
+        {
+            self.prompt_cache.remove(0);
+        }
+    }
+
     /// Applies an executed `plan` (made by [`super::plan::plan`] for this state and the same
     /// `cfg`): stash/load through the prompt cache, drop checkpoints past the divergence point,
     /// record restores and saves, evict, and set the slot's tokens to `processed` (the prompt
@@ -77,7 +112,11 @@ impl CacheState {
             self.prompt_cache.push(PromptCacheEntry { seq, stored: now });
         }
         if let Source::PromptCache(i) = plan.source {
-            self.slot = self.prompt_cache.remove(i).seq;
+            self.slot = if plan.keep_entry {
+                self.prompt_cache[i].seq.clone()
+            } else {
+                self.prompt_cache.remove(i).seq
+            };
         } else if plan.stash_slot {
             self.slot = CachedSequence::default();
         }
@@ -94,17 +133,21 @@ impl CacheState {
                     pos,
                     created: now,
                     last_used: now,
+                    end: false,
                 }),
             }
+        }
+        if let Some(pos) = plan.end_state {
+            self.slot.checkpoints.push(CheckpointMeta {
+                pos,
+                created: now,
+                last_used: now,
+                end: true,
+            });
         }
         self.slot.checkpoints.retain(|c| !plan.evicted.contains(&c.pos));
         self.slot.checkpoints.sort_by_key(|c| c.pos);
         self.slot.tokens = processed.to_vec();
-        // Prompt cache: oldest entries out until within the byte limit (llama.cpp's server).
-        self.prompt_cache.sort_by_key(|e| e.stored);
-        while !self.prompt_cache.is_empty() && self.prompt_cache_bytes(cfg) > cfg.prompt_cache_bytes
-        {
-            self.prompt_cache.remove(0);
-        }
+        self.limit_prompt_cache(cfg);
     }
 }

@@ -16,7 +16,7 @@ pub mod meta;
 pub mod plan;
 pub mod policy;
 
-pub use execute::{CacheEvents, SlotCache};
+pub use execute::{CacheEvents, SharedPromptCache, SlotCache};
 pub use meta::{CacheState, CachedSequence, CheckpointMeta, PromptCacheEntry};
-pub use plan::{plan, Batch, Plan, PlanRequest, Source, Start};
+pub use plan::{plan, resume_point, Batch, Plan, PlanRequest, Source, Start};
 pub use policy::{PlanConfig, Policy};

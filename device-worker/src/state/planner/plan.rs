@@ -14,6 +14,10 @@
 //! - Checkpoints past `L` belong to a branch the prompt left and are dropped.
 //! - Saves and batch boundaries per [`Policy`] and [`PlanConfig::consolidate`]; every save
 //!   ends a batch; no batch exceeds `n_batch`.
+//! - The end-of-prompt state (divergence policy, [`PlanConfig::end_state`]): the state after
+//!   `n − 1` tokens, taken from the rollback states of the last batch (no extra pass, no extra
+//!   batch boundary; `state/rollback.rs`), so an identical prompt resumes at `n − 1` and
+//!   processes 1 token, as a KV cache would. It replaces the slot's previous one.
 
 use super::policy::{PlanConfig, Policy, STOCK_FAR, STOCK_NEAR};
 use super::meta::{CacheState, CachedSequence, CheckpointMeta};
@@ -74,6 +78,10 @@ pub struct Plan {
     /// The slot's content goes to the prompt cache before this request (the slot serves a
     /// prompt it does not share the best prefix with).
     pub stash_slot: bool,
+    /// The prompt-cache entry resumed from stays in the cache (the slot gets a copy): the
+    /// prompt leaves the entry's sequence before its end (`L` < its length), so the entry is
+    /// another branch — another episode's content, whose owner may come back for it.
+    pub keep_entry: bool,
     pub start: Start,
     /// `R`: prompt tokens reused (not processed).
     pub resume: usize,
@@ -86,6 +94,9 @@ pub struct Plan {
     pub evicted: Vec<usize>,
     /// Checkpoints dropped because they lie past `L` (a branch the prompt left).
     pub dropped: Vec<usize>,
+    /// The end-of-prompt state saved (`n − 1`, from the last batch's rollback states; or the
+    /// live state before the last batch when that batch starts there), if any.
+    pub end_state: Option<usize>,
 }
 
 impl Plan {
@@ -117,7 +128,10 @@ pub fn plan(state: &CacheState, req: &PlanRequest<'_>, cfg: &PlanConfig) -> Plan
         for (i, e) in state.prompt_cache.iter().enumerate() {
             let ((el, er), estart) = reuse(&e.seq, req.prompt, cap, cfg);
             kv_bound = kv_bound.max(el.min(cap));
-            if er > r {
+            // Among entries resuming equally late, the one sharing the longest prefix (its
+            // branch is the prompt's: the divergence point, and the next save, come later).
+            let longer = er == r && el > l && source != Source::Slot;
+            if er > r || longer {
                 (source, l, r, r_start) = (Source::PromptCache(i), el, er, estart);
             }
         }
@@ -128,6 +142,7 @@ pub fn plan(state: &CacheState, req: &PlanRequest<'_>, cfg: &PlanConfig) -> Plan
     };
     // Stash the slot when the request moves it to another prefix: it came from the cache, or
     // the slot holds a sequence the prompt diverges from early (nothing reusable).
+    let keep_entry = source != Source::Slot && l < seq.tokens.len();
     let stash_slot = cfg.prompt_cache_bytes > 0
         && !state.slot.tokens.is_empty()
         && (source != Source::Slot || (r == 0 && l < state.slot.tokens.len()));
@@ -146,6 +161,7 @@ pub fn plan(state: &CacheState, req: &PlanRequest<'_>, cfg: &PlanConfig) -> Plan
     };
 
     let saves = saves(req, cfg, l, r, &kept);
+    let end_state = end_state(req, cfg, r, &saves);
 
     // Batch boundaries: saves, plus the micro-batch splitting.
     let batches = if n > r {
@@ -154,13 +170,19 @@ pub fn plan(state: &CacheState, req: &PlanRequest<'_>, cfg: &PlanConfig) -> Plan
         Vec::new()
     };
 
-    let evicted = evict_after_saves(state, &kept, &saves, restored, cfg);
+    let mut evicted = evict_after_saves(state, &kept, &saves, restored, cfg);
+    if end_state.is_some() {
+        // The new end-of-prompt state replaces the previous one.
+        evicted.extend(kept.iter().filter(|c| c.end).map(|c| c.pos));
+        evicted.sort_unstable();
+    }
 
     Plan {
         n_prompt: n,
         kv_bound,
         source,
         stash_slot,
+        keep_entry,
         start: if n == 0 { Start::Continue } else { r_start },
         resume: r,
         batches,
@@ -168,7 +190,18 @@ pub fn plan(state: &CacheState, req: &PlanRequest<'_>, cfg: &PlanConfig) -> Plan
         restored,
         evicted,
         dropped,
+        end_state,
     }
+}
+
+/// The end-of-prompt position `n − 1` when the request saves it (divergence policy with
+/// [`PlanConfig::end_state`] on a hybrid model): something before it is processed (`n − 1 >
+/// r`), it is before any image, and no save of the policy is already there.
+fn end_state(req: &PlanRequest<'_>, cfg: &PlanConfig, r: usize, saves: &[usize]) -> Option<usize> {
+    let e = req.prompt.len().checked_sub(1)?;
+    let on = cfg.hybrid && cfg.end_state && cfg.policy == Policy::Divergence;
+    let before_image = req.image_start.is_none_or(|i| e < i);
+    (on && e > r && before_image && !saves.contains(&e)).then_some(e)
 }
 
 /// The positions the request saves a checkpoint at, by policy (DESIGN.md "Cross-request
@@ -213,7 +246,7 @@ fn saves(
                 let at = snap_to_line(l, req.line_starts);
                 if at > r && at < n && before_image(at) && at - r >= cfg.min_gap {
                     saves.push(at);
-                } else if kept.is_empty() {
+                } else if kept.iter().all(|c| c.end) {
                     // A cold slot has no divergence point yet: leave one resumable state, at
                     // the start of the last user message (the rules that later steps share)
                     // or else at the prompt's end (a repeat with a new suffix resumes there).
@@ -257,6 +290,7 @@ fn evict_after_saves(
                 pos: p,
                 created: now,
                 last_used: now,
+                end: false,
             }),
         }
     }
@@ -277,6 +311,12 @@ fn snap_to_line(l: usize, line_starts: &[usize]) -> usize {
         0 => l,
         i => line_starts[i - 1],
     }
+}
+
+/// `R`: where `prompt` could resume from `seq` under `cfg` (the prompt's tokens `seq` holds a
+/// usable state for, at most `n − 1`): what a slot or prompt-cache entry offers a request.
+pub fn resume_point(seq: &CachedSequence, prompt: &[u32], cfg: &PlanConfig) -> usize {
+    reuse(seq, prompt, prompt.len().saturating_sub(1), cfg).0 .1
 }
 
 /// `((L, R), start)` for resuming `prompt` from `seq`: `L` the common prefix, `R` where
@@ -352,8 +392,10 @@ fn batches(r: usize, n: usize, saves: &[usize], cfg: &PlanConfig) -> Vec<Batch> 
 
 /// Removes checkpoints beyond `n_checkpoints` and returns their positions: oldest created
 /// first (stock, divergence: llama.cpp's server), or lowest utility (marconi: recency rank
-/// plus compute saved per byte, both normalised to 0..1).
+/// plus compute saved per byte, both normalised to 0..1). The end-of-prompt state is not
+/// counted (it is replaced by the next one instead).
 fn evict(cps: &mut Vec<CheckpointMeta>, cfg: &PlanConfig) -> Vec<usize> {
+    cps.retain(|c| !c.end);
     let mut out = Vec::new();
     while cps.len() > cfg.n_checkpoints {
         let i = match cfg.policy {

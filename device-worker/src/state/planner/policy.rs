@@ -18,7 +18,9 @@ pub enum Policy {
     /// to the start of its line when line starts are known; at most one new
     /// checkpoint per request; evicts the oldest first. A slot with no checkpoint (its first
     /// request) saves once at the last user message's start, else at the prompt's end, so a
-    /// repeated or extended prompt can resume.
+    /// repeated or extended prompt can resume. Besides, the end-of-prompt state (`n − 1`,
+    /// [`PlanConfig::end_state`]) replaces the previous one, so a repeated prompt processes
+    /// one token.
     #[default]
     Divergence,
 }
@@ -66,5 +68,9 @@ pub struct PlanConfig {
     pub kv_bytes_per_token: usize,
     /// Host prompt-cache byte limit (0 disables the prompt cache).
     pub prompt_cache_bytes: usize,
+    /// Divergence policy: save the end-of-prompt state (`n − 1`) from the last prefill batch's
+    /// rollback states (`state/rollback.rs`), so an identical prompt processes one token. Only
+    /// when the model keeps rollback states (speculative decoding on: `K = n_draft + 1 ≥ 2`).
+    pub end_state: bool,
 }
 

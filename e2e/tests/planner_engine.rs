@@ -29,9 +29,9 @@ fn fixture() -> PathBuf {
     )
 }
 
-/// Serves an engine with `policy` / `consolidate` on a free port; returns its address and a
-/// stop handle.
-async fn worker(policy: Policy, consolidate: bool) -> (String, tokio::sync::oneshot::Sender<()>) {
+/// Serves an engine with `policy` / `consolidate` on a free port, speculating with the
+/// default drafters or decoding plainly; returns its address and a stop handle.
+async fn worker(policy: Policy, consolidate: bool, speculate: bool) -> (String, tokio::sync::oneshot::Sender<()>) {
     let cfg = EngineOptions {
         model: Some(fixture()),
         threads: Some(2),
@@ -41,8 +41,10 @@ async fn worker(policy: Policy, consolidate: bool) -> (String, tokio::sync::ones
         cache_policy: policy,
         consolidate,
         // Plain decoding: every decode pass then feeds one output token, so the model's pass
-        // counters split into the planned prefill and one pass per fed-back token.
-        drafters: Drafters(Vec::new()),
+        // counters split into the planned prefill and one pass per fed-back token. With the
+        // default drafters the prefill keeps rollback states, and the end-of-prompt state is
+        // taken from them.
+        drafters: if speculate { EngineOptions::default().drafters } else { Drafters(Vec::new()) },
         ..Default::default()
     };
     let (_engine, addr, stop) = common::serve_worker(cfg).await;
@@ -70,13 +72,14 @@ async fn engine_token_counts_equal_the_planner_for_every_policy_and_episode() {
     let episodes = load_episodes(&common::corpus()).expect("corpus");
     assert!(episodes.len() >= 4);
     let mut outputs_by_config: Vec<Vec<Vec<u32>>> = Vec::new();
-    for (policy, consolidate) in [
-        (Policy::Stock, false),
-        (Policy::Marconi, false),
-        (Policy::Divergence, false),
-        (Policy::Divergence, true),
+    for (policy, consolidate, speculate) in [
+        (Policy::Stock, false, false),
+        (Policy::Marconi, false, false),
+        (Policy::Divergence, false, false),
+        (Policy::Divergence, true, false),
+        (Policy::Divergence, true, true),
     ] {
-        let (addr, _stop) = worker(policy, consolidate).await;
+        let (addr, _stop) = worker(policy, consolidate, speculate).await;
         let mut client = StepServiceClient::connect(addr).await.expect("connect");
         let status = client.status(pb::StatusRequest {}).await.expect("status").into_inner();
         let cfg = PlanConfig {
@@ -85,6 +88,7 @@ async fn engine_token_counts_equal_the_planner_for_every_policy_and_episode() {
             n_batch: 512,
             checkpoint_bytes: status.cache.as_ref().map_or(0, |c| c.checkpoint_bytes as usize),
             kv_bytes_per_token: status.cache.as_ref().map_or(0, |c| c.kv_bytes_per_token as usize),
+            end_state: speculate,
             ..PlanConfig::default()
         };
         let mut state = CacheState::default();
@@ -123,7 +127,7 @@ async fn engine_token_counts_equal_the_planner_for_every_policy_and_episode() {
                     }
                 }
                 let (prefill, done) = (prefill.expect("prefill stats"), done.expect("final stats"));
-                let tag = format!("{policy:?} cons={consolidate} {} step {i}", ep.id);
+                let tag = format!("{policy:?} cons={consolidate} spec={speculate} {} step {i}", ep.id);
                 assert_eq!(done.prompt_tokens as usize, ct.tokens.len(), "{tag}: prompt tokens");
                 assert_eq!(done.new_tokens as usize, planned.new_tokens(), "{tag}: new tokens");
                 assert_eq!(prefill.passes as usize, planned.passes(), "{tag}: passes");
@@ -139,8 +143,13 @@ async fn engine_token_counts_equal_the_planner_for_every_policy_and_episode() {
                 let fed = if done.finish_reason == pb::FinishReason::Eos as i32 { ids.len() } else { ids.len().saturating_sub(1) };
                 served += 1;
                 let after = forward_counts(&mut client, served).await;
-                assert_eq!(after.passes - before.passes, (planned.passes() + fed) as u64, "{tag}: model passes");
-                assert_eq!(after.tokens - before.tokens, (planned.new_tokens() + fed) as u64, "{tag}: model tokens");
+                // Decode passes: one per fed-back token when decoding plainly; with speculation
+                // the engine's count of verification passes (their drafts were rolled back).
+                let decode_passes = if speculate { done.decode_passes as usize } else { fed };
+                assert_eq!(after.passes - before.passes, (planned.passes() + decode_passes) as u64, "{tag}: model passes");
+                if !speculate {
+                    assert_eq!(after.tokens - before.tokens, (planned.new_tokens() + fed) as u64, "{tag}: model tokens");
+                }
                 let mut processed = ct.tokens.clone();
                 processed.extend_from_slice(&ids[..fed]);
                 state.apply(&cfg, &planned, &processed);
@@ -149,7 +158,7 @@ async fn engine_token_counts_equal_the_planner_for_every_policy_and_episode() {
         }
         // The comparison is only worth something if checkpoints were actually restored.
         assert!(restores >= 10 && reused > 0, "{policy:?}: {restores} restores, {reused} tokens reused");
-        eprintln!("{policy:?} consolidate={consolidate}: {restores} restores, {reused} prompt tokens reused");
+        eprintln!("{policy:?} consolidate={consolidate} speculate={speculate}: {restores} restores, {reused} prompt tokens reused");
         outputs_by_config.push(outputs);
     }
     for (ci, o) in outputs_by_config.iter().enumerate().skip(1) {

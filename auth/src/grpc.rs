@@ -55,6 +55,27 @@ pub fn server(security: &GrpcSecurity) -> Result<GrpcServer, tonic::transport::E
     Ok(builder.layer(security.auth.clone()))
 }
 
+/// `router` with gRPC reflection (v1 and v1alpha: grpcurl and older clients ask for either)
+/// over `descriptor_sets` (encoded `FileDescriptorSet`s) when `security.reflection` is set;
+/// `router` unchanged otherwise.
+///
+/// Errors: a descriptor set that does not decode.
+pub fn with_reflection(
+    router: GrpcRouter,
+    security: &GrpcSecurity,
+    descriptor_sets: &[&'static [u8]],
+) -> Result<GrpcRouter, tonic_reflection::server::Error> {
+    if !security.reflection {
+        return Ok(router);
+    }
+    let builder = || {
+        descriptor_sets.iter().fold(tonic_reflection::server::Builder::configure(), |b, set| {
+            b.register_encoded_file_descriptor_set(set)
+        })
+    };
+    Ok(router.add_service(builder().build_v1()?).add_service(builder().build_v1alpha()?))
+}
+
 /// Serves `router` on `listener` until `shutdown` resolves; a Unix socket's file is removed
 /// when serving ends.
 ///

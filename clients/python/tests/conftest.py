@@ -130,14 +130,15 @@ def servers(tmp_path_factory, model_path):
     try:
         wlog = logs / "worker.log"
         worker = subprocess.Popen(
-            [str(worker_bin), "serve", "--model", str(model), "--listen", f"127.0.0.1:{wp}", "--threads", "2", "--slots", "2"],
+            [str(worker_bin), "serve", "--model", str(model), "--listen", f"127.0.0.1:{wp}", "--threads", "2", "--slots", "2",
+             "--reflection"],
             stdout=wlog.open("w"), stderr=subprocess.STDOUT)
         procs.append(worker)
         _wait_health(gateway_bin, worker, f"http://127.0.0.1:{wp}", "tandem.step.v1.StepService", wlog, 120)
         glog = logs / "gateway.log"
         gateway = subprocess.Popen(
             [str(gateway_bin), "serve", "--listen", f"127.0.0.1:{gp}", "--worker", f"http://127.0.0.1:{wp}",
-             "--http-listen", f"127.0.0.1:{hp}"],
+             "--http-listen", f"127.0.0.1:{hp}", "--reflection"],
             stdout=glog.open("w"), stderr=subprocess.STDOUT)
         procs.append(gateway)
         _wait_health(gateway_bin, gateway, f"http://127.0.0.1:{gp}", "", glog, 30)

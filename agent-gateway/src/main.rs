@@ -63,9 +63,9 @@ fn main() -> anyhow::Result<()> {
                     let _ = stop_tx.send(true);
                 });
                 let listens: Vec<_> = std::iter::once(cfg.listen).chain(cfg.http_listen.0).collect();
-                let auth = cfg.auth.authenticator(&listens)?;
                 let tls = cfg.auth.tls.load()?;
                 let worker_tls = cfg.worker_tls.load()?;
+                let auth = cfg.auth.authenticator(&listens)?;
                 if let Some(a) = &auth {
                     a.reload_on_sighup();
                     tracing::info!(file = %a.path().display(), "AgentService and the HTTP endpoint require a bearer token");

@@ -27,14 +27,10 @@ pub enum AuthError {
 /// message is one line naming the flag's file.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    /// A certificate, key or CA file could not be read.
-    #[error("cannot read {flag} {path}: {source}")]
-    Read {
-        flag: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// A certificate, key or CA file could not be read (the I/O error is in the message, not
+    /// a `source`, so that `Error: ...` stays one line).
+    #[error("cannot read {flag} {path}: {error}")]
+    Read { flag: &'static str, path: PathBuf, error: std::io::Error },
     /// The file holds no PEM item of the expected kind (or is not PEM at all, e.g. DER).
     #[error("{flag} {path}: {detail}")]
     NotPem {
@@ -66,13 +62,10 @@ pub enum TlsError {
 /// What went wrong opening a listener (`--listen`).
 #[derive(Debug, thiserror::Error)]
 pub enum ListenError {
-    /// Binding failed (address in use, no permission, a path too long for a socket).
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: String,
-        #[source]
-        source: std::io::Error,
-    },
+    /// Binding failed (address in use, no permission, a path too long for a socket); the
+    /// I/O error is in the message.
+    #[error("cannot listen on {addr}: {error}")]
+    Bind { addr: String, error: std::io::Error },
     /// Another process serves on the Unix socket path, or the path is not a socket.
     #[error("cannot listen on {addr}: {detail}")]
     InUse { addr: String, detail: String },

@@ -73,9 +73,9 @@ impl Listener {
     /// Errors: [`ListenError::Bind`] when binding fails; [`ListenError::InUse`] when a server
     /// accepts on the socket path or the path is not a socket.
     pub async fn bind(addr: &ListenAddr) -> Result<Self, ListenError> {
-        let bind_err = |source| ListenError::Bind {
+        let bind_err = |error| ListenError::Bind {
             addr: addr.to_string(),
-            source,
+            error,
         };
         match addr {
             ListenAddr::Tcp(a) => tokio::net::TcpListener::bind(a)
@@ -128,10 +128,10 @@ fn remove_stale(addr: &ListenAddr, path: &Path) -> Result<(), ListenError> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(source) => {
+        Err(error) => {
             return Err(ListenError::Bind {
                 addr: addr.to_string(),
-                source,
+                error,
             })
         }
     };
@@ -143,9 +143,9 @@ fn remove_stale(addr: &ListenAddr, path: &Path) -> Result<(), ListenError> {
     match std::os::unix::net::UnixStream::connect(path) {
         Ok(_) => Err(in_use("another server is listening on this socket".into())),
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-            std::fs::remove_file(path).map_err(|source| ListenError::Bind {
+            std::fs::remove_file(path).map_err(|error| ListenError::Bind {
                 addr: addr.to_string(),
-                source,
+                error,
             })?;
             tracing::info!(path = %path.display(), "removed a stale socket file (nothing was listening)");
             Ok(())

@@ -254,10 +254,10 @@ fn provider() -> Arc<CryptoProvider> {
 fn read(flag: &'static str, path: &Path) -> Result<Arc<[u8]>, TlsError> {
     std::fs::read(path)
         .map(Into::into)
-        .map_err(|source| TlsError::Read {
+        .map_err(|error| TlsError::Read {
             flag,
             path: path.into(),
-            source,
+            error,
         })
 }
 

@@ -76,8 +76,8 @@ fn main() -> anyhow::Result<()> {
             telemetry.otel.otlp_endpoint.as_deref(),
         )?
     };
-    let auth = cfg.auth.authenticator(cfg.listen.tcp().as_slice())?;
     let tls = cfg.auth.tls.load()?;
+    let auth = cfg.auth.authenticator(cfg.listen.tcp().as_slice())?;
     match cfg.engine.kernels.install() {
         Ok(Some(warning)) => tracing::warn!("{warning}"),
         Ok(None) => {}

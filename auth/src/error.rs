@@ -30,7 +30,11 @@ pub enum TlsError {
     /// A certificate, key or CA file could not be read (the I/O error is in the message, not
     /// a `source`, so that `Error: ...` stays one line).
     #[error("cannot read {flag} {path}: {error}")]
-    Read { flag: &'static str, path: PathBuf, error: std::io::Error },
+    Read {
+        flag: &'static str,
+        path: PathBuf,
+        error: std::io::Error,
+    },
     /// The file holds no PEM item of the expected kind (or is not PEM at all, e.g. DER).
     #[error("{flag} {path}: {detail}")]
     NotPem {

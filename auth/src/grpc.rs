@@ -69,11 +69,15 @@ pub fn with_reflection(
         return Ok(router);
     }
     let builder = || {
-        descriptor_sets.iter().fold(tonic_reflection::server::Builder::configure(), |b, set| {
-            b.register_encoded_file_descriptor_set(set)
-        })
+        descriptor_sets
+            .iter()
+            .fold(tonic_reflection::server::Builder::configure(), |b, set| {
+                b.register_encoded_file_descriptor_set(set)
+            })
     };
-    Ok(router.add_service(builder().build_v1()?).add_service(builder().build_v1alpha()?))
+    Ok(router
+        .add_service(builder().build_v1()?)
+        .add_service(builder().build_v1alpha()?))
 }
 
 /// Serves `router` on `listener` until `shutdown` resolves; a Unix socket's file is removed

@@ -33,15 +33,22 @@ struct Pki {
 fn ca(name: &str) -> rcgen::CertifiedIssuer<'static, rcgen::KeyPair> {
     let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    params.distinguished_name.push(rcgen::DnType::CommonName, name);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
     rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap()).unwrap()
 }
 
 /// A leaf certificate for `names` signed by `issuer`: (certificate PEM, key PEM).
 fn leaf(issuer: &rcgen::Issuer<'_, rcgen::KeyPair>, names: &[&str]) -> (String, String) {
-    let params = rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
+    let params =
+        rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+            .unwrap();
     let key = rcgen::KeyPair::generate().unwrap();
-    (params.signed_by(&key, issuer).unwrap().pem(), key.serialize_pem())
+    (
+        params.signed_by(&key, issuer).unwrap().pem(),
+        key.serialize_pem(),
+    )
 }
 
 fn pki() -> Pki {
@@ -67,7 +74,12 @@ fn pki() -> Pki {
 
 impl Pki {
     fn server(&self, mutual: bool) -> ServerTls {
-        ServerTls::load(&self.server_cert, &self.server_key, mutual.then_some(self.ca.as_path())).unwrap()
+        ServerTls::load(
+            &self.server_cert,
+            &self.server_key,
+            mutual.then_some(self.ca.as_path()),
+        )
+        .unwrap()
     }
 
     /// The gateway's `--worker-tls-*` flags: trust `ca`, present the client certificate if
@@ -92,7 +104,11 @@ async fn ready_engine(model: PathBuf) -> device_worker::engine::EngineHandle {
         ..Default::default()
     };
     let engine = device_worker::engine::EngineHandle::spawn(cfg.settings().unwrap()).unwrap();
-    engine.state().wait_for(|s| !matches!(s, device_worker::engine::EngineState::Loading)).await.unwrap();
+    engine
+        .state()
+        .wait_for(|s| !matches!(s, device_worker::engine::EngineState::Loading))
+        .await
+        .unwrap();
     assert!(engine.admission().is_ok(), "the model failed to load");
     engine
 }
@@ -102,9 +118,15 @@ fn serve_worker(
     engine: &device_worker::engine::EngineHandle,
     listener: Listener,
     tls: Option<ServerTls>,
-) -> (tokio::task::JoinHandle<()>, tokio::sync::oneshot::Sender<()>) {
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::oneshot::Sender<()>,
+) {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let security = GrpcSecurity { tls, ..GrpcSecurity::open() };
+    let security = GrpcSecurity {
+        tls,
+        ..GrpcSecurity::open()
+    };
     let task = tokio::spawn(device_worker::service::serve_secured(
         engine.clone(),
         listener,
@@ -113,7 +135,10 @@ fn serve_worker(
         },
         security,
     ));
-    (tokio::spawn(async move { task.await.unwrap().expect("the worker serves") }), stop)
+    (
+        tokio::spawn(async move { task.await.unwrap().expect("the worker serves") }),
+        stop,
+    )
 }
 
 async fn loopback() -> (Listener, u16) {
@@ -142,10 +167,16 @@ async fn generate(channel: tonic::transport::Channel) -> Result<String, tonic::S
 }
 
 /// A channel to `https://host:port` verified with `tls` (connect errors as a status).
-async fn tls_channel(host: &str, port: u16, tls: &tandem_auth::ClientTls) -> Result<tonic::transport::Channel, String> {
+async fn tls_channel(
+    host: &str,
+    port: u16,
+    tls: &tandem_auth::ClientTls,
+) -> Result<tonic::transport::Channel, String> {
     let ep = tonic::transport::Endpoint::from_shared(format!("https://{host}:{port}")).unwrap();
     let ep = ep.tls_config(tls.grpc()).unwrap();
-    ep.connect().await.map_err(|e| agent_gateway::health::error_chain(&e))
+    ep.connect()
+        .await
+        .map_err(|e| agent_gateway::health::error_chain(&e))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,14 +190,19 @@ async fn tls_and_mutual_tls_round_trips_to_a_real_worker_and_through_the_gateway
 
     // TLS: a client trusting the test CA generates; by IP SAN and by DNS name.
     for host in ["127.0.0.1", "localhost"] {
-        let ch = tls_channel(host, tls_port, &pki.client(&pki.ca, false)).await.unwrap();
+        let ch = tls_channel(host, tls_port, &pki.client(&pki.ca, false))
+            .await
+            .unwrap();
         let text = generate(ch).await.expect("a TLS round trip");
         assert!(!text.is_empty());
     }
     // A client trusting another CA refuses the server; a plaintext client gets no answer.
-    let err = tls_channel("127.0.0.1", tls_port, &pki.client(&pki.other_ca, false)).await.unwrap_err();
+    let err = tls_channel("127.0.0.1", tls_port, &pki.client(&pki.other_ca, false))
+        .await
+        .unwrap_err();
     assert!(err.contains("UnknownIssuer"), "{err}");
-    let plain = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{tls_port}")).unwrap();
+    let plain =
+        tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{tls_port}")).unwrap();
     let plain_result = match plain.connect().await {
         Ok(ch) => generate(ch).await.map(|_| ()).map_err(|e| e.to_string()),
         Err(e) => Err(e.to_string()),
@@ -180,7 +216,9 @@ async fn tls_and_mutual_tls_round_trips_to_a_real_worker_and_through_the_gateway
     };
     let refused = refused.expect_err("a client without a certificate is refused");
     assert!(refused.contains("CertificateRequired"), "{refused}");
-    let ch = tls_channel("127.0.0.1", mtls_port, &pki.client(&pki.ca, true)).await.unwrap();
+    let ch = tls_channel("127.0.0.1", mtls_port, &pki.client(&pki.ca, true))
+        .await
+        .unwrap();
     assert!(!generate(ch).await.expect("an mTLS round trip").is_empty());
 
     // The gateway dials the worker over mutual TLS (`--worker https://... --worker-tls-*`) and
@@ -194,12 +232,18 @@ async fn tls_and_mutual_tls_round_trips_to_a_real_worker_and_through_the_gateway
     .unwrap();
     let (gateway, _s3) = common::serve_gateway(router.clone()).await;
     let out = tempfile::tempdir().unwrap();
-    let (records, summary) = replay::run(&replay_config(&gateway, 1, out.path().join("r.jsonl"))).await.unwrap();
+    let (records, summary) = replay::run(&replay_config(&gateway, 1, out.path().join("r.jsonl")))
+        .await
+        .unwrap();
     assert_eq!(summary.steps, 1);
     assert!(records[0].error.is_empty(), "{:?}", records[0]);
     assert!(records[0].decode_tokens > 0);
     // Without the CA an https:// worker is a start-up error, not a failing step.
-    let Err(e) = agent_gateway::worker::Router::connect(&[worker], tandem_auth::BearerInterceptor::none(), None) else {
+    let Err(e) = agent_gateway::worker::Router::connect(
+        &[worker],
+        tandem_auth::BearerInterceptor::none(),
+        None,
+    ) else {
         panic!("an https:// worker needs --worker-tls-ca")
     };
     assert!(e.to_string().contains("--worker-tls-ca"), "{e}");
@@ -214,26 +258,57 @@ async fn gateway_grpc_and_http_over_tls(pki: &Pki, router: agent_gateway::worker
     let (listener, port) = loopback().await;
     let runner = Arc::new(agent_gateway::step::StepRunner::new(router.clone()));
     let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let security = GrpcSecurity { tls: Some(pki.server(false)), ..GrpcSecurity::open() };
-    tokio::spawn(agent_gateway::service::serve_secured(runner, listener, async { let _ = stopped.await; }, security));
-    let ch = tls_channel("localhost", port, &pki.client(&pki.ca, false)).await.unwrap();
+    let security = GrpcSecurity {
+        tls: Some(pki.server(false)),
+        ..GrpcSecurity::open()
+    };
+    tokio::spawn(agent_gateway::service::serve_secured(
+        runner,
+        listener,
+        async {
+            let _ = stopped.await;
+        },
+        security,
+    ));
+    let ch = tls_channel("localhost", port, &pki.client(&pki.ca, false))
+        .await
+        .unwrap();
     let health = tonic_health::pb::health_client::HealthClient::new(ch)
-        .check(tonic_health::pb::HealthCheckRequest { service: String::new() })
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
         .await
         .expect("health over TLS");
-    assert_eq!(health.into_inner().status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+    assert_eq!(
+        health.into_inner().status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
 
     let hl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let http = hl.local_addr().unwrap().to_string();
     let (_hstop, hstopped) = tokio::sync::oneshot::channel::<()>();
-    let state = agent_gateway::http::HttpState { router, metrics: None };
+    let state = agent_gateway::http::HttpState {
+        router,
+        metrics: None,
+    };
     let shutdown = async {
         let _ = hstopped.await;
     };
-    tokio::spawn(agent_gateway::http::serve_secured(state, hl, shutdown, None, Some(pki.server(true))));
-    let client = (std::fs::read(&pki.client_cert).unwrap(), std::fs::read(&pki.client_key).unwrap());
+    tokio::spawn(agent_gateway::http::serve_secured(
+        state,
+        hl,
+        shutdown,
+        None,
+        Some(pki.server(true)),
+    ));
+    let client = (
+        std::fs::read(&pki.client_cert).unwrap(),
+        std::fs::read(&pki.client_key).unwrap(),
+    );
     let ca = std::fs::read(&pki.ca).unwrap();
-    let (status, body) = https_get(&http, "/v1/models", &ca, Some(&client)).await.expect("HTTPS with a client certificate");
+    let (status, body) = https_get(&http, "/v1/models", &ca, Some(&client))
+        .await
+        .expect("HTTPS with a client certificate");
     assert_eq!(status, 200, "{body}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["object"], "list", "{v}");
@@ -241,14 +316,19 @@ async fn gateway_grpc_and_http_over_tls(pki: &Pki, router: agent_gateway::worker
     let refused = refused.expect_err("no client certificate, no HTTP answer");
     assert!(refused.contains("CertificateRequired"), "{refused}");
     // Plain HTTP to the TLS port gets no HTTP answer either.
-    assert!(!plain_http_answers(&http).await, "plaintext HTTP to the TLS port");
+    assert!(
+        !plain_http_answers(&http).await,
+        "plaintext HTTP to the TLS port"
+    );
 }
 
 /// Whether plaintext `GET /health` to `addr` gets an HTTP answer (within 15 s).
 async fn plain_http_answers(addr: &str) -> bool {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
     let mut raw = Vec::new();
     let _ = tokio::time::timeout(std::time::Duration::from_secs(15), s.read_to_end(&mut raw)).await;
     raw.starts_with(b"HTTP/")
@@ -256,29 +336,50 @@ async fn plain_http_answers(addr: &str) -> bool {
 
 /// `GET path` over HTTPS to `addr` trusting `ca` (PEM), with a client certificate and key
 /// (PEM) if given, verifying the name `localhost`: (status, body), or why it failed.
-async fn https_get(addr: &str, path: &str, ca: &[u8], client: Option<&(Vec<u8>, Vec<u8>)>) -> Result<(u16, String), String> {
+async fn https_get(
+    addr: &str,
+    path: &str,
+    ca: &[u8],
+    client: Option<&(Vec<u8>, Vec<u8>)>,
+) -> Result<(u16, String), String> {
     use rustls_pki_types::pem::PemObject;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut roots = rustls::RootCertStore::empty();
     for c in rustls_pki_types::CertificateDer::pem_slice_iter(ca) {
         roots.add(c.unwrap()).unwrap();
     }
-    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots);
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
     let config = match client {
         Some((cert, key)) => {
-            let chain = rustls_pki_types::CertificateDer::pem_slice_iter(cert).collect::<Result<Vec<_>, _>>().unwrap();
-            builder.with_client_auth_cert(chain, rustls_pki_types::PrivateKeyDer::from_pem_slice(key).unwrap()).unwrap()
+            let chain = rustls_pki_types::CertificateDer::pem_slice_iter(cert)
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap();
+            builder
+                .with_client_auth_cert(
+                    chain,
+                    rustls_pki_types::PrivateKeyDer::from_pem_slice(key).unwrap(),
+                )
+                .unwrap()
         }
         None => builder.with_no_client_auth(),
     };
-    let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
     let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
-    let mut s = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await.map_err(|e| e.to_string())?;
+    let mut s = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
     let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.map_err(|e| e.to_string())?;
+    s.write_all(req.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
     let mut raw = Vec::new();
     let read = s.read_to_end(&mut raw).await;
     // A peer closing without close_notify still delivered what it sent.
@@ -286,8 +387,14 @@ async fn https_get(addr: &str, path: &str, ca: &[u8], client: Option<&(Vec<u8>, 
         return Err(format!("no answer: {read:?}"));
     }
     let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("not HTTP: {text:?}"))?;
-    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or_else(|| format!("no status: {head}"))?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("not HTTP: {text:?}"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("no status: {head}"))?;
     Ok((status, body.to_string()))
 }
 
@@ -297,7 +404,9 @@ async fn a_worker_on_a_unix_socket_serves_the_gateway() {
     let engine = ready_engine(model_path()).await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("worker.sock");
-    let listener = Listener::bind(&format!("unix:{}", path.display()).parse().unwrap()).await.unwrap();
+    let listener = Listener::bind(&format!("unix:{}", path.display()).parse().unwrap())
+        .await
+        .unwrap();
     let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "socket mode {mode:o}");
     let (task, stop) = serve_worker(&engine, listener, None);
@@ -306,13 +415,18 @@ async fn a_worker_on_a_unix_socket_serves_the_gateway() {
     let router = agent_gateway::worker::Router::new(std::slice::from_ref(&worker)).unwrap();
     let (gateway, _s) = common::serve_gateway(router).await;
     let out = tempfile::tempdir().unwrap();
-    let (records, summary) = replay::run(&replay_config(&gateway, 1, out.path().join("r.jsonl"))).await.unwrap();
+    let (records, summary) = replay::run(&replay_config(&gateway, 1, out.path().join("r.jsonl")))
+        .await
+        .unwrap();
     assert_eq!(summary.steps, 1);
     assert!(records[0].error.is_empty(), "{:?}", records[0]);
     assert!(records[0].decode_tokens > 0);
 
     // A clean stop removes the socket file.
     stop.send(()).unwrap();
-    tokio::time::timeout(std::time::Duration::from_secs(30), task).await.expect("the worker stops").unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(30), task)
+        .await
+        .expect("the worker stops")
+        .unwrap();
     assert!(!path.exists(), "the socket file is removed on exit");
 }

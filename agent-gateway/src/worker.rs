@@ -46,13 +46,8 @@ fn channel(a: &str, tls: Option<&ClientTls>) -> Result<(String, Channel), Gatewa
         return Ok((a.to_string(), ep.connect_with_connector_lazy(connector)));
     }
     let uri = if a.contains("://") { a.to_string() } else { format!("http://{a}") };
-    let mut ep = Endpoint::from_shared(uri.clone()).map_err(|e| invalid(&e))?.connect_timeout(CONNECT_TIMEOUT).tcp_nodelay(true);
-    if uri.starts_with("https://") {
-        let tls = tls.ok_or_else(|| {
-            GatewayError::Config(format!("worker {a} is https:// but no --worker-tls-ca says which certificate to trust"))
-        })?;
-        ep = ep.tls_config(tls.grpc()).map_err(|e| invalid(&e))?;
-    }
+    let ep = Endpoint::from_shared(uri.clone()).map_err(|e| invalid(&e))?.connect_timeout(CONNECT_TIMEOUT).tcp_nodelay(true);
+    let ep = ClientTls::for_endpoint(tls, &uri, ep, "--worker-tls-ca").map_err(|e| GatewayError::Config(format!("worker {e}")))?;
     Ok((uri, ep.connect_lazy()))
 }
 

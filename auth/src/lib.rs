@@ -36,5 +36,5 @@ pub use error::{AuthError, ListenError, TlsError};
 pub use grpc::GrpcSecurity;
 pub use layer::{AuthLayer, Rejection};
 pub use listen::{ListenAddr, Listener};
-pub use tls::{ClientTls, ServerTls, TlsArgs, WorkerTlsArgs};
+pub use tls::{ClientTls, ClientTlsArgs, ServerTls, TlsArgs, WorkerTlsArgs};
 pub use tokens::{Authenticator, TokenSet};

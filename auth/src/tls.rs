@@ -179,32 +179,47 @@ impl WorkerTlsArgs {
     /// Errors: [`TlsError::Incomplete`] for a client certificate without a key (or the
     /// reverse) or without `--worker-tls-ca`; as [`ServerTls::load`] for the files.
     pub fn load(&self) -> Result<Option<ClientTls>, TlsError> {
-        let identity = match (&self.worker_tls_cert, &self.worker_tls_key) {
-            (Some(c), Some(k)) => Some(Identity::load(
-                ("--worker-tls-cert", c),
-                ("--worker-tls-key", k),
-            )?),
-            (None, None) => None,
-            _ => {
-                return Err(TlsError::Incomplete(
-                    "--worker-tls-cert and --worker-tls-key go together".into(),
-                ))
-            }
-        };
-        let Some(ca) = &self.worker_tls_ca else {
-            if identity.is_some() {
-                return Err(TlsError::Incomplete(
-                    "--worker-tls-cert needs --worker-tls-ca (the workers' CA, PEM)".into(),
-                ));
-            }
-            return Ok(None);
-        };
-        let (ca_pem, _) = roots("--worker-tls-ca", ca)?;
-        Ok(Some(ClientTls {
-            ca_pem,
-            identity: identity.map(|id| (id.cert_pem, id.key_pem)),
-            domain: self.worker_tls_domain.clone(),
-        }))
+        ClientTls::load(
+            ["--worker-tls-ca", "--worker-tls-cert", "--worker-tls-key"],
+            [
+                &self.worker_tls_ca,
+                &self.worker_tls_cert,
+                &self.worker_tls_key,
+            ],
+            self.worker_tls_domain.clone(),
+        )
+    }
+}
+
+/// The TLS flags of the gateway's client commands (`replay`, `health`) for an `https://`
+/// server.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct ClientTlsArgs {
+    /// Verify an https:// server's certificate against these CA certificates (PEM); needed
+    /// for any https:// address.
+    #[arg(long, env = "TANDEM_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for a server that requires mutual TLS; needs --tls-key.
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
+    /// The name checked in the server's certificate when it is not the address's host.
+    #[arg(long)]
+    pub tls_domain: Option<String>,
+}
+
+impl ClientTlsArgs {
+    /// As [`WorkerTlsArgs::load`], for `--tls-ca`, `--tls-cert`, `--tls-key`.
+    ///
+    /// Errors: as [`WorkerTlsArgs::load`].
+    pub fn load(&self) -> Result<Option<ClientTls>, TlsError> {
+        ClientTls::load(
+            ["--tls-ca", "--tls-cert", "--tls-key"],
+            [&self.tls_ca, &self.tls_cert, &self.tls_key],
+            self.tls_domain.clone(),
+        )
     }
 }
 
@@ -230,6 +245,61 @@ impl std::fmt::Debug for ClientTls {
 }
 
 impl ClientTls {
+    /// The checked setup from the files `[ca, cert, key]` given for the flags named `flags`;
+    /// `None` without a CA.
+    fn load(
+        flags: [&'static str; 3],
+        [ca, cert, key]: [&Option<PathBuf>; 3],
+        domain: Option<String>,
+    ) -> Result<Option<Self>, TlsError> {
+        let [ca_flag, cert_flag, key_flag] = flags;
+        let identity = match (cert, key) {
+            (Some(c), Some(k)) => Some(Identity::load((cert_flag, c), (key_flag, k))?),
+            (None, None) => None,
+            _ => {
+                return Err(TlsError::Incomplete(format!(
+                    "{cert_flag} and {key_flag} go together"
+                )))
+            }
+        };
+        let Some(ca) = ca else {
+            if identity.is_some() {
+                return Err(TlsError::Incomplete(format!(
+                    "{cert_flag} needs {ca_flag} (the servers' CA, PEM)"
+                )));
+            }
+            return Ok(None);
+        };
+        let (ca_pem, _) = roots(ca_flag, ca)?;
+        let identity = identity.map(|id| (id.cert_pem, id.key_pem));
+        Ok(Some(ClientTls {
+            ca_pem,
+            identity,
+            domain,
+        }))
+    }
+
+    /// `endpoint` with this TLS setup when `uri` is `https://`, unchanged otherwise.
+    ///
+    /// Errors: an `https://` `uri` without a setup (`tls` is `None`), naming `ca_flag`; tonic
+    /// refusing the configuration.
+    pub fn for_endpoint(
+        tls: Option<&ClientTls>,
+        uri: &str,
+        endpoint: tonic::transport::Endpoint,
+        ca_flag: &str,
+    ) -> Result<tonic::transport::Endpoint, String> {
+        if !uri.starts_with("https://") {
+            return Ok(endpoint);
+        }
+        let tls = tls.ok_or_else(|| {
+            format!("{uri} is https:// but no {ca_flag} says which certificate to trust")
+        })?;
+        endpoint
+            .tls_config(tls.grpc())
+            .map_err(|e| format!("TLS for {uri}: {e}"))
+    }
+
     /// tonic's channel TLS configuration: only the given CAs are trusted; the client
     /// certificate and the domain override when configured.
     pub fn grpc(&self) -> tonic::transport::ClientTlsConfig {

@@ -3,7 +3,8 @@
 //! certificate for `localhost` and 127.0.0.1; a client certificate):
 //! - a worker over TLS and over mutual TLS (a client without a certificate, or trusting
 //!   another CA, is refused), the gateway reaching it over mutual TLS for a replay step;
-//! - the gateway's gRPC service and its HTTP endpoint over (mutual) TLS;
+//! - the gateway's gRPC service over TLS (`health` and a replay step with `--tls-ca`) and its
+//!   HTTP endpoint over mutual TLS;
 //! - a worker on a Unix socket (mode 0600) serving the gateway, the file removed at exit.
 
 mod common;
@@ -270,19 +271,39 @@ async fn gateway_grpc_and_http_over_tls(pki: &Pki, router: agent_gateway::worker
         },
         security,
     ));
-    let ch = tls_channel("localhost", port, &pki.client(&pki.ca, false))
-        .await
-        .unwrap();
-    let health = tonic_health::pb::health_client::HealthClient::new(ch)
-        .check(tonic_health::pb::HealthCheckRequest {
-            service: String::new(),
-        })
+    // `agent-gateway health --addr https://... --tls-ca` and `replay --tls-ca` reach it.
+    let tls = tandem_auth::ClientTlsArgs {
+        tls_ca: Some(pki.ca.clone()),
+        ..Default::default()
+    };
+    let gateway = format!("https://localhost:{port}");
+    let health = agent_gateway::health::HealthArgs {
+        addr: gateway.clone(),
+        service: String::new(),
+        wait: 10,
+        tls: tls.clone(),
+    };
+    agent_gateway::health::run(&health)
         .await
         .expect("health over TLS");
-    assert_eq!(
-        health.into_inner().status,
-        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-    );
+    let no_ca = agent_gateway::health::HealthArgs {
+        tls: Default::default(),
+        wait: 0,
+        ..health
+    };
+    let e = agent_gateway::health::run(&no_ca)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no --tls-ca"), "{e}");
+    let out = tempfile::tempdir().unwrap();
+    let cfg = replay::ReplayConfig {
+        tls,
+        ..replay_config(&gateway, 1, out.path().join("r.jsonl"))
+    };
+    let (records, summary) = replay::run(&cfg).await.expect("a replay over TLS");
+    assert_eq!(summary.steps, 1);
+    assert!(records[0].error.is_empty(), "{:?}", records[0]);
 
     let hl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let http = hl.local_addr().unwrap().to_string();

@@ -36,6 +36,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 fn channel(a: &str, tls: Option<&ClientTls>) -> Result<(String, Channel), GatewayError> {
     let invalid = |e: &dyn std::fmt::Display| GatewayError::Config(format!("invalid worker address {a:?}: {e}"));
     if let Some(path) = a.strip_prefix("unix:") {
+        if path.is_empty() {
+            return Err(invalid(&"unix: needs a socket path (a worker's --listen unix:PATH)"));
+        }
         let path = std::path::PathBuf::from(path);
         // The URI is only the `:authority` sent; the connector dials the socket.
         let ep = Endpoint::from_static("http://localhost").connect_timeout(CONNECT_TIMEOUT);
@@ -137,6 +140,16 @@ impl Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn worker_addresses_are_checked_at_start() {
+        let r = Router::new(&["127.0.0.1:1".into(), "unix:/tmp/w.sock".into()]).unwrap();
+        let addrs: Vec<_> = r.workers().iter().map(|w| w.addr.as_str()).collect();
+        assert_eq!(addrs, ["http://127.0.0.1:1", "unix:/tmp/w.sock"]);
+        let err = |a: &str| Router::new(&[a.to_string()]).err().expect("refused").to_string();
+        assert!(err("unix:").contains("needs a socket path"));
+        assert!(err("https://127.0.0.1:1").contains("no --worker-tls-ca"));
+    }
 
     #[tokio::test]
     async fn routing_is_stable_and_spreads_episodes() {

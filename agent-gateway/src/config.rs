@@ -15,7 +15,9 @@ pub struct ServeOptions {
     /// Address for AgentService (gRPC).
     #[arg(long, default_value = "127.0.0.1:50052")]
     pub listen: SocketAddr,
-    /// device-worker address (repeatable); episodes are pinned to one worker each.
+    /// device-worker address (repeatable); episodes are pinned to one worker each:
+    /// `http://HOST:PORT`, `https://HOST:PORT` (TLS, verified with --worker-tls-ca) or
+    /// `unix:PATH` (a worker's `--listen unix:PATH` socket).
     #[arg(long = "worker", default_value = "http://127.0.0.1:50051")]
     #[serde(rename = "worker")]
     pub workers: Vec<String>,
@@ -42,6 +44,10 @@ pub struct ServeOptions {
     #[arg(long, env = "TANDEM_WORKER_TOKEN_FILE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub worker_token_file: Option<std::path::PathBuf>,
+    /// TLS to https:// workers (`--worker-tls-ca`, `--worker-tls-cert`, ...).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub worker_tls: tandem_auth::WorkerTlsArgs,
 }
 
 /// `--max-controls`: a whole number of at least 1. Errors: a message naming the bad value.

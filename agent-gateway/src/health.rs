@@ -20,13 +20,17 @@ pub struct HealthArgs {
     /// Keep trying for this many seconds until SERVING (0: ask once).
     #[arg(long, default_value_t = 0)]
     pub wait: u64,
+    /// TLS for an https:// address (`--tls-ca`, `--tls-cert`, `--tls-key`, `--tls-domain`).
+    #[command(flatten)]
+    pub tls: tandem_auth::ClientTlsArgs,
 }
 
 /// Prints the status; errors unless SERVING (within `--wait`).
 pub async fn run(args: &HealthArgs) -> Result<(), GatewayError> {
+    let tls = args.tls.load().map_err(|e| GatewayError::Config(e.to_string()))?;
     let deadline = Instant::now() + Duration::from_secs(args.wait);
     loop {
-        let status = check(&args.addr, &args.service).await;
+        let status = check(&args.addr, &args.service, tls.as_ref()).await;
         match &status {
             Ok(ServingStatus::Serving) => {
                 println!("{}: SERVING", args.addr);
@@ -39,11 +43,11 @@ pub async fn run(args: &HealthArgs) -> Result<(), GatewayError> {
     }
 }
 
-async fn check(addr: &str, service: &str) -> Result<ServingStatus, String> {
+async fn check(addr: &str, service: &str, tls: Option<&tandem_auth::ClientTls>) -> Result<ServingStatus, String> {
     // `--listen` takes host:port, so accept the same here (http:// implied).
     let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-    let channel = tonic::transport::Endpoint::from_shared(uri)
-        .map_err(|e| format!("invalid address: {e}"))?
+    let endpoint = tonic::transport::Endpoint::from_shared(uri.clone()).map_err(|e| format!("invalid address: {e}"))?;
+    let channel = tandem_auth::ClientTls::for_endpoint(tls, &uri, endpoint, "--tls-ca")?
         .connect()
         .await
         .map_err(|e| format!("cannot connect: {}", error_chain(&e)))?;

@@ -14,7 +14,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve AgentService (gRPC), health and reflection.
+    /// Serve AgentService (gRPC), health and the OpenAI-compatible HTTP endpoint (reflection
+    /// with `--reflection`; TLS on both with `--tls-cert`/`--tls-key`).
     Serve(agent_gateway::config::ServeOptions),
     /// Replay real corpus episodes through a running gateway and print a per-step table.
     Replay(agent_gateway::replay::ReplayConfig),
@@ -62,6 +63,8 @@ fn main() -> anyhow::Result<()> {
                     let _ = stop_tx.send(true);
                 });
                 let listens: Vec<_> = std::iter::once(cfg.listen).chain(cfg.http_listen.0).collect();
+                let tls = cfg.auth.tls.load()?;
+                let worker_tls = cfg.worker_tls.load()?;
                 let auth = cfg.auth.authenticator(&listens)?;
                 if let Some(a) = &auth {
                     a.reload_on_sighup();
@@ -72,12 +75,10 @@ fn main() -> anyhow::Result<()> {
                     None => tandem_auth::BearerInterceptor::none(),
                 };
                 let metrics = agent_gateway::metrics::install()?;
-                let router = agent_gateway::worker::Router::with_token(&cfg.workers, worker_token)?;
+                let router = agent_gateway::worker::Router::connect(&cfg.workers, worker_token, worker_tls.as_ref())?;
                 let runner = Arc::new(agent_gateway::step::StepRunner::new(router.clone()).with_max_controls(cfg.max_controls));
-                let listener = tokio::net::TcpListener::bind(cfg.listen)
-                    .await
-                    .with_context(|| format!("cannot listen on {}", cfg.listen))?;
-                tracing::info!(addr = %listener.local_addr()?, workers = ?cfg.workers, "AgentService listening");
+                let listener = tandem_auth::Listener::bind(&tandem_auth::ListenAddr::Tcp(cfg.listen)).await?;
+                tracing::info!(addr = %listener.local_addr()?, workers = ?cfg.workers, tls = tls.is_some(), mutual_tls = tls.as_ref().is_some_and(|t| t.mutual()), reflection = cfg.auth.reflection, "AgentService listening");
                 let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
                     let _ = rx.wait_for(|s| *s).await;
                 };
@@ -87,17 +88,18 @@ fn main() -> anyhow::Result<()> {
                             .await
                             .with_context(|| format!("cannot listen on {addr} (HTTP; --http-listen off disables it)"))?;
                         tracing::info!(addr = %l.local_addr()?, "OpenAI-compatible HTTP endpoint listening");
-                        Some(tokio::spawn(agent_gateway::http::serve_with_auth(
+                        Some(tokio::spawn(agent_gateway::http::serve_secured(
                             agent_gateway::http::HttpState { router, metrics: Some(metrics) },
                             l,
                             stopped(stop_rx.clone()),
                             auth.clone(),
+                            tls.clone(),
                         )))
                     }
                     None => None,
                 };
-                let grpc_auth = tandem_auth::AuthLayer::grpc(auth, cfg.auth.health_requires_auth);
-                agent_gateway::service::serve_with_auth(runner, listener, stopped(stop_rx), grpc_auth).await?;
+                let security = cfg.auth.grpc_security(auth, tls);
+                agent_gateway::service::serve_secured(runner, listener, stopped(stop_rx), security).await?;
                 if let Some(h) = http {
                     h.await.context("HTTP server task")??;
                 }

@@ -39,6 +39,9 @@ pub struct ReplayConfig {
     /// gateway's `--auth-token-file` format).
     #[arg(long, env = "TANDEM_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
+    /// TLS for an https:// gateway (`--tls-ca`, `--tls-cert`, `--tls-key`, `--tls-domain`).
+    #[command(flatten)]
+    pub tls: tandem_auth::ClientTlsArgs,
     /// JSONL file with one object per step.
     #[arg(long, default_value = "replay-out/replay.jsonl")]
     pub out: PathBuf,
@@ -138,8 +141,11 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
             .map_err(|e| GatewayError::Config(e.to_string()))?,
         None => tandem_auth::BearerInterceptor::none(),
     };
-    let channel = tonic::transport::Endpoint::from_shared(cfg.gateway.clone())
-        .map_err(|e| GatewayError::Config(format!("invalid gateway address {:?}: {e}", cfg.gateway)))?
+    let tls = cfg.tls.load().map_err(|e| GatewayError::Config(e.to_string()))?;
+    let endpoint = tonic::transport::Endpoint::from_shared(cfg.gateway.clone())
+        .map_err(|e| GatewayError::Config(format!("invalid gateway address {:?}: {e}", cfg.gateway)))?;
+    let channel = tandem_auth::ClientTls::for_endpoint(tls.as_ref(), &cfg.gateway, endpoint, "--tls-ca")
+        .map_err(GatewayError::Config)?
         .connect()
         .await
         .map_err(|e| {

@@ -137,8 +137,8 @@ impl AgentService for AgentServiceImpl {
     }
 }
 
-/// Serves AgentService, health and reflection on `listener` until `shutdown` resolves,
-/// without authentication (tests, local development; see [`serve_with_auth`]).
+/// Serves AgentService and health on `listener` until `shutdown` resolves, without
+/// authentication, TLS or reflection (tests, local development; see [`serve_secured`]).
 pub async fn serve(
     runner: Arc<StepRunner>,
     listener: tokio::net::TcpListener,
@@ -155,26 +155,33 @@ pub async fn serve_with_auth(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     auth: tandem_auth::AuthLayer<tonic::body::Body>,
 ) -> Result<(), GatewayError> {
+    let security = tandem_auth::GrpcSecurity::auth(auth);
+    serve_secured(runner, tandem_auth::Listener::Tcp(listener), shutdown, security).await
+}
+
+/// [`serve`] on a TCP or Unix-socket `listener` with `security`: the bearer-token layer,
+/// TLS (mutual with a client CA) and, if asked, reflection (v1 and v1alpha).
+///
+/// Errors: [`GatewayError::Config`] when the server cannot start or fails.
+pub async fn serve_secured(
+    runner: Arc<StepRunner>,
+    listener: tandem_auth::Listener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    security: tandem_auth::GrpcSecurity,
+) -> Result<(), GatewayError> {
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<AgentServiceServer<AgentServiceImpl>>().await;
-    // Reflection v1 and v1alpha: grpcurl and older clients ask for either.
-    let reflection = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(tandem_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-    };
-    let reflection_v1 = reflection().build_v1().map_err(|e| GatewayError::Config(format!("reflection: {e}")))?;
-    let reflection_v1alpha = reflection().build_v1alpha().map_err(|e| GatewayError::Config(format!("reflection: {e}")))?;
-    tonic::transport::Server::builder()
-        .layer(auth)
+    let router = tandem_auth::grpc::server(&security)
+        .map_err(|e| GatewayError::Config(format!("gRPC server TLS: {e}")))?
         .add_service(health)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
         .add_service(
             AgentServiceServer::new(AgentServiceImpl::new(runner))
                 .max_decoding_message_size(tandem_proto::MAX_MESSAGE_BYTES),
-        )
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+        );
+    let sets = [tandem_proto::FILE_DESCRIPTOR_SET, tonic_health::pb::FILE_DESCRIPTOR_SET];
+    let router = tandem_auth::grpc::with_reflection(router, &security, &sets)
+        .map_err(|e| GatewayError::Config(format!("reflection: {e}")))?;
+    tandem_auth::grpc::serve(router, listener, shutdown)
         .await
         .map_err(|e| GatewayError::Config(format!("gRPC server: {e}")))
 }

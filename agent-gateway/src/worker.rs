@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tandem_auth::BearerInterceptor;
+use tandem_auth::{BearerInterceptor, ClientTls};
 use tandem_proto::step::v1::step_service_client::StepServiceClient;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
@@ -20,13 +20,39 @@ use crate::error::GatewayError;
 /// One configured worker.
 #[derive(Clone)]
 pub struct Worker {
-    /// The address as configured (`http://127.0.0.1:50051`).
+    /// The address as configured (`http://127.0.0.1:50051`, `https://...`, `unix:PATH`).
     pub addr: String,
     pub client: WorkerClient,
 }
 
 /// A StepService client that sends the gateway's bearer token (`--worker-token-file`), if any.
 pub type WorkerClient = StepServiceClient<InterceptedService<Channel, BearerInterceptor>>;
+
+/// How long the gateway waits for a worker's connection (TCP and TLS handshakes).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A lazily connecting channel to the worker at `a` and the address as [`Worker::addr`]
+/// (`http://` added to a bare `HOST:PORT`).
+fn channel(a: &str, tls: Option<&ClientTls>) -> Result<(String, Channel), GatewayError> {
+    let invalid = |e: &dyn std::fmt::Display| GatewayError::Config(format!("invalid worker address {a:?}: {e}"));
+    if let Some(path) = a.strip_prefix("unix:") {
+        if path.is_empty() {
+            return Err(invalid(&"unix: needs a socket path (a worker's --listen unix:PATH)"));
+        }
+        let path = std::path::PathBuf::from(path);
+        // The URI is only the `:authority` sent; the connector dials the socket.
+        let ep = Endpoint::from_static("http://localhost").connect_timeout(CONNECT_TIMEOUT);
+        let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+        });
+        return Ok((a.to_string(), ep.connect_with_connector_lazy(connector)));
+    }
+    let uri = if a.contains("://") { a.to_string() } else { format!("http://{a}") };
+    let ep = Endpoint::from_shared(uri.clone()).map_err(|e| invalid(&e))?.connect_timeout(CONNECT_TIMEOUT).tcp_nodelay(true);
+    let ep = ClientTls::for_endpoint(tls, &uri, ep, "--worker-tls-ca").map_err(|e| GatewayError::Config(format!("worker {e}")))?;
+    Ok((uri, ep.connect_lazy()))
+}
 
 /// How long a worker that answered UNAVAILABLE is skipped by [`Router::route`].
 pub const DOWN_FOR: Duration = Duration::from_secs(10);
@@ -56,19 +82,24 @@ impl Router {
     ///
     /// Errors: as [`Router::new`].
     pub fn with_token(addrs: &[String], token: BearerInterceptor) -> Result<Self, GatewayError> {
+        Self::connect(addrs, token, None)
+    }
+
+    /// [`Router::with_token`] for workers at `http://HOST:PORT` (or `HOST:PORT`), `https://`
+    /// (verified with `tls`: its CA, client certificate and domain) or `unix:PATH` (a Unix
+    /// socket, see `device-worker serve --listen unix:PATH`).
+    ///
+    /// Errors: [`GatewayError::Config`] for no worker, an invalid address, or an `https://`
+    /// worker without `tls` (`--worker-tls-ca`).
+    pub fn connect(addrs: &[String], token: BearerInterceptor, tls: Option<&ClientTls>) -> Result<Self, GatewayError> {
         if addrs.is_empty() {
             return Err(GatewayError::Config("at least one --worker address is needed".into()));
         }
         let workers = addrs
             .iter()
             .map(|a| {
-                let uri = if a.contains("://") { a.clone() } else { format!("http://{a}") };
-                let ep = Endpoint::from_shared(uri.clone())
-                    .map_err(|e| GatewayError::Config(format!("invalid worker address {a:?}: {e}")))?
-                    .connect_timeout(std::time::Duration::from_secs(5))
-                    .tcp_nodelay(true);
-                let client = StepServiceClient::with_interceptor(ep.connect_lazy(), token.clone());
-                Ok(Worker { addr: uri, client })
+                let (addr, channel) = channel(a, tls)?;
+                Ok(Worker { addr, client: StepServiceClient::with_interceptor(channel, token.clone()) })
             })
             .collect::<Result<Vec<_>, GatewayError>>()?;
         let down_until_ms = Arc::new(workers.iter().map(|_| AtomicU64::new(0)).collect());
@@ -109,6 +140,16 @@ impl Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn worker_addresses_are_checked_at_start() {
+        let r = Router::new(&["127.0.0.1:1".into(), "unix:/tmp/w.sock".into()]).unwrap();
+        let addrs: Vec<_> = r.workers().iter().map(|w| w.addr.as_str()).collect();
+        assert_eq!(addrs, ["http://127.0.0.1:1", "unix:/tmp/w.sock"]);
+        let err = |a: &str| Router::new(&[a.to_string()]).err().expect("refused").to_string();
+        assert!(err("unix:").contains("needs a socket path"));
+        assert!(err("https://127.0.0.1:1").contains("no --worker-tls-ca"));
+    }
 
     #[tokio::test]
     async fn routing_is_stable_and_spreads_episodes() {

@@ -1,12 +1,16 @@
-//! The servers' authentication flags and the bind policy.
+//! The servers' authentication, TLS and reflection flags, and the bind policy.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use crate::error::AuthError;
+use crate::grpc::GrpcSecurity;
+use crate::layer::AuthLayer;
+use crate::tls::{ServerTls, TlsArgs};
 use crate::tokens::Authenticator;
 
-/// `--auth-token-file`, `--health-requires-auth`, `--insecure` (flattened into `serve`).
+/// `--auth-token-file`, `--health-requires-auth`, `--insecure`, the TLS flags ([`TlsArgs`])
+/// and `--reflection` (flattened into both programs' `serve`).
 #[derive(Clone, Debug, Default, clap::Args, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct AuthArgs {
@@ -23,12 +27,20 @@ pub struct AuthArgs {
     /// the port can drive the agent).
     #[arg(long)]
     pub insecure: bool,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub tls: TlsArgs,
+    /// Serve gRPC reflection (what `grpcurl list` and `describe` use). Off by default: it
+    /// lists every method and message to anyone who connects.
+    #[arg(long)]
+    pub reflection: bool,
 }
 
 impl AuthArgs {
     /// The authenticator for a server listening on `listen` (every address the server binds),
     /// after the bind policy: with a token file, its tokens; without one, `None` (auth off),
-    /// logged as a warning, on loopback addresses or with `--insecure`.
+    /// logged as a warning, on loopback addresses (and Unix sockets, which callers leave out of
+    /// `listen`: only the socket file's owner can connect) or with `--insecure`.
     ///
     /// Errors: [`AuthError::InsecureBind`] for a non-loopback address without a token file
     /// and without `--insecure`; as [`Authenticator::from_file`].
@@ -48,6 +60,20 @@ impl AuthArgs {
         }
         Ok(None)
     }
+
+    /// A gRPC server's protections from these flags: `auth` (from [`Self::authenticator`])
+    /// with `--health-requires-auth`, `tls` (from [`TlsArgs::load`]), `--reflection`.
+    pub fn grpc_security(
+        &self,
+        auth: Option<Authenticator>,
+        tls: Option<ServerTls>,
+    ) -> GrpcSecurity {
+        GrpcSecurity {
+            auth: AuthLayer::grpc(auth, self.health_requires_auth),
+            tls,
+            reflection: self.reflection,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -63,9 +89,18 @@ mod tests {
         let err = args.authenticator(&[lo, any]).unwrap_err();
         assert!(matches!(err, AuthError::InsecureBind { .. }), "{err}");
         assert!(err.to_string().contains("0.0.0.0:1"));
-        let insecure = AuthArgs { insecure: true, ..Default::default() };
+        let insecure = AuthArgs {
+            insecure: true,
+            ..Default::default()
+        };
         assert!(insecure.authenticator(&[any]).unwrap().is_none());
-        let missing = AuthArgs { auth_token_file: Some("/nonexistent/tokens".into()), ..Default::default() };
-        assert!(matches!(missing.authenticator(&[lo]), Err(AuthError::Read { .. })));
+        let missing = AuthArgs {
+            auth_token_file: Some("/nonexistent/tokens".into()),
+            ..Default::default()
+        };
+        assert!(matches!(
+            missing.authenticator(&[lo]),
+            Err(AuthError::Read { .. })
+        ));
     }
 }

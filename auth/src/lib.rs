@@ -14,15 +14,27 @@
 //! - [`args`]: the `--auth-token-file`, `--health-requires-auth`, `--insecure` flags and the
 //!   bind policy: without a token a server listens on loopback only (with a warning) unless
 //!   `--insecure` is given.
+//! - [`tls`]: `--tls-cert`, `--tls-key`, `--tls-client-ca` (mutual TLS) of the servers and
+//!   the gateway's `--worker-tls-*`, rustls with the ring provider, files checked at start.
+//! - [`listen`]: `--listen` as a TCP address or `unix:PATH` (a 0600 Unix socket).
+//! - [`grpc`]: a gRPC server behind the auth layer, TLS and reflection flag, served on a
+//!   [`listen::Listener`]; [`https`]: the HTTP endpoint over TLS.
 
 pub mod args;
 pub mod client;
 pub mod error;
+pub mod grpc;
+pub mod https;
 pub mod layer;
+pub mod listen;
+pub mod tls;
 pub mod tokens;
 
 pub use args::AuthArgs;
 pub use client::BearerInterceptor;
-pub use error::AuthError;
+pub use error::{AuthError, ListenError, TlsError};
+pub use grpc::GrpcSecurity;
 pub use layer::{AuthLayer, Rejection};
+pub use listen::{ListenAddr, Listener};
+pub use tls::{ClientTls, ClientTlsArgs, ServerTls, TlsArgs, WorkerTlsArgs};
 pub use tokens::{Authenticator, TokenSet};

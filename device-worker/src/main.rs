@@ -17,7 +17,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Load the model and serve StepService, gRPC health and reflection (and Prometheus
+    /// Load the model and serve StepService and gRPC health (reflection with `--reflection`;
+    /// TLS with `--tls-cert`/`--tls-key`; a Unix socket with `--listen unix:PATH`; Prometheus
     /// `/metrics` with `--metrics-listen`). Options may come from a TOML file (`--config`).
     Serve(ServeOptions),
     /// Measure prefill and decode speed on the model (no server).
@@ -75,7 +76,8 @@ fn main() -> anyhow::Result<()> {
             telemetry.otel.otlp_endpoint.as_deref(),
         )?
     };
-    let auth = cfg.auth.authenticator(&[cfg.listen])?;
+    let tls = cfg.auth.tls.load()?;
+    let auth = cfg.auth.authenticator(cfg.listen.tcp().as_slice())?;
     match cfg.engine.kernels.install() {
         Ok(Some(warning)) => tracing::warn!("{warning}"),
         Ok(None) => {}
@@ -109,10 +111,8 @@ fn main() -> anyhow::Result<()> {
             }
             None => None,
         };
-        let listener = tokio::net::TcpListener::bind(cfg.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", cfg.listen))?;
-        tracing::info!(addr = %listener.local_addr()?, "StepService listening");
+        let listener = tandem_auth::Listener::bind(&cfg.listen).await?;
+        tracing::info!(addr = %listener.local_addr()?, tls = tls.is_some(), mutual_tls = tls.as_ref().is_some_and(|t| t.mutual()), reflection = cfg.auth.reflection, "StepService listening");
         // Stop on Ctrl-C, or when the model fails to load: a worker that can never
         // serve should exit with the reason rather than sit NOT_SERVING.
         let mut state = engine.state();
@@ -148,8 +148,8 @@ fn main() -> anyhow::Result<()> {
             a.reload_on_sighup();
             tracing::info!(file = %a.path().display(), "StepService requires a bearer token");
         }
-        let auth = tandem_auth::AuthLayer::grpc(auth, cfg.auth.health_requires_auth);
-        device_worker::service::serve_with_auth(engine, listener, shutdown, auth).await?;
+        let security = cfg.auth.grpc_security(auth, tls);
+        device_worker::service::serve_secured(engine, listener, shutdown, security).await?;
         let _ = metrics_stop.send(());
         if let Some(h) = metrics_server {
             h.await.context("metrics server task")??;

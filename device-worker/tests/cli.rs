@@ -1,7 +1,7 @@
 //! The `device-worker` binary's start-up choices, run for real: the kernel backend
 //! (`bench --kernels NAME` or `TANDEM_KERNELS` installs it, an unknown name is warned about
 //! and the fastest is used; on the tiny Qwen3.5 fixture) and the bind policy (no token file:
-//! loopback only).
+//! loopback only; a Unix socket counts as local), TLS files checked at start, `serve --help`.
 
 use std::process::Command;
 
@@ -61,4 +61,90 @@ fn serve_on_a_non_loopback_address_without_a_token_refuses_to_start() {
             && stderr.contains("--auth-token-file"),
         "{stderr}"
     );
+}
+
+/// `serve` with `args` on the tiny model: (success, stderr).
+fn serve_fails(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_device-worker"))
+        .args(["serve", "--model", TINY])
+        .args(args)
+        .env_remove("TANDEM_AUTH_TOKEN_FILE")
+        // What a user sees (no backtrace after the error).
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE")
+        .output()
+        .expect("device-worker runs");
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn bad_tls_files_stop_the_start_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_string_lossy().into_owned()
+    };
+    let a = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let b = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let cert = write("a.pem", &a.cert.pem());
+    let other_key = write("b.key", &b.signing_key.serialize_pem());
+    let not_pem = write("a.der", "\u{30}binary");
+    let missing = dir.path().join("missing.pem").to_string_lossy().into_owned();
+    for (args, want) in [
+        (vec!["--tls-cert", &missing, "--tls-key", &other_key], "cannot read --tls-cert"),
+        (vec!["--tls-cert", &not_pem, "--tls-key", &other_key], "no PEM certificate"),
+        (vec!["--tls-cert", &cert, "--tls-key", &other_key], "does not match --tls-cert"),
+        (vec!["--tls-cert", &cert], "--tls-cert needs --tls-key"),
+    ] {
+        let (ok, stderr) = serve_fails(&args);
+        assert!(!ok, "{args:?} must not serve");
+        // The error is the last thing printed, on one line (no "Caused by" block).
+        let error = stderr.split_once("Error: ").map(|(_, e)| e.trim_end());
+        assert!(
+            error.is_some_and(|e| !e.contains('\n') && e.contains(want)),
+            "{args:?}: want one line with {want:?}, got {stderr}"
+        );
+    }
+}
+
+#[test]
+fn serve_help_explains_tls_unix_sockets_and_reflection() {
+    let out = Command::new(env!("CARGO_BIN_EXE_device-worker"))
+        .args(["serve", "--help"])
+        .output()
+        .expect("device-worker runs");
+    let help = String::from_utf8_lossy(&out.stdout);
+    for want in ["--tls-cert", "--tls-key", "--tls-client-ca", "Mutual TLS", "unix:PATH", "mode 0600", "--reflection", "Off by default"] {
+        assert!(help.contains(want), "{want} missing from serve --help:\n{help}");
+    }
+}
+
+/// `serve --listen unix:PATH` without a token starts (a Unix socket counts as local), makes
+/// the socket with mode 0600, and removes it on SIGTERM.
+#[test]
+fn serve_on_a_unix_socket_is_private_and_cleans_up() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("worker.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_device-worker"))
+        .args(["serve", "--model", TINY, "--listen", &format!("unix:{}", path.display())])
+        .env_remove("TANDEM_AUTH_TOKEN_FILE")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("device-worker runs");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !path.exists() {
+        assert!(child.try_wait().unwrap().is_none(), "the worker exited before listening");
+        assert!(std::time::Instant::now() < deadline, "no socket after 60 s");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "{mode:o}");
+    std::os::unix::net::UnixStream::connect(&path).expect("it accepts");
+    let term = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(term.success());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "a clean exit after SIGTERM: {status}");
+    assert!(!path.exists(), "the socket file is removed on exit");
 }

@@ -250,35 +250,68 @@ async fn a_truncated_model_file_gives_a_clear_error_not_a_crash() {
     assert!(err.message().contains("truncated"), "{}", err.message());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reflection_lists_the_services_and_health_reports_serving() {
+/// The services reflection lists on `channel`, or its error (UNIMPLEMENTED when reflection
+/// is not served).
+async fn reflected_services(channel: tonic::transport::Channel) -> Result<Vec<String>, tonic::Status> {
     use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
     use tonic_reflection::pb::v1::ServerReflectionRequest;
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut resp = ServerReflectionClient::new(channel)
+        .server_reflection_info(tokio_stream::iter(vec![req]))
+        .await?
+        .into_inner();
+    let msg = resp.next().await.expect("one answer")?;
+    let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else {
+        panic!("{msg:?}")
+    };
+    Ok(list.service.into_iter().map(|s| s.name).collect())
+}
 
+/// Reflection is off by default (issue 20: it lists every method to anyone who connects) and
+/// served with `--reflection` (`GrpcSecurity::reflection`); health reports SERVING.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_is_off_by_default_and_lists_the_services_when_asked() {
     let model = model_path();
-    let w = start_worker(config(model)).await;
+    let settings = config(model).settings().unwrap();
+    let engine = device_worker::engine::EngineHandle::spawn(settings).unwrap();
+    let w = start_worker_with(engine.clone()).await;
     let channel = tonic::transport::Endpoint::from_shared(w.addr.clone())
         .unwrap()
         .connect()
         .await
         .unwrap();
-    let mut client = ServerReflectionClient::new(channel.clone());
-    let req = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut resp = client
-        .server_reflection_info(tokio_stream::iter(vec![req]))
+    let err = reflected_services(channel.clone())
         .await
-        .unwrap()
-        .into_inner();
-    let msg = resp.next().await.unwrap().unwrap();
-    let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else {
-        panic!("{msg:?}")
+        .expect_err("no reflection by default");
+    assert_eq!(err.code(), tonic::Code::Unimplemented, "{err:?}");
+
+    // The same engine served again, with reflection.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = format!("http://{}", listener.local_addr().unwrap());
+    let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let security = tandem_auth::GrpcSecurity {
+        reflection: true,
+        ..tandem_auth::GrpcSecurity::open()
     };
-    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    tokio::spawn(device_worker::service::serve_secured(
+        engine,
+        tandem_auth::Listener::Tcp(listener),
+        async {
+            let _ = stopped.await;
+        },
+        security,
+    ));
+    let reflecting = tonic::transport::Endpoint::from_shared(addr)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let names = reflected_services(reflecting).await.expect("reflection served");
     for want in ["tandem.step.v1.StepService", "grpc.health.v1.Health"] {
         assert!(
             names.iter().any(|n| n == want),

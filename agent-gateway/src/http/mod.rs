@@ -81,9 +81,23 @@ pub async fn serve_with_auth(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     auth: Option<tandem_auth::Authenticator>,
 ) -> Result<(), GatewayError> {
+    serve_secured(state, listener, shutdown, auth, None).await
+}
+
+/// [`serve_with_auth`] over TLS (HTTP/1.1, `https://`) when `tls` is given; with a client CA
+/// ([`tandem_auth::ServerTls::mutual`]) a client without an accepted certificate is refused
+/// in the handshake.
+///
+/// Errors: as [`serve`].
+pub async fn serve_secured(
+    state: HttpState,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    auth: Option<tandem_auth::Authenticator>,
+    tls: Option<tandem_auth::ServerTls>,
+) -> Result<(), GatewayError> {
     let app = app(state).layer(tandem_auth::AuthLayer::<axum::body::Body>::openai_http(auth, OPEN_PATHS));
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
+    tandem_auth::https::serve_http(listener, tls.as_ref(), app, shutdown)
         .await
         .map_err(|e| GatewayError::Config(format!("HTTP server: {e}")))
 }

@@ -233,6 +233,27 @@ class _CallDetails(collections.namedtuple("_CallDetails", ("method", "timeout", 
     """Call details with the token added (grpc's documented interceptor pattern)."""
 
 
+def _read(path: Optional[str]) -> Optional[bytes]:
+    if path is None:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _channel(target: str, tls_ca: Optional[str], tls_cert: Optional[str], tls_key: Optional[str]) -> grpc.Channel:
+    """A plaintext channel, or a TLS one with ``tls_ca`` (and the client pair for mutual TLS).
+    Raises ``ValueError`` for a client certificate without its key (or without ``tls_ca``)."""
+    if (tls_cert is None) != (tls_key is None):
+        raise ValueError("tls_cert and tls_key go together")
+    if tls_ca is None:
+        if tls_cert is not None:
+            raise ValueError("tls_cert needs tls_ca (the gateway's CA)")
+        return grpc.insecure_channel(target)
+    creds = grpc.ssl_channel_credentials(root_certificates=_read(tls_ca), private_key=_read(tls_key),
+                                         certificate_chain=_read(tls_cert))
+    return grpc.secure_channel(target, creds)
+
+
 def read_token_file(path: str) -> str:
     """The first token of a token file (one per line, ``#`` comments), as the servers'
     ``--auth-token-file`` reads it. Raises ``ValueError`` for a file without a token."""
@@ -249,15 +270,21 @@ class AgentClient:
     :data:`DEFAULT_TARGET`), or over an existing ``channel``. ``timeout_s``: deadline per call
     (None: none). ``token``: the bearer token of a gateway started with
     ``--auth-token-file`` (``token_file``: read it from such a file); without one a gateway
-    that requires a token answers ``UNAUTHENTICATED``.
+    that requires a token answers ``UNAUTHENTICATED``. ``tls_ca``: path of the PEM CA
+    certificate(s) of a gateway started with ``--tls-cert`` (TLS on; the target's host must be
+    a name in its certificate); ``tls_cert``/``tls_key``: PEM client certificate and key for a
+    gateway with ``--tls-client-ca`` (mutual TLS).
     """
 
     def __init__(self, target: str = DEFAULT_TARGET, *, channel: Optional[grpc.Channel] = None,
                  timeout_s: Optional[float] = None, token: Optional[str] = None,
-                 token_file: Optional[str] = None):
+                 token_file: Optional[str] = None, tls_ca: Optional[str] = None,
+                 tls_cert: Optional[str] = None, tls_key: Optional[str] = None):
         self.target = target
         self._own_channel = channel is None
-        self.channel = channel if channel is not None else grpc.insecure_channel(target)
+        if channel is None:
+            channel = _channel(target, tls_ca, tls_cert, tls_key)
+        self.channel = channel
         if token is None and token_file is not None:
             token = read_token_file(token_file)
         if token is not None:

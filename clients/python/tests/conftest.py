@@ -75,12 +75,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_health(gateway_bin: pathlib.Path, proc: subprocess.Popen, addr: str, service: str, log: pathlib.Path, seconds: int) -> None:
+def _wait_health(gateway_bin: pathlib.Path, proc: subprocess.Popen, addr: str, service: str, log: pathlib.Path, seconds: int,
+                 extra: tuple[str, ...] = ()) -> None:
     deadline = time.monotonic() + seconds
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"{addr}: server exited with {proc.returncode}; log:\n{log.read_text()[-3000:]}")
-        r = subprocess.run([str(gateway_bin), "health", "--addr", addr, "--service", service], capture_output=True, text=True)
+        r = subprocess.run([str(gateway_bin), "health", "--addr", addr, "--service", service, *extra],
+                           capture_output=True, text=True)
         if r.returncode == 0:
             return
         if time.monotonic() > deadline:
@@ -130,14 +132,15 @@ def servers(tmp_path_factory, model_path):
     try:
         wlog = logs / "worker.log"
         worker = subprocess.Popen(
-            [str(worker_bin), "serve", "--model", str(model), "--listen", f"127.0.0.1:{wp}", "--threads", "2", "--slots", "2"],
+            [str(worker_bin), "serve", "--model", str(model), "--listen", f"127.0.0.1:{wp}", "--threads", "2", "--slots", "2",
+             "--reflection"],
             stdout=wlog.open("w"), stderr=subprocess.STDOUT)
         procs.append(worker)
         _wait_health(gateway_bin, worker, f"http://127.0.0.1:{wp}", "tandem.step.v1.StepService", wlog, 120)
         glog = logs / "gateway.log"
         gateway = subprocess.Popen(
             [str(gateway_bin), "serve", "--listen", f"127.0.0.1:{gp}", "--worker", f"http://127.0.0.1:{wp}",
-             "--http-listen", f"127.0.0.1:{hp}"],
+             "--http-listen", f"127.0.0.1:{hp}", "--reflection"],
             stdout=glog.open("w"), stderr=subprocess.STDOUT)
         procs.append(gateway)
         _wait_health(gateway_bin, gateway, f"http://127.0.0.1:{gp}", "", glog, 30)
@@ -183,6 +186,56 @@ def authed_gateway(servers, tmp_path_factory):
         _wait_http(f"http://127.0.0.1:{hp}/health", gateway, 30)
         yield types.SimpleNamespace(grpc_target=f"127.0.0.1:{gp}", http_base=f"http://127.0.0.1:{hp}",
                                     token=token, token_file=str(token_file))
+    finally:
+        gateway.terminate()
+        try:
+            gateway.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            gateway.kill()
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def make_test_pki(d: pathlib.Path) -> types.SimpleNamespace:
+    """A test CA, a server certificate for localhost and 127.0.0.1 and a client certificate,
+    made with the openssl commands of deploy/README.md. Returns their paths (`ca`,
+    `server_cert`, `server_key`, `client_cert`, `client_key`)."""
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes")
+    _openssl("req", "-x509", *ec, "-days", "2", "-subj", "/CN=tandem-test-ca",
+             "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"))
+    for name, san in (("server", "DNS:localhost,IP:127.0.0.1"), ("client", "DNS:controller")):
+        ext = d / f"{name}.ext"
+        ext.write_text(f"subjectAltName={san}\n")
+        _openssl("req", *ec, "-subj", f"/CN={name}", "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.csr"))
+        _openssl("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.pem"), "-CAkey", str(d / "ca.key"),
+                 "-days", "2", "-out", str(d / f"{name}.pem"), "-extfile", str(ext))
+    return types.SimpleNamespace(ca=str(d / "ca.pem"), server_cert=str(d / "server.pem"), server_key=str(d / "server.key"),
+                                 client_cert=str(d / "client.pem"), client_key=str(d / "client.key"))
+
+
+@pytest.fixture(scope="module")
+def tls_gateway(servers, tmp_path_factory):
+    """A second agent-gateway in front of the same worker with mutual TLS on AgentService and
+    its HTTP endpoint (`--tls-cert`, `--tls-key`, `--tls-client-ca`; certificates from
+    :func:`make_test_pki`). Yields a namespace: `grpc_target` (`localhost:PORT`), `http_base`
+    (`https://localhost:PORT`), `pki`."""
+    bins = _bin_dir()
+    gateway_bin = bins / "agent-gateway"
+    d = tmp_path_factory.mktemp("tls")
+    pki = make_test_pki(d)
+    gp, hp = _free_port(), _free_port()
+    glog = d / "gateway.log"
+    gateway = subprocess.Popen(
+        [str(gateway_bin), "serve", "--listen", f"127.0.0.1:{gp}", "--worker", f"http://{servers.worker_target}",
+         "--http-listen", f"127.0.0.1:{hp}", "--tls-cert", pki.server_cert, "--tls-key", pki.server_key,
+         "--tls-client-ca", pki.ca],
+        stdout=glog.open("w"), stderr=subprocess.STDOUT)
+    try:
+        _wait_health(gateway_bin, gateway, f"https://localhost:{gp}", "", glog, 30,
+                     ("--tls-ca", pki.ca, "--tls-cert", pki.client_cert, "--tls-key", pki.client_key))
+        yield types.SimpleNamespace(grpc_target=f"localhost:{gp}", http_base=f"https://localhost:{hp}", pki=pki)
     finally:
         gateway.terminate()
         try:

@@ -1,4 +1,5 @@
-"""gRPC reflection lists the services of the gateway and the worker (what `grpcurl list` shows)."""
+"""gRPC reflection lists the services of the gateway and the worker (what `grpcurl list` shows);
+both servers run with `--reflection` here (it is off by default)."""
 
 import grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase

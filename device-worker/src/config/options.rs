@@ -3,7 +3,6 @@
 //! `--print-config` shows the effective values as such a file. Validated into
 //! [`super::EngineSettings`] before anything uses them.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use super::defaults as d;
@@ -259,9 +258,13 @@ pub struct ServeOptions {
     #[command(flatten)]
     #[serde(skip)]
     pub config: tandem_options::ConfigArgs,
-    /// Address for StepService (gRPC). Use 127.0.0.1 on a phone reached by `adb forward`.
+    /// Address for StepService (gRPC): `HOST:PORT`, or `unix:PATH` for a Unix-domain socket
+    /// (mode 0600, only this user can connect; a stale socket file is replaced, the file is
+    /// removed on exit; the gateway dials it as `--worker unix:PATH`). Use 127.0.0.1 on a
+    /// phone reached by `adb forward`, a Unix socket between two processes of one app.
     #[arg(long, default_value = "127.0.0.1:50051")]
-    pub listen: SocketAddr,
+    #[serde(serialize_with = "as_display")]
+    pub listen: tandem_auth::ListenAddr,
     #[command(flatten)]
     #[serde(flatten)]
     pub engine: EngineOptions,

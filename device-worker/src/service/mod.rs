@@ -115,10 +115,10 @@ impl From<WorkerError> for Status {
     }
 }
 
-/// Serves StepService, gRPC health (`tandem.step.v1.StepService` and "") and reflection on
-/// `listener` until `shutdown` resolves, without authentication (tests, local development;
-/// see [`serve_with_auth`]). Health is NOT_SERVING until the model is loaded and while the
-/// watchdog restarts the engine.
+/// Serves StepService and gRPC health (`tandem.step.v1.StepService` and "") on `listener`
+/// until `shutdown` resolves, without authentication, TLS or reflection (tests, local
+/// development; see [`serve_secured`]). Health is NOT_SERVING until the model is loaded and
+/// while the watchdog restarts the engine.
 pub async fn serve(
     engine: EngineHandle,
     listener: tokio::net::TcpListener,
@@ -135,6 +135,39 @@ pub async fn serve_with_auth(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     auth: tandem_auth::AuthLayer<tonic::body::Body>,
 ) -> Result<(), WorkerError> {
+    let security = tandem_auth::GrpcSecurity::auth(auth);
+    serve_secured(engine, tandem_auth::Listener::Tcp(listener), shutdown, security).await
+}
+
+/// [`serve`] on a TCP or Unix-socket `listener` with `security`: the bearer-token layer,
+/// TLS (mutual with a client CA) and, if asked, reflection (v1 and v1alpha).
+///
+/// Errors: [`WorkerError::Internal`] when the server cannot start or fails.
+pub async fn serve_secured(
+    engine: EngineHandle,
+    listener: tandem_auth::Listener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    security: tandem_auth::GrpcSecurity,
+) -> Result<(), WorkerError> {
+    let health = health_following(&engine).await;
+    let router = tandem_auth::grpc::server(&security)
+        .map_err(|e| WorkerError::Internal(format!("gRPC server TLS: {e}")))?
+        .add_service(health)
+        .add_service(StepServiceImpl::new(engine).into_server());
+    let sets = [tandem_proto::FILE_DESCRIPTOR_SET, tonic_health::pb::FILE_DESCRIPTOR_SET];
+    let router = tandem_auth::grpc::with_reflection(router, &security, &sets)
+        .map_err(|e| WorkerError::Internal(format!("reflection: {e}")))?;
+    tandem_auth::grpc::serve(router, listener, shutdown)
+        .await
+        .map_err(|e| WorkerError::Internal(format!("gRPC server: {e}")))
+}
+
+/// The health service, NOT_SERVING until `engine` is ready, then following its state for the
+/// server's whole life (NOT_SERVING while loading, restarting after a watchdog timeout, or
+/// failed).
+async fn health_following(
+    engine: &EngineHandle,
+) -> tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health> {
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_not_serving::<StepServiceServer<StepServiceImpl>>()
@@ -144,8 +177,6 @@ pub async fn serve_with_auth(
         .await;
     let mut state = engine.state();
     let rep = reporter.clone();
-    // Health follows the engine for the server's whole life: NOT_SERVING while loading,
-    // restarting after a watchdog timeout or failed; SERVING when ready.
     tokio::spawn(async move {
         let mut last = None;
         loop {
@@ -172,28 +203,5 @@ pub async fn serve_with_auth(
             }
         }
     });
-    // Reflection v1 and v1alpha: grpcurl and older clients ask for either.
-    let reflection = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(tandem_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-    };
-    let reflection_v1 = reflection()
-        .build_v1()
-        .map_err(|e| WorkerError::Internal(format!("reflection: {e}")))?;
-    let reflection_v1alpha = reflection()
-        .build_v1alpha()
-        .map_err(|e| WorkerError::Internal(format!("reflection: {e}")))?;
-    tonic::transport::Server::builder()
-        .layer(auth)
-        .add_service(health)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(StepServiceImpl::new(engine).into_server())
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            shutdown,
-        )
-        .await
-        .map_err(|e| WorkerError::Internal(format!("gRPC server: {e}")))
+    health
 }

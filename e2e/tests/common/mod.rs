@@ -26,6 +26,7 @@ pub fn replay_config(gateway: &str, max_steps: usize, out: PathBuf) -> agent_gat
         max_steps,
         max_tokens: 0,
         token_file: None,
+        tls: Default::default(),
         out,
         list: false,
         dry_run: false,

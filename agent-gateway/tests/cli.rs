@@ -1,0 +1,79 @@
+//! The `agent-gateway` binary's start-up checks, run for real: `serve --help` explains the
+//! TLS, Unix-socket and reflection flags; an https:// worker without `--worker-tls-ca` and a
+//! certificate file that is not PEM stop the start with one line.
+
+use std::process::Command;
+
+/// `agent-gateway serve` with `args` (ephemeral ports): (success, stderr).
+fn serve(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off"])
+        .args(args)
+        .env_remove("TANDEM_AUTH_TOKEN_FILE")
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE")
+        .output()
+        .expect("agent-gateway runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The text after `Error: `: one line containing `want`.
+fn assert_one_line_error(stderr: &str, want: &str) {
+    let error = stderr.split_once("Error: ").map(|(_, e)| e.trim_end());
+    assert!(
+        error.is_some_and(|e| !e.contains('\n') && e.contains(want)),
+        "want one line with {want:?}, got {stderr}"
+    );
+}
+
+#[test]
+fn serve_help_explains_tls_workers_and_reflection() {
+    let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "--tls-cert",
+        "--tls-key",
+        "--tls-client-ca",
+        "Mutual TLS",
+        "--worker-tls-ca",
+        "--worker-tls-cert",
+        "--worker-tls-key",
+        "--worker-tls-domain",
+        "unix:PATH",
+        "https://",
+        "--reflection",
+        "Off by default",
+    ] {
+        assert!(
+            help.contains(want),
+            "{want} missing from serve --help:\n{help}"
+        );
+    }
+}
+
+#[test]
+fn bad_tls_setups_stop_the_start_with_one_line() {
+    let (ok, stderr) = serve(&["--worker", "https://127.0.0.1:1"]);
+    assert!(!ok);
+    assert_one_line_error(&stderr, "no --worker-tls-ca");
+    let dir = tempfile::tempdir().unwrap();
+    let not_pem = dir.path().join("ca.der");
+    std::fs::write(&not_pem, b"\x30\x82 binary").unwrap();
+    let (ok, stderr) = serve(&[
+        "--worker",
+        "https://127.0.0.1:1",
+        "--worker-tls-ca",
+        not_pem.to_str().unwrap(),
+    ]);
+    assert!(!ok);
+    assert_one_line_error(&stderr, "--worker-tls-ca");
+    let (ok, stderr) = serve(&["--tls-key", not_pem.to_str().unwrap()]);
+    assert!(!ok);
+    assert_one_line_error(&stderr, "--tls-key needs --tls-cert");
+}

@@ -233,6 +233,15 @@ pub struct Projector {
     pub merger_fc2: Affine,
 }
 
+impl std::fmt::Debug for Projector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Projector")
+            .field("config", &self.config)
+            .field("blocks", &self.blocks.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Projector {
     /// Opens the mmproj GGUF at `path` and binds it for a text model of hidden size
     /// `text_hidden`.

@@ -565,3 +565,52 @@ fn preprocessing_matches_the_hf_processor() {
         );
     }
 }
+
+#[test]
+fn mmproj_and_image_budget_options_become_settings() {
+    use device_worker::config::EngineOptions;
+    let mmproj = file("mmproj-tiny-qwen35vl-f32.gguf");
+    let opts = EngineOptions {
+        mmproj: Some(mmproj.clone()),
+        image_max_tokens: 256,
+        ..Default::default()
+    };
+    let v = opts.settings().unwrap().vision.expect("vision settings");
+    assert_eq!(
+        (v.mmproj, v.budget),
+        (mmproj, ImageBudget::new(8, 256).unwrap())
+    );
+    assert!(
+        EngineOptions::default()
+            .settings()
+            .unwrap()
+            .vision
+            .is_none(),
+        "text-only by default"
+    );
+    let bad = EngineOptions {
+        image_min_tokens: 300,
+        image_max_tokens: 256,
+        ..Default::default()
+    };
+    let e = bad.settings().unwrap_err();
+    assert_eq!(e.option, "image-min-tokens");
+}
+
+#[test]
+fn image_errors_are_invalid_argument_at_the_grpc_boundary() {
+    use device_worker::error::{ErrorClass, WorkerError};
+    assert_eq!(
+        WorkerError::from(VisionError::NoProjector).grpc_class(),
+        ErrorClass::InvalidArgument
+    );
+    assert_eq!(
+        WorkerError::from(VisionError::EmptyImage).grpc_class(),
+        ErrorClass::InvalidArgument
+    );
+    let load = VisionError::ProjectionMismatch {
+        projection_dim: 64,
+        text_hidden: 576,
+    };
+    assert_eq!(WorkerError::from(load).grpc_class(), ErrorClass::Internal);
+}

@@ -614,3 +614,64 @@ fn image_errors_are_invalid_argument_at_the_grpc_boundary() {
     };
     assert_eq!(WorkerError::from(load).grpc_class(), ErrorClass::Internal);
 }
+
+/// The patch layout on a synthetic 64×32 image whose red is x and green is y: rows walk the
+/// 2×2 merge blocks (block row, block column, row in block, column in block), each row is
+/// (channel, frame, y, x) with both frames equal.
+#[test]
+fn patch_rows_follow_the_hf_merge_block_order() {
+    let cfg = Projector::open(&file("mmproj-tiny-qwen35vl-f32.gguf"), 64)
+        .unwrap()
+        .config;
+    let mut img = RgbImage::filled(64, 32, [0, 0, 7]);
+    for y in 0..32 {
+        for x in 0..64 {
+            let i = (y * 64 + x) * 3;
+            img.data[i] = x as u8;
+            img.data[i + 1] = y as u8;
+        }
+    }
+    let px = patchify(&img, &cfg);
+    let row = cfg.patch_values();
+    assert_eq!(px.len(), 8 * row);
+    let norm = |v: u8| (f32::from(v) / 255.0 - 0.5) / 0.5;
+    let at = |r: usize, c: usize, t: usize, y: usize, x: usize| {
+        px[r * row + ((c * 2 + t) * 16 + y) * 16 + x]
+    };
+    // (row, patch origin x, y): block 0 = patches (0,0) (16,0) (0,16) (16,16), block 1 from x 32.
+    for (r, ox, oy) in [
+        (0, 0, 0),
+        (1, 16, 0),
+        (2, 0, 16),
+        (3, 16, 16),
+        (4, 32, 0),
+        (7, 48, 16),
+    ] {
+        for t in 0..2 {
+            assert_eq!(at(r, 0, t, 3, 5), norm((ox + 5) as u8), "row {r} red");
+            assert_eq!(at(r, 1, t, 3, 5), norm((oy + 3) as u8), "row {r} green");
+            assert_eq!(at(r, 2, t, 9, 1), norm(7), "row {r} blue");
+        }
+    }
+}
+
+#[test]
+fn hf_embedding_references_have_their_declared_shapes() {
+    let reference = json("reference.json");
+    for img in reference["images"].as_array().unwrap() {
+        let bytes = std::fs::read(file(img["embeddings_bin"].as_str().unwrap())).unwrap();
+        let shape: Vec<usize> = img["embeddings_shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as usize)
+            .collect();
+        assert_eq!(shape, vec![img["n_tokens"].as_u64().unwrap() as usize, 64]);
+        assert_eq!(bytes.len(), shape[0] * shape[1] * 4);
+        let vals: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert!(vals.iter().all(|v| v.is_finite()) && vals.iter().any(|v| *v != 0.0));
+    }
+}

@@ -451,10 +451,20 @@ fn bicubic_is_bit_identical_to_pillow() {
             "{rel} size"
         );
         let stretch = fit(&src, tw, th, Fit::Stretch);
+        let ours = sha256_hex(&stretch.data);
         assert_eq!(
-            sha256_hex(&stretch.data),
+            ours,
             case["stretch_sha256"].as_str().unwrap(),
             "{rel} stretch {tw}x{th}"
+        );
+        let same_2d = ours == case["pillow_2d_sha256"].as_str().unwrap();
+        assert_eq!(
+            same_2d,
+            case["pillow_2d_equal"].as_bool().unwrap(),
+            "{rel} vs Pillow 2-D"
+        );
+        eprintln!(
+            "{rel} {tw}x{th}: equal to Pillow's one-axis passes; to its 2-D resize: {same_2d}"
         );
         let content = (
             n(&case["pad_ceil_content"], 0),

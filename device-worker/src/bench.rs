@@ -22,6 +22,10 @@ pub struct BenchOptions {
     /// GGUF model file. Default: the fetched SmolLM2-135M-Instruct Q4_1.
     #[arg(long, env = "TANDEM_MODEL")]
     pub model: Option<PathBuf>,
+    /// Vision projector GGUF (`--mmproj`, as `serve`): loaded and checked against the model;
+    /// its size is reported (the encoder benchmark comes with the encoder).
+    #[arg(long, env = "TANDEM_MMPROJ")]
+    pub mmproj: Option<PathBuf>,
     /// Compute threads.
     #[arg(long, short = 't', default_value_t = d::BENCH_THREADS, value_parser = at_least_one)]
     pub threads: usize,
@@ -87,6 +91,11 @@ pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
     let file =
         Arc::new(GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?);
     let mut model = Model::load(file)?;
+    if let Some(p) = &cfg.mmproj {
+        let projector = crate::model::vision::Projector::open(p, model.n_embd())
+            .with_context(|| format!("loading the projector {}", p.display()))?;
+        eprintln!("projector {}: {} parameters, {:?}", p.display(), projector.n_params(), projector.config);
+    }
     let pool = ThreadPool::new(cfg.threads.max(1))?;
     let n_ctx = cfg.depth + cfg.prompt_tokens + 2 * cfg.gen_tokens + cfg.n_draft + 8;
     let mut seq = model.new_sequence_state(n_ctx);

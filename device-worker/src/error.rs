@@ -25,6 +25,9 @@ pub enum WorkerError {
     Constraint(#[from] ConstraintError),
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// The projector file (`--mmproj`) or a request's image.
+    #[error(transparent)]
+    Vision(#[from] crate::model::vision::VisionError),
     #[error("the prompt is empty")]
     EmptyPrompt,
     #[error("the prompt has {n_tokens} tokens; the context holds {n_ctx} (prompt + at least one output token)")]
@@ -77,6 +80,7 @@ impl WorkerError {
             | Self::Tokenizer(_)
             | Self::Template(_) => ErrorClass::InvalidArgument,
             Self::Constraint(ConstraintError::InvalidSchema(_)) => ErrorClass::InvalidArgument,
+            Self::Vision(e) if e.is_invalid_input() => ErrorClass::InvalidArgument,
             Self::QueueFull => ErrorClass::ResourceExhausted,
             Self::Loading
             | Self::LoadFailed(_)

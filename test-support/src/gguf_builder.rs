@@ -13,6 +13,7 @@ pub enum Val {
     Str(String),
     StrArr(Vec<String>),
     I32Arr(Vec<i32>),
+    F32Arr(Vec<f32>),
 }
 
 /// A tensor to write: name, GGUF dims, ggml type id, data bytes, optional forced offset.
@@ -120,6 +121,14 @@ impl GgufBuilder {
                 Val::I32Arr(a) => {
                     out.extend_from_slice(&9u32.to_le_bytes());
                     out.extend_from_slice(&5u32.to_le_bytes());
+                    out.extend_from_slice(&(a.len() as u64).to_le_bytes());
+                    for x in a {
+                        out.extend_from_slice(&x.to_le_bytes());
+                    }
+                }
+                Val::F32Arr(a) => {
+                    out.extend_from_slice(&9u32.to_le_bytes());
+                    out.extend_from_slice(&6u32.to_le_bytes());
                     out.extend_from_slice(&(a.len() as u64).to_le_bytes());
                     for x in a {
                         out.extend_from_slice(&x.to_le_bytes());

@@ -18,6 +18,20 @@ pub struct EngineOptions {
     #[arg(long, env = "TANDEM_MODEL")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<PathBuf>,
+    /// Vision projector GGUF for screenshots (llama.cpp's `convert_hf_to_gguf.py --mmproj`,
+    /// projector `qwen3vl_merger`); its projection size must equal the model's hidden size.
+    /// Without it the worker is text-only and refuses images with INVALID_ARGUMENT.
+    #[arg(long, env = "TANDEM_MMPROJ")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mmproj: Option<PathBuf>,
+    /// Fewest image tokens per image (llama.cpp's `--image-min-tokens`; its default for
+    /// Qwen-VL is 8): smaller images are upscaled.
+    #[arg(long, default_value_t = crate::model::vision::preprocess::DEFAULT_MIN_TOKENS)]
+    pub image_min_tokens: usize,
+    /// Most image tokens per image (llama.cpp's `--image-max-tokens`; its default for Qwen-VL
+    /// is 4096; a 1080×2400 screenshot takes 2550): larger images are downscaled.
+    #[arg(long, default_value_t = crate::model::vision::preprocess::DEFAULT_MAX_TOKENS)]
+    pub image_max_tokens: usize,
     /// Compute threads (the engine thread included). Default: all cores.
     #[arg(long, short = 't', value_parser = at_least_one)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -216,6 +230,9 @@ impl Default for EngineOptions {
     fn default() -> Self {
         Self {
             model: None,
+            mmproj: None,
+            image_min_tokens: crate::model::vision::preprocess::DEFAULT_MIN_TOKENS,
+            image_max_tokens: crate::model::vision::preprocess::DEFAULT_MAX_TOKENS,
             threads: None,
             kernels: KernelArgs::default(),
             ctx_size: d::CTX_SIZE,

@@ -21,11 +21,21 @@ pub struct ConfigError {
     pub reason: &'static str,
 }
 
+/// The projector file and the image-token budget (`--mmproj`, `--image-min-tokens`,
+/// `--image-max-tokens`).
+#[derive(Clone, Debug)]
+pub struct VisionSettings {
+    pub mmproj: PathBuf,
+    pub budget: crate::model::vision::ImageBudget,
+}
+
 /// Everything the engine runs with.
 #[derive(Clone, Debug)]
 pub struct EngineSettings {
     /// The GGUF model file.
     pub model: PathBuf,
+    /// The screenshot path: `None` without `--mmproj` (text-only).
+    pub vision: Option<VisionSettings>,
     /// Compute threads, the engine thread included (resolved: `--threads` or every core).
     pub threads: usize,
     /// Context length per slot, tokens (capped by the model's training context at load).
@@ -151,8 +161,17 @@ impl EngineOptions {
             experience_file: self.experience_file.clone(),
             corrupt_drafts: self.test_corrupt_drafts,
         });
+        let budget =
+            crate::model::vision::ImageBudget::new(self.image_min_tokens, self.image_max_tokens)
+                .map_err(|_| ConfigError {
+                    option: "image-min-tokens",
+                    value: format!("{} (--image-max-tokens {})", self.image_min_tokens, self.image_max_tokens),
+                    reason: "must be at least 1 and at most --image-max-tokens",
+                })?;
+        let vision = self.mmproj.clone().map(|mmproj| VisionSettings { mmproj, budget });
         Ok(EngineSettings {
             model: self.model_path(),
+            vision,
             threads,
             ctx_size: positive("ctx-size", self.ctx_size)?,
             slots: positive("slots", self.slots)?,

@@ -8,6 +8,7 @@ use gguf::reader::GgufFile;
 
 use crate::config::EngineSettings;
 use crate::error::WorkerError;
+use crate::model::vision::Projector;
 use crate::model::Model;
 use crate::state::planner::{
     resume_point, CachedSequence, CheckpointMeta, PlanConfig, SharedPromptCache,
@@ -32,14 +33,26 @@ pub(super) struct Compute {
     pub live_evictions: u64,
     /// The slot holding the prompt cache now, if lent.
     lent_to: Option<usize>,
+    /// The vision projector (`--mmproj`), checked against the model's hidden size; `None`
+    /// for a text-only worker (images get [`crate::model::vision::VisionError::NoProjector`]).
+    // Read by the image encoder (issue 19, item 2); loading it now fails a bad --mmproj at
+    // startup.
+    #[allow(dead_code)]
+    pub projector: Option<Arc<Projector>>,
 }
 
 impl Compute {
     /// Binds the weights of `file`, starts the pool, allocates the slots and buffers.
     ///
-    /// Errors: the model's load errors; [`WorkerError::Internal`] when the pool cannot start.
+    /// Errors: the model's load errors; the projector's ([`WorkerError::Vision`]: a file
+    /// that is no `qwen3vl_merger` projector or does not fit the model);
+    /// [`WorkerError::Internal`] when the pool cannot start.
     pub fn load(cfg: &EngineSettings, file: Arc<GgufFile>) -> Result<Self, WorkerError> {
         let mut model = Model::load(file)?;
+        let projector = match &cfg.vision {
+            Some(v) => Some(Arc::new(Projector::open(&v.mmproj, model.n_embd())?)),
+            None => None,
+        };
         let n_ctx = cfg.ctx_size.min(model.n_ctx_train()).max(16);
         let pool = ThreadPool::new(cfg.threads)
             .map_err(|e| WorkerError::Internal(format!("thread pool: {e}")))?;
@@ -73,6 +86,7 @@ impl Compute {
             prompt_cache: SharedPromptCache::default(),
             live_evictions: 0,
             lent_to: None,
+            projector,
         })
     }
 

@@ -51,12 +51,7 @@ impl<'a> Loader<'a> {
     /// Errors: [`ModelError::MissingTensor`], [`ModelError::TensorShape`] (another element
     /// count), [`ModelError::Kernel`] when it cannot be dequantized.
     pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
-        let view = self
-            .file
-            .tensor_opt(name)
-            .ok_or_else(|| ModelError::MissingTensor {
-                name: name.to_string(),
-            })?;
+        let view = self.view(name)?;
         if view.dims.iter().product::<u64>() as usize != len {
             return Err(ModelError::TensorShape {
                 name: name.to_string(),
@@ -64,8 +59,45 @@ impl<'a> Loader<'a> {
                 actual: view.dims.clone(),
             });
         }
+        self.dequantized(name, view.ty, view.data, len)
+    }
+
+    /// The tensor `name` with exactly the GGUF dims `dims` (fastest-varying first, e.g. a
+    /// patch-embedding kernel `[16, 16, 3, n_embd]`) as f32 in file order, dequantized if
+    /// stored quantized.
+    ///
+    /// Errors: [`ModelError::MissingTensor`], [`ModelError::TensorShape`] (other dims),
+    /// [`ModelError::Kernel`] when it cannot be dequantized.
+    pub fn shaped(&self, name: &str, dims: &[u64]) -> Result<Vec<f32>, ModelError> {
+        let view = self.view(name)?;
+        if view.dims != dims {
+            return Err(ModelError::TensorShape {
+                name: name.to_string(),
+                expected: dims.to_vec(),
+                actual: view.dims.clone(),
+            });
+        }
+        let len = dims.iter().product::<u64>() as usize;
+        self.dequantized(name, view.ty, view.data, len)
+    }
+
+    fn view(&self, name: &str) -> Result<gguf::TensorView<'a>, ModelError> {
+        self.file
+            .tensor_opt(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: name.to_string(),
+            })
+    }
+
+    fn dequantized(
+        &self,
+        name: &str,
+        ty: dsp::GgmlType,
+        data: &[u8],
+        len: usize,
+    ) -> Result<Vec<f32>, ModelError> {
         let mut out = vec![0f32; len];
-        dsp::quant::dequantize_row(view.ty, view.data, &mut out).map_err(|e| {
+        dsp::quant::dequantize_row(ty, data, &mut out).map_err(|e| {
             ModelError::Kernel {
                 name: name.to_string(),
                 source: e,

@@ -15,6 +15,7 @@ pub mod op_profile;
 pub mod parallel;
 pub(crate) mod project;
 pub mod qwen35;
+pub mod vision;
 pub mod weights;
 
 use std::ops::{Deref, DerefMut};

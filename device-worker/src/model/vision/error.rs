@@ -1,0 +1,84 @@
+//! Errors of the screenshot path: the projector file and the image bytes.
+
+use gguf::GgufError;
+
+use crate::model::ModelError;
+
+/// Errors loading the mmproj file (`mmproj`) or turning image bytes into encoder input
+/// (`decode`, `preprocess`). Every variant caused by a request's image (the decode ones and
+/// [`VisionError::NoProjector`]) is the client's fault: the engine maps them to
+/// INVALID_ARGUMENT ([`VisionError::is_invalid_input`]).
+#[derive(Debug, thiserror::Error)]
+pub enum VisionError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    /// A missing tensor or one of the wrong shape ([`ModelError::MissingTensor`],
+    /// [`ModelError::TensorShape`]), or one that cannot be dequantized.
+    #[error("mmproj: {0}")]
+    Tensor(#[from] ModelError),
+    #[error(
+        "mmproj file is not a projector: general.architecture is {found:?}, expected \"clip\""
+    )]
+    NotProjector { found: String },
+    #[error("mmproj projector type {found:?} is not supported (supported: {supported})")]
+    UnknownProjector { found: String, supported: String },
+    #[error("mmproj has no vision encoder (clip.has_vision_encoder is false)")]
+    NoVisionEncoder,
+    #[error("mmproj projects to {projection_dim} dims but the text model's hidden size is {text_hidden}")]
+    ProjectionMismatch {
+        projection_dim: usize,
+        text_hidden: usize,
+    },
+    #[error("mmproj hyperparameter {key} = {value} is not supported: {why}")]
+    Hyperparameter {
+        key: &'static str,
+        value: String,
+        why: &'static str,
+    },
+    /// An image was sent but the worker has no projector (`--mmproj`).
+    #[error("this model has no vision projector (start the worker with --mmproj): images are not accepted")]
+    NoProjector,
+    #[error("image is empty (0 bytes)")]
+    EmptyImage,
+    #[error("image format {} is not supported (PNG and JPEG are)", .format.as_deref().unwrap_or("not recognised"))]
+    UnsupportedFormat { format: Option<String> },
+    #[error("image is {width}x{height}; the limit is {max_side} pixels per side and {max_pixels} pixels")]
+    ImageTooLarge {
+        width: u32,
+        height: u32,
+        max_side: u32,
+        max_pixels: u64,
+    },
+    #[error("image is {width}x{height}; each side must be at least {min_side} pixels")]
+    ImageTooSmall {
+        width: u32,
+        height: u32,
+        min_side: u32,
+    },
+    #[error("image is {width}x{height}; the aspect ratio must be at most {max_ratio}")]
+    AspectRatio {
+        width: u32,
+        height: u32,
+        max_ratio: u32,
+    },
+    #[error("image cannot be decoded: {0}")]
+    Decode(String),
+    #[error("image budget: {0}")]
+    Budget(String),
+}
+
+impl VisionError {
+    /// Whether the error is the request's fault (a bad or unwanted image), not the server's.
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(
+            self,
+            Self::NoProjector
+                | Self::EmptyImage
+                | Self::UnsupportedFormat { .. }
+                | Self::ImageTooLarge { .. }
+                | Self::ImageTooSmall { .. }
+                | Self::AspectRatio { .. }
+                | Self::Decode(_)
+        )
+    }
+}

@@ -42,6 +42,12 @@ pub(super) trait Lanes: Copy {
     unsafe fn mul(a: Self, b: Self) -> Self;
     /// The backend's horizontal sum (`hsum_ps`: `(s0 + s2) + (s1 + s3)` of `s = lo + hi`).
     unsafe fn hsum(self) -> f32;
+    /// `[v[0].hsum(), .., v[3].hsum()]`, bit for bit; a backend may reduce the four together
+    /// (the same additions on the same operands, in transposed lanes).
+    #[inline(always)]
+    unsafe fn hsum4(v: [Self; 4]) -> [f32; 4] {
+        [v[0].hsum(), v[1].hsum(), v[2].hsum(), v[3].hsum()]
+    }
 }
 
 /// [`KernelBackend::attention_queries`](super::KernelBackend::attention_queries) with vectors
@@ -111,12 +117,20 @@ unsafe fn scores_block<L: Lanes, const N: usize>(
     let (hd, max_ctx) = (tile.head_dim, tile.max_ctx());
     let n_ctx = &tile.n_ctx[q0..q0 + N];
     let span = n_ctx.iter().copied().max().unwrap_or(0);
-    let q: [*const f32; N] = std::array::from_fn(|b| qf.as_ptr().add((q0 + b) * hd));
+    let mut q = [qf.as_ptr(); N];
+    for (b, qb) in q.iter_mut().enumerate() {
+        *qb = qb.add((q0 + b) * hd);
+    }
+    let mut s = [scores.as_mut_ptr(); N];
+    for (b, sb) in s.iter_mut().enumerate() {
+        *sb = sb.add((q0 + b) * max_ctx);
+    }
+    let all = n_ctx.iter().copied().min().unwrap_or(0);
     for j in 0..span {
-        let dots = dots::<L, N>(&tile.k[j * hd..(j + 1) * hd], q);
+        let dots = dots::<L, N>(tile.k.get_unchecked(j * hd..(j + 1) * hd), q);
         for b in 0..N {
-            if j < n_ctx[b] {
-                scores[(q0 + b) * max_ctx + j] = dots[b] * tile.scale;
+            if j < all || j < n_ctx[b] {
+                *s[b].add(j) = dots[b] * tile.scale;
             }
         }
     }
@@ -148,13 +162,29 @@ unsafe fn dots<L: Lanes, const N: usize>(k: &[f16], q: [*const f32; N]) -> [f32;
         }
         i += 8;
     }
-    std::array::from_fn(|b| {
-        let mut sum = L::add(a0[b], a1[b]).hsum();
+    // (Loops, not closures, here and below: a closure would not be inlined into the
+    // feature-enabled caller, and every vector operation would become a call.)
+    let mut sums = [0f32; N];
+    let mut b = 0;
+    while b + 4 <= N {
+        let r = L::hsum4([
+            L::add(a0[b], a1[b]),
+            L::add(a0[b + 1], a1[b + 1]),
+            L::add(a0[b + 2], a1[b + 2]),
+            L::add(a0[b + 3], a1[b + 3]),
+        ]);
+        sums[b..b + 4].copy_from_slice(&r);
+        b += 4;
+    }
+    for b in b..N {
+        sums[b] = L::add(a0[b], a1[b]).hsum();
+    }
+    for b in 0..N {
         for t in i..n {
-            sum += k[t].to_f32() * *q[b].add(t);
+            sums[b] += k[t].to_f32() * *q[b].add(t);
         }
-        sum
-    })
+    }
+    sums
 }
 
 /// Outputs of queries `q0..q0 + N`: `out_i = Σ_{j < n_ctx[i]} p_ij · v_j` from `+0.0`, one
@@ -174,28 +204,20 @@ unsafe fn values_block<L: Lanes, const N: usize>(
     let n_ctx = &tile.n_ctx[q0..q0 + N];
     let (all, span) = (n_ctx.iter().min(), n_ctx.iter().max());
     let (all, span) = (all.copied().unwrap_or(0), span.copied().unwrap_or(0));
-    let p: [*const f32; N] = std::array::from_fn(|b| scores.as_ptr().add((q0 + b) * max_ctx));
-    let o: [*mut f32; N] = std::array::from_fn(|b| out.as_mut_ptr().add((q0 + b) * hd));
+    let (mut p, mut o) = ([scores.as_ptr(); N], [out.as_mut_ptr(); N]);
+    for b in 0..N {
+        p[b] = p[b].add((q0 + b) * max_ctx);
+        o[b] = o[b].add((q0 + b) * hd);
+    }
     let pv = tile.v.as_ptr();
-    // `acc_b += p_bj · v_j[c..c + 16]` for the queries that see `j` (all of them below `all`).
-    let step = |acc: &mut [[L; 2]; N], j: usize, c: usize, ragged: bool| {
-        let vj = [L::load_f16(pv.add(j * hd + c)), L::load_f16(pv.add(j * hd + c + 8))];
-        for b in 0..N {
-            if !ragged || j < n_ctx[b] {
-                let pj = L::splat(*p[b].add(j));
-                acc[b][0] = L::add(acc[b][0], L::mul(pj, vj[0]));
-                acc[b][1] = L::add(acc[b][1], L::mul(pj, vj[1]));
-            }
-        }
-    };
     let mut c = 0;
     while c + 16 <= hd {
         let mut acc = [[L::zero(); 2]; N];
         for j in 0..all {
-            step(&mut acc, j, c, false);
+            value_step::<L, N>(&mut acc, pv.add(j * hd + c), p, j, None);
         }
         for j in all..span {
-            step(&mut acc, j, c, true);
+            value_step::<L, N>(&mut acc, pv.add(j * hd + c), p, j, Some(n_ctx));
         }
         for b in 0..N {
             acc[b][0].store(o[b].add(c));
@@ -211,6 +233,29 @@ unsafe fn values_block<L: Lanes, const N: usize>(
                 acc += *p[b].add(j) * (*pv.add(j * hd + t)).to_f32();
             }
             *o[b].add(t) = acc;
+        }
+    }
+}
+
+/// `acc_b += p_b[j] · v[0..16]` (multiply, then add) for the `N` queries, or only for those
+/// with `j < n_ctx[b]` when `n_ctx` is given (the ragged end of a causal tile).
+///
+/// # Safety
+/// `v` points at 16 readable f16 and each `p[b]` at `j + 1` readable f32.
+#[inline(always)]
+unsafe fn value_step<L: Lanes, const N: usize>(
+    acc: &mut [[L; 2]; N],
+    v: *const f16,
+    p: [*const f32; N],
+    j: usize,
+    n_ctx: Option<&[usize]>,
+) {
+    let vj = [L::load_f16(v), L::load_f16(v.add(8))];
+    for b in 0..N {
+        if n_ctx.is_none_or(|n| j < n[b]) {
+            let pj = L::splat(*p[b].add(j));
+            acc[b][0] = L::add(acc[b][0], L::mul(pj, vj[0]));
+            acc[b][1] = L::add(acc[b][1], L::mul(pj, vj[1]));
         }
     }
 }

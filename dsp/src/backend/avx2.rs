@@ -509,6 +509,34 @@ impl Lanes for __m256 {
     unsafe fn hsum(self) -> f32 {
         hsum_ps(self)
     }
+    /// [`hsum_ps`] of four vectors in transposed lanes: `s = lo + hi` for two vectors per
+    /// `permute2f128` pair, then `s0 + s2`, `s1 + s3`, then their sum, each addition with
+    /// `hsum_ps`'s operands in its order.
+    #[inline(always)]
+    unsafe fn hsum4(v: [Self; 4]) -> [f32; 4] {
+        // [sA | sB] and [sC | sD], each s = lo + hi (4 lanes).
+        let ab = _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(v[0], v[1]),
+            _mm256_permute2f128_ps::<0x31>(v[0], v[1]),
+        );
+        let cd = _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(v[2], v[3]),
+            _mm256_permute2f128_ps::<0x31>(v[2], v[3]),
+        );
+        // [sA0+sA2, sA1+sA3, sC0+sC2, sC1+sC3 | the same of B, D].
+        let z = _mm256_add_ps(
+            _mm256_shuffle_ps::<0b01_00_01_00>(ab, cd),
+            _mm256_shuffle_ps::<0b11_10_11_10>(ab, cd),
+        );
+        // [A, C, A, C | B, D, B, D].
+        let r = _mm256_add_ps(
+            _mm256_shuffle_ps::<0b10_00_10_00>(z, z),
+            _mm256_shuffle_ps::<0b11_01_11_01>(z, z),
+        );
+        let mut l = [0f32; 8];
+        _mm256_storeu_ps(l.as_mut_ptr(), r);
+        [l[0], l[4], l[1], l[5]]
+    }
 }
 
 /// [`KernelBackend::attention_queries`] with AVX2 tiles ([`super::attn`]; reference:

@@ -6,8 +6,9 @@
 //! `axpy_f16` per (position, query)); these kernels give every query its exact bits:
 //! - scores: per key row `j`, each 16-element K chunk is widened once and FMA'd into [`QB`]
 //!   queries' two accumulators (`a0` even, `a1` odd 8-lane chunks, one more 8-element step
-//!   into `a0`), reduced `hsum(a0 + a1)`, the tail added in order, times `scale`: the
-//!   backends' `dot_widened` (`avx2.rs`, `neon.rs`) lane for lane;
+//!   into `a0`), reduced `hsum(a0 + a1)` (four queries at a time, [`Lanes::hsum4`]), the
+//!   tail added in order, times `scale`: the backends' `dot_widened` (`avx2.rs`, `neon.rs`)
+//!   lane for lane;
 //! - values: per 16 output columns, [`QB`] queries' accumulators stay in registers while each
 //!   V chunk is widened once per position and added as `acc + p·v` (multiply, then add) in
 //!   increasing `j`: `axpy_f16`'s elementwise operations, in its order, from `+0.0`.

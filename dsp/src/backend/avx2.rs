@@ -18,8 +18,8 @@ use std::arch::x86_64::*;
 
 use half::{bf16, f16};
 
-use super::avx2_kquants::{dot_kquant, dot_tile_kquant, KQuant};
 use super::attn::{attention_tile, Lanes};
+use super::avx2_kquants::{dot_kquant, dot_tile_kquant, KQuant};
 use super::{dot_tile_by_pairs, AttnTile, DotTile, KernelBackend};
 use crate::quant::blocks::{
     BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,

@@ -242,6 +242,9 @@ pub fn attention_queries_by_pairs<B: KernelBackend + ?Sized>(
     out: &mut [f32],
 ) {
     tile.assert_shapes(scores.len(), out.len());
+    if tile.n_q() == 0 {
+        return;
+    }
     let (hd, n_ctx, max_ctx) = (tile.head_dim, tile.n_ctx, tile.max_ctx());
     let scores = &mut scores[..tile.n_q() * max_ctx];
     for j in 0..max_ctx {

@@ -9,7 +9,7 @@
 
 use half::f16;
 
-use crate::backend::{select, KernelBackend};
+use crate::backend::{select, AttnTile, KernelBackend};
 use crate::error::DspError;
 
 /// RMS normalisation of each row: `out = (x / sqrt(mean(x²) + eps)) * w`.
@@ -220,7 +220,9 @@ pub fn attention_head(
 /// Attention of several queries against one KV head (a tile of grouped-query attention: the
 /// query heads that share this KV head, for a few consecutive tokens), each query `i` seeing
 /// the first `n_ctx[i]` cached positions. Every K and V row is read once for all queries
-/// while it is in L1, instead of once per (token, head).
+/// while it is in L1, instead of once per (token, head). After the checks below, `qs` is
+/// rounded to f16 and the tile runs as [`KernelBackend::attention_queries`] (SIMD backends:
+/// register-blocked kernels that load each K and V chunk once for several queries).
 ///
 /// Each query gets exactly the operations of [`attention_head_strided`] (the same dots, the
 /// same softmax, the values accumulated in position order), so results are bit-identical to
@@ -260,27 +262,15 @@ pub fn attention_queries(
     DspError::check_at_least(OP, "v", max_ctx * hd, v.len())?;
     DspError::check_at_least(OP, "scores_scratch", n_q * max_ctx, scores_scratch.len())?;
     let q16: Vec<f16> = qs.iter().map(|&x| f16::from_f32(x)).collect();
-    let scores = &mut scores_scratch[..n_q * max_ctx];
-    for j in 0..max_ctx {
-        let kj = &k[j * hd..(j + 1) * hd];
-        for (i, qi) in q16.chunks_exact(hd).enumerate() {
-            if j < n_ctx[i] {
-                scores[i * max_ctx + j] = be.vec_dot_f16(kj, qi) * scale;
-            }
-        }
-    }
-    for (i, row) in scores.chunks_exact_mut(max_ctx).enumerate() {
-        be.softmax_inplace(&mut row[..n_ctx[i]]);
-    }
-    out.fill(0.0);
-    for j in 0..max_ctx {
-        let vj = &v[j * hd..(j + 1) * hd];
-        for (i, oi) in out.chunks_exact_mut(hd).enumerate() {
-            if j < n_ctx[i] {
-                be.axpy_f16(oi, scores[i * max_ctx + j], vj);
-            }
-        }
-    }
+    let tile = AttnTile {
+        q16: &q16,
+        n_ctx,
+        head_dim: hd,
+        k,
+        v,
+        scale,
+    };
+    be.attention_queries(&tile, scores_scratch, out);
     Ok(())
 }
 

@@ -253,6 +253,39 @@ macro_rules! backend_conformance {
                 }
             }
 
+            proptest! {
+                #![proptest_config(proptest_config())]
+
+                /// The backend's attention tile gives every query (and every score it writes)
+                /// the bits of the per-pair composition, for SmolLM2-like GQA tiles with
+                /// causal spans and for random ragged spans, whole and tail head sizes.
+                #[test]
+                fn attention_queries_equal_pairs_bitwise(hdi in 0usize..8, n_q in 1usize..=30, base in 0usize..70, ragged in any::<bool>(), seed in any::<u64>()) {
+                    let Some(be) = be() else { return Ok(()) };
+                    let hd = [64usize, 128, 256, 8, 24, 37, 72, 80][hdi];
+                    let mut rng = Rng(seed);
+                    // Causal prefill: tokens of `group` query heads, token t seeing base + t + 1.
+                    let group = if n_q % 3 == 0 { 3 } else { 1 };
+                    let n_ctx: Vec<usize> = (0..n_q)
+                        .map(|i| if ragged { 1 + (rng.next_u64() % 90) as usize } else { base + i / group + 1 })
+                        .collect();
+                    let max_ctx = *n_ctx.iter().max().expect("n_q > 0");
+                    let f16s = |rng: &mut Rng, n: usize| -> Vec<f16> { rng.vec(n).iter().map(|&x| f16::from_f32(x)).collect() };
+                    let (q16, k, v) = (f16s(&mut rng, n_q * hd), f16s(&mut rng, max_ctx * hd), f16s(&mut rng, max_ctx * hd));
+                    let q16: Vec<f16> = q16.iter().map(|x| f16::from_f32(x.to_f32() * 3.0)).collect();
+                    let tile = backend::AttnTile { q16: &q16, n_ctx: &n_ctx, head_dim: hd, k: &k, v: &v, scale: 1.0 / (hd as f32).sqrt() };
+                    // Entries a query does not see keep the initial garbage in both.
+                    let garbage: Vec<f32> = rng.vec(n_q * max_ctx + 3);
+                    let (mut s_got, mut s_want) = (garbage.clone(), garbage);
+                    let (mut o_got, mut o_want) = (vec![f32::NAN; n_q * hd], vec![f32::NAN; n_q * hd]);
+                    be.attention_queries(&tile, &mut s_got, &mut o_got);
+                    backend::attention_queries_by_pairs(be, &tile, &mut s_want, &mut o_want);
+                    let what = format!("{} hd {hd} n_q {n_q} n_ctx {n_ctx:?}", be.name());
+                    test_support::compare::assert_close(&o_got, &o_want, 0.0, &format!("out: {what}"));
+                    test_support::compare::assert_close(&s_got, &s_want, 0.0, &format!("scores: {what}"));
+                }
+            }
+
             #[test]
             fn dot_tile_is_bit_identical_to_single_dots() {
                 let Some(be) = be() else { return };

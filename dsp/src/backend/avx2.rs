@@ -18,8 +18,9 @@ use std::arch::x86_64::*;
 
 use half::{bf16, f16};
 
+use super::attn::{attention_tile, Lanes};
 use super::avx2_kquants::{dot_kquant, dot_tile_kquant, KQuant};
-use super::{dot_tile_by_pairs, DotTile, KernelBackend};
+use super::{dot_tile_by_pairs, AttnTile, DotTile, KernelBackend};
 use crate::quant::blocks::{
     BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
@@ -469,6 +470,87 @@ unsafe fn axpy_f16(out: &mut [f32], a: f32, v: &[f16]) {
     }
 }
 
+/// The AVX2 vector of the attention tiles: `load_f16x8`, `fmadd`, `hsum_ps` as in
+/// [`dot_f16`] and mul-then-add as in [`axpy_f16`] (callers must have avx2, fma, f16c).
+impl Lanes for __m256 {
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        _mm256_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self {
+        _mm256_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const f16) -> Self {
+        load_f16x8(p)
+    }
+    #[inline(always)]
+    unsafe fn load_f32(p: *const f32) -> Self {
+        _mm256_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        _mm256_storeu_ps(p, self)
+    }
+    #[inline(always)]
+    unsafe fn fma(acc: Self, w: Self, x: Self) -> Self {
+        _mm256_fmadd_ps(w, x, acc)
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        _mm256_add_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self, b: Self) -> Self {
+        _mm256_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn hsum(self) -> f32 {
+        hsum_ps(self)
+    }
+    /// [`hsum_ps`] of four vectors in transposed lanes: `s = lo + hi` for two vectors per
+    /// `permute2f128` pair, then `s0 + s2`, `s1 + s3`, then their sum, each addition with
+    /// `hsum_ps`'s operands in its order.
+    #[inline(always)]
+    unsafe fn hsum4(v: [Self; 4]) -> [f32; 4] {
+        // [sA | sB] and [sC | sD], each s = lo + hi (4 lanes).
+        let ab = _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(v[0], v[1]),
+            _mm256_permute2f128_ps::<0x31>(v[0], v[1]),
+        );
+        let cd = _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(v[2], v[3]),
+            _mm256_permute2f128_ps::<0x31>(v[2], v[3]),
+        );
+        // [sA0+sA2, sA1+sA3, sC0+sC2, sC1+sC3 | the same of B, D].
+        let z = _mm256_add_ps(
+            _mm256_shuffle_ps::<0b01_00_01_00>(ab, cd),
+            _mm256_shuffle_ps::<0b11_10_11_10>(ab, cd),
+        );
+        // [A, C, A, C | B, D, B, D].
+        let r = _mm256_add_ps(
+            _mm256_shuffle_ps::<0b10_00_10_00>(z, z),
+            _mm256_shuffle_ps::<0b11_01_11_01>(z, z),
+        );
+        let mut l = [0f32; 8];
+        _mm256_storeu_ps(l.as_mut_ptr(), r);
+        [l[0], l[4], l[1], l[5]]
+    }
+}
+
+/// [`KernelBackend::attention_queries`] with AVX2 tiles ([`super::attn`]; reference:
+/// [`super::attention_queries_by_pairs`] with [`dot_f16`] and [`axpy_f16`]).
+///
+/// # Safety
+/// Needs avx2, fma, f16c (shapes are checked inside).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn attention_queries(tile: &AttnTile<'_>, scores: &mut [f32], out: &mut [f32]) {
+    attention_tile::<__m256>(tile, scores, out, |x| unsafe {
+        super::avx2_math::softmax_inplace(x)
+    })
+}
+
 // SAFETY (every `unsafe` block below): an `Avx2` exists only via `Avx2::get`, which checked
 // avx2, fma and f16c; the helpers read at most `min(len)` elements of the slices passed, and
 // the tile kernels assert their geometry against the slice lengths before raw access.
@@ -573,5 +655,10 @@ impl KernelBackend for Avx2 {
     fn softmax_inplace(&self, x: &mut [f32]) {
         // SAFETY: see the impl comment.
         unsafe { super::avx2_math::softmax_inplace(x) }
+    }
+
+    fn attention_queries(&self, tile: &AttnTile<'_>, scores: &mut [f32], out: &mut [f32]) {
+        // SAFETY: see the impl comment; the kernel checks the tile's shapes.
+        unsafe { attention_queries(tile, scores, out) }
     }
 }

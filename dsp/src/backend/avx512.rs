@@ -17,7 +17,7 @@ use half::{bf16, f16};
 use super::avx2::{dot_q_vnni, dot_tile_q_vnni, Avx2, AVX2};
 use super::avx2_kquants::KQuant;
 use super::avx512_kquants::{dot_kquant, dot_tile_kquant};
-use super::{DotTile, KernelBackend};
+use super::{AttnTile, DotTile, KernelBackend};
 use crate::quant::blocks::{
     BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
@@ -135,5 +135,10 @@ impl KernelBackend for Avx512 {
 
     fn softmax_inplace(&self, x: &mut [f32]) {
         self.avx2.softmax_inplace(x)
+    }
+
+    fn attention_queries(&self, tile: &AttnTile<'_>, scores: &mut [f32], out: &mut [f32]) {
+        // Its f16 dot, axpy and softmax are the AVX2 backend's, hence so is the tile kernel.
+        self.avx2.attention_queries(tile, scores, out)
     }
 }

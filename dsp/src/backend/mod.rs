@@ -16,6 +16,8 @@ use crate::quant::blocks::{
 };
 use crate::quant::GgmlType;
 
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod attn;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -149,6 +151,20 @@ pub trait KernelBackend: Send + Sync + std::fmt::Debug {
         crate::ops::softmax_inplace(x)
     }
 
+    /// Attention of a tile of queries against one KV head ([`crate::ops::attention_queries`],
+    /// which checks the shapes): for each query `i`,
+    /// `scores[i * max_ctx + j] = vec_dot_f16(k_j, q_i) * scale` for `j < n_ctx[i]` (other
+    /// entries untouched), then [`softmax_inplace`](Self::softmax_inplace) of that row, then
+    /// `out_i = Σ_j p_ij · v_j` accumulated from zero by [`axpy_f16`](Self::axpy_f16) in
+    /// increasing `j`. `scores.len() >= n_q * max_ctx`, `out.len() == n_q * head_dim`.
+    ///
+    /// The default is that composition ([`attention_queries_by_pairs`]); SIMD backends share
+    /// K and V row loads across the tile's queries and must give every query exactly these
+    /// bits (same dot lanes and reduction, same elementwise value order).
+    fn attention_queries(&self, tile: &AttnTile<'_>, scores: &mut [f32], out: &mut [f32]) {
+        attention_queries_by_pairs(self, tile, scores, out)
+    }
+
     /// Every chunk of one value head of the chunked gated delta rule
     /// ([`crate::gdn::gdn_chunked`]): the per-chunk element loops and the `MR × NR` register
     /// tiles of its f32 products (`y += a · x`). The default is the portable build (separate
@@ -166,6 +182,89 @@ pub fn dot_tile_by_pairs<B: KernelBackend + ?Sized>(be: &B, tile: &DotTile<'_>, 
     for (t, xr) in tile.x.chunks_exact(tile.x_row_bytes).enumerate() {
         for (r, wr) in tile.w.chunks_exact(tile.w_row_bytes).enumerate() {
             out[t * n_rows + r] = be.vec_dot_bytes(tile.ty, wr, xr);
+        }
+    }
+}
+
+/// A tile of grouped-query attention for [`KernelBackend::attention_queries`]: `n_q` queries
+/// (tokens × the query heads sharing one KV head) against that KV head's cache.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnTile<'a> {
+    /// `[n_q, head_dim]` row-major queries, already rounded to f16.
+    pub q16: &'a [f16],
+    /// `[n_q]`: query `i` sees cached positions `0..n_ctx[i]` (each ≥ 1; causal prefill gives
+    /// consecutive tokens consecutive counts).
+    pub n_ctx: &'a [usize],
+    /// Elements per query, key and value row.
+    pub head_dim: usize,
+    /// `[>= max n_ctx, head_dim]` row-major keys of the head.
+    pub k: &'a [f16],
+    /// `[>= max n_ctx, head_dim]` row-major values of the head.
+    pub v: &'a [f16],
+    /// Multiplies every dot product (`1/sqrt(head_dim)` usually).
+    pub scale: f32,
+}
+
+impl AttnTile<'_> {
+    /// Number of queries.
+    pub fn n_q(&self) -> usize {
+        self.n_ctx.len()
+    }
+
+    /// The longest span any query sees (the row stride of the scores).
+    pub fn max_ctx(&self) -> usize {
+        self.n_ctx.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Panics unless the slices hold the shapes documented on the fields, with `scores_len`
+    /// and `out_len` as [`KernelBackend::attention_queries`] requires (the SIMD kernels read
+    /// through raw pointers after this check).
+    pub fn assert_shapes(&self, scores_len: usize, out_len: usize) {
+        let (n_q, hd, max_ctx) = (self.n_q(), self.head_dim, self.max_ctx());
+        assert!(
+            self.q16.len() == n_q * hd
+                && out_len == n_q * hd
+                && self.k.len() >= max_ctx * hd
+                && self.v.len() >= max_ctx * hd
+                && scores_len >= n_q * max_ctx,
+            "attention tile: inconsistent shapes"
+        );
+    }
+}
+
+/// [`KernelBackend::attention_queries`] as one [`KernelBackend::vec_dot_f16`] per (position,
+/// query) and one [`KernelBackend::axpy_f16`] per (position, query): the reference every
+/// SIMD override equals bit for bit.
+pub fn attention_queries_by_pairs<B: KernelBackend + ?Sized>(
+    be: &B,
+    tile: &AttnTile<'_>,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    tile.assert_shapes(scores.len(), out.len());
+    if tile.n_q() == 0 {
+        return;
+    }
+    let (hd, n_ctx, max_ctx) = (tile.head_dim, tile.n_ctx, tile.max_ctx());
+    let scores = &mut scores[..tile.n_q() * max_ctx];
+    for j in 0..max_ctx {
+        let kj = &tile.k[j * hd..(j + 1) * hd];
+        for (i, qi) in tile.q16.chunks_exact(hd).enumerate() {
+            if j < n_ctx[i] {
+                scores[i * max_ctx + j] = be.vec_dot_f16(kj, qi) * tile.scale;
+            }
+        }
+    }
+    for (i, row) in scores.chunks_exact_mut(max_ctx).enumerate() {
+        be.softmax_inplace(&mut row[..n_ctx[i]]);
+    }
+    out.fill(0.0);
+    for j in 0..max_ctx {
+        let vj = &tile.v[j * hd..(j + 1) * hd];
+        for (i, oi) in out.chunks_exact_mut(hd).enumerate() {
+            if j < n_ctx[i] {
+                be.axpy_f16(oi, scores[i * max_ctx + j], vj);
+            }
         }
     }
 }

@@ -34,8 +34,9 @@ use std::arch::aarch64::*;
 
 use half::{bf16, f16};
 
+use super::attn::{attention_tile, Lanes};
 use super::neon_kquants::{dot_kquant, dot_tile_kquant, KQuant};
-use super::{dot_tile_by_pairs, DotTile, KernelBackend};
+use super::{dot_tile_by_pairs, AttnTile, DotTile, KernelBackend};
 use crate::quant::blocks::{
     BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
@@ -532,6 +533,48 @@ fn axpy_f16(out: &mut [f32], a: f32, v: &[f16]) {
     }
 }
 
+/// The NEON vector of the attention tiles: [`load_f16x8`], [`fma8`], [`hsum8`] as in
+/// [`dot_f16`] and mul-then-add on each half as in [`axpy_f16`] (NEON is baseline).
+impl Lanes for F8 {
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        [vdupq_n_f32(0.0); 2]
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self {
+        [vdupq_n_f32(x); 2]
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const f16) -> Self {
+        load_f16x8(p)
+    }
+    #[inline(always)]
+    unsafe fn load_f32(p: *const f32) -> Self {
+        load_f32x8(p)
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        vst1q_f32(p, self[0]);
+        vst1q_f32(p.add(4), self[1]);
+    }
+    #[inline(always)]
+    unsafe fn fma(acc: Self, w: Self, x: Self) -> Self {
+        fma8(acc, w, x)
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        add8(a, b)
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self, b: Self) -> Self {
+        [vmulq_f32(a[0], b[0]), vmulq_f32(a[1], b[1])]
+    }
+    #[inline(always)]
+    unsafe fn hsum(self) -> f32 {
+        hsum8(self)
+    }
+}
+
 /// A quantized product at the backend's level: `$f::<K, DOT>(args)`.
 macro_rules! at_level {
     ($self:ident, $f:ident::<$k:ident>($($a:expr),*)) => {
@@ -657,5 +700,11 @@ impl KernelBackend for Neon {
 
     fn softmax_inplace(&self, x: &mut [f32]) {
         super::neon_math::softmax_inplace(x)
+    }
+
+    fn attention_queries(&self, tile: &AttnTile<'_>, scores: &mut [f32], out: &mut [f32]) {
+        // SAFETY: see the impl comment; the kernel checks the tile's shapes. Reference:
+        // `attention_queries_by_pairs` with `dot_f16` and `axpy_f16`.
+        unsafe { attention_tile::<F8>(tile, scores, out, super::neon_math::softmax_inplace) }
     }
 }

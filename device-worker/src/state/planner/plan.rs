@@ -248,12 +248,20 @@ fn saves(
                     saves.push(at);
                 } else if kept.iter().all(|c| c.end) {
                     // A cold slot has no divergence point yet: leave one resumable state, at
-                    // the start of the last user message (the rules that later steps share)
-                    // or else at the prompt's end (a repeat with a new suffix resumes there).
-                    // Still at most one new checkpoint per request.
+                    // the start of the last user message (the rules that later steps share),
+                    // else, when the end-of-prompt state already covers a repeat, one
+                    // micro-batch before the prompt's end at a line start (where the stock
+                    // server's consolidated checkpoint sits: inside the shared rules of a
+                    // one-message prompt), else at the prompt's end (a repeat with a new
+                    // suffix resumes there). Still at most one new checkpoint per request.
+                    let early = n
+                        .checked_sub(cfg.n_batch)
+                        .map(|p| snap_to_line(p, req.line_starts))
+                        .filter(|&p| cfg.end_state && p > r && p - r >= cfg.min_gap);
                     let p = req
                         .last_user_start
                         .filter(|&p| p > r && p < n && p - r >= cfg.min_gap)
+                        .or(early)
                         .unwrap_or(n);
                     if before_image(p) && p > r && p - r >= cfg.min_gap {
                         saves.push(p);

@@ -1,5 +1,7 @@
 //! Compute kernels of tandem: GGML-quantized matrix products with ggml's CPU numerics
-//! ([`matmul`]), the row ops of the forward pass ([`ops`]), GGML block formats ([`quant`]),
+//! ([`matmul`]), the row ops of the forward pass ([`ops`]) and of encoders such as a vision
+//! tower ([`encoder`]: LayerNorm, GELU, 2-D rotary, grid resampling, full attention), GGML
+//! block formats ([`quant`]),
 //! per-ISA kernel backends checked against a scalar reference ([`backend`]) and a parkable
 //! thread pool ([`pool`]).
 //!
@@ -11,6 +13,7 @@
 #![allow(clippy::needless_range_loop)]
 
 pub mod backend;
+pub mod encoder;
 pub mod error;
 pub mod gdn;
 pub mod matmul;

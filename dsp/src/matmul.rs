@@ -58,6 +58,21 @@ impl<'a> QMatRef<'a> {
         Ok(m)
     }
 
+    /// An f32 matrix held in memory (`data`: `[rows, cols]` row-major), e.g. a weight built at
+    /// load time from several tensors.
+    ///
+    /// # Errors
+    /// `LengthMismatch` unless `data.len() == rows * cols`.
+    pub fn from_f32(rows: usize, cols: usize, data: &'a [f32]) -> Result<Self, DspError> {
+        DspError::check_len("QMatRef::from_f32", "data", rows * cols, data.len())?;
+        // SAFETY: an f32 slice is a valid byte slice of 4× the length, 4-byte aligned (what
+        // f32 weight rows need); the borrow keeps `data` alive and unchanged.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data))
+        };
+        Self::new(GgmlType::F32, rows, cols, bytes)
+    }
+
     fn validate(&self) -> Result<(), DspError> {
         const OP: &str = "QMatRef";
         if !self.ty.is_weight_type() {

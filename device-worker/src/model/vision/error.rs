@@ -65,9 +65,35 @@ pub enum VisionError {
     Decode(String),
     #[error("image budget: {0}")]
     Budget(String),
+    /// The encoder was given input of another shape than its projector needs (a
+    /// [`super::Preprocessed`] made for another projector, or a bug).
+    #[error("vision encoder: {what} has {actual} values, expected {expected}")]
+    EncoderShape {
+        what: &'static str,
+        expected: usize,
+        actual: usize,
+    },
+    /// A kernel of the encoder refused its arguments (a bug: shapes are checked before).
+    #[error("vision encoder: {op}")]
+    Encoder {
+        op: String,
+        #[source]
+        source: ModelError,
+    },
 }
 
 impl VisionError {
+    /// [`VisionError::Encoder`] for a kernel error of `op`.
+    pub(crate) fn kernel(op: &str, source: dsp::DspError) -> Self {
+        Self::Encoder {
+            op: op.to_string(),
+            source: ModelError::Kernel {
+                name: op.to_string(),
+                source,
+            },
+        }
+    }
+
     /// Whether the error is the request's fault (a bad or unwanted image), not the server's.
     pub fn is_invalid_input(&self) -> bool {
         matches!(

@@ -16,6 +16,37 @@ use gguf::reader::GgufFile;
 use crate::model::Model;
 use crate::state::sequence::SequenceState;
 
+/// Times [`crate::model::vision::Projector::encode`] of `image` (one warm-up, then the mean
+/// of `reps`) and prints the sizes and the time to stderr.
+fn encode_image(
+    projector: &crate::model::vision::Projector,
+    pool: &ThreadPool,
+    image: &std::path::Path,
+    reps: usize,
+) -> anyhow::Result<()> {
+    use crate::model::vision::{preprocess::preprocess, EncodeOptions, PreprocessOptions};
+    let bytes = std::fs::read(image).with_context(|| format!("reading {}", image.display()))?;
+    let pre = preprocess(&bytes, &projector.config, &PreprocessOptions::default())?;
+    let opts = EncodeOptions::default();
+    projector.encode(pool, &pre, &opts)?;
+    let start = Instant::now();
+    for _ in 0..reps {
+        projector.encode(pool, &pre, &opts)?;
+    }
+    let ms = start.elapsed().as_secs_f64() * 1e3 / reps as f64;
+    eprintln!(
+        "image {}: {}x{} -> {}x{}, {} tokens ({} patches): encode {ms:.2} ms (mean of {reps})",
+        image.display(),
+        pre.source_size.0,
+        pre.source_size.1,
+        pre.size.0,
+        pre.size.1,
+        pre.n_tokens,
+        pre.grid_thw.1 * pre.grid_thw.2
+    );
+    Ok(())
+}
+
 /// `device-worker bench`'s options.
 #[derive(Clone, Debug, clap::Args)]
 pub struct BenchOptions {
@@ -23,9 +54,14 @@ pub struct BenchOptions {
     #[arg(long, env = "TANDEM_MODEL")]
     pub model: Option<PathBuf>,
     /// Vision projector GGUF (`--mmproj`, as `serve`): loaded and checked against the model;
-    /// its size is reported (the encoder benchmark comes with the encoder).
+    /// its size is reported, and with `--image` the encoder is timed.
     #[arg(long, env = "TANDEM_MMPROJ")]
     pub mmproj: Option<PathBuf>,
+    /// A PNG or JPEG image to encode with `--mmproj` (default preprocessing and llama.cpp's
+    /// encoder choices): its size, token count and the mean time of one encode over
+    /// `--repetitions` are printed to stderr.
+    #[arg(long, requires = "mmproj")]
+    pub image: Option<PathBuf>,
     /// Compute threads.
     #[arg(long, short = 't', default_value_t = d::BENCH_THREADS, value_parser = at_least_one)]
     pub threads: usize,
@@ -91,12 +127,15 @@ pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
     let file =
         Arc::new(GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?);
     let mut model = Model::load(file)?;
+    let pool = ThreadPool::new(cfg.threads.max(1))?;
     if let Some(p) = &cfg.mmproj {
         let projector = crate::model::vision::Projector::open(p, model.n_embd())
             .with_context(|| format!("loading the projector {}", p.display()))?;
         eprintln!("projector {}: {} parameters, {:?}", p.display(), projector.n_params(), projector.config);
+        if let Some(image) = &cfg.image {
+            encode_image(&projector, &pool, image, cfg.repetitions.max(1))?;
+        }
     }
-    let pool = ThreadPool::new(cfg.threads.max(1))?;
     let n_ctx = cfg.depth + cfg.prompt_tokens + 2 * cfg.gen_tokens + cfg.n_draft + 8;
     let mut seq = model.new_sequence_state(n_ctx);
     let n_batch = cfg.micro_batch.clamp(1, cfg.prompt_tokens.max(1));

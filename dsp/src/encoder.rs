@@ -98,9 +98,10 @@ impl Gelu {
     }
 }
 
-/// GELU, tanh form ([`Gelu::Tanh`]), in f32 with `tanhf` (ggml's scalar `ggml_gelu_f32`;
-/// ggml's CPU build may instead look the value up in an f16 table, which we do not
-/// reproduce).
+/// GELU, tanh form ([`Gelu::Tanh`]), the formula in f32 with `tanhf` (PyTorch's
+/// `gelu_pytorch_tanh`, ggml's `ggml_gelu_f32`). ggml's CPU backend defines `GGML_GELU_FP16`
+/// and reads the result from a table indexed by the input rounded to f16 (the output an f16
+/// too, ≈ 3 significant digits); we do not reproduce that table.
 #[inline]
 pub fn gelu_tanh(x: f32) -> f32 {
     0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())

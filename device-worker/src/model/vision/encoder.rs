@@ -23,7 +23,9 @@
 //! erf, llama.cpp tanh) and the position resampling (HF corner-aligned bilinear, llama.cpp
 //! antialiased bilinear; equal when the grid keeps the table's size). Products go through
 //! the GGUF weight kernels ([`dsp::matmul`], activations converted to each weight's
-//! `vec_dot_type` as ggml does); attention runs in f32 like llama.cpp's non-flash path.
+//! `vec_dot_type` as ggml does); attention runs in f32 like llama.cpp's non-flash path (its
+//! flash-attention path casts K and V to f16 first). GELU is the f32 formula, where ggml's
+//! CPU backend reads an f16 table (see [`dsp::encoder::gelu_tanh`]).
 
 use dsp::encoder::{attention_full, layer_norm, Bilinear, Gelu};
 use dsp::matmul::QMatRef;

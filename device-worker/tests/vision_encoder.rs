@@ -251,3 +251,25 @@ fn input_of_another_shape_is_refused() {
         Err(VisionError::EncoderShape { .. })
     ));
 }
+
+/// `device-worker bench --mmproj --image` encodes the image (the timing it prints is not
+/// checked: only that the encode ran on the sizes preprocessing chose).
+#[test]
+fn bench_encodes_an_image() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_device-worker"))
+        .args(["bench", "--model"])
+        .arg(file("tiny-qwen35vl-f32.gguf"))
+        .arg("--mmproj")
+        .arg(file("mmproj-tiny-qwen35vl-q8_0.gguf"))
+        .arg("--image")
+        .arg(file("crop-256x384.png"))
+        .args(["-t", "1", "-r", "1", "--prompt-tokens", "8", "--gen-tokens", "2"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {stderr}");
+    assert!(
+        stderr.contains("256x384 -> 256x384, 96 tokens (384 patches): encode"),
+        "{stderr}"
+    );
+}

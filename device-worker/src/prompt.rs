@@ -16,6 +16,9 @@ pub struct ChatTokens {
     pub last_user_start: Option<usize>,
     /// Positions that start a line (the previous token's text ends with `\n`), ascending.
     pub line_starts: Vec<usize>,
+    /// Positions that start a paragraph (a line after an empty line), ascending: see
+    /// [`section_starts`].
+    pub section_starts: Vec<usize>,
 }
 
 /// Renders `messages` with `template` (generation prompt on) and tokenizes, escaping special
@@ -43,10 +46,12 @@ pub fn chat_tokens(
         _ => None,
     };
     let line_starts = line_starts(tokenizer, &tokens);
+    let section_starts = section_starts(tokenizer, &tokens, &line_starts);
     Ok(ChatTokens {
         tokens,
         last_user_start,
         line_starts,
+        section_starts,
     })
 }
 
@@ -55,4 +60,33 @@ pub fn line_starts(tokenizer: &Tokenizer, tokens: &[u32]) -> Vec<usize> {
     (1..tokens.len())
         .filter(|&p| tokenizer.token_bytes(tokens[p - 1]).ends_with(b"\n"))
         .collect()
+}
+
+/// The line starts of `line_starts` that begin a paragraph: the text before them ends with
+/// an empty line (`\n`, optional spaces, tabs or `\r`, `\n`), whether the tokenizer merged
+/// the newlines into one token or not. Agent prompts put their sections (rules, task,
+/// observation) in paragraphs; for a prompt without a user-message boundary (one message, or
+/// raw text) the divergence policy's cold save goes to the last one
+/// ([`crate::state::planner::PlanRequest::section_starts`]). Looks back from each line start
+/// only until the first byte that is not white space.
+pub fn section_starts(tokenizer: &Tokenizer, tokens: &[u32], line_starts: &[usize]) -> Vec<usize> {
+    let blank_line_before = |p: usize| {
+        let mut newlines = 0;
+        for &t in tokens[..p].iter().rev() {
+            for &b in tokenizer.token_bytes(t).iter().rev() {
+                match b {
+                    b'\n' => {
+                        newlines += 1;
+                        if newlines == 2 {
+                            return true;
+                        }
+                    }
+                    b' ' | b'\t' | b'\r' => {}
+                    _ => return false,
+                }
+            }
+        }
+        false
+    };
+    line_starts.iter().copied().filter(|&p| blank_line_before(p)).collect()
 }

@@ -20,7 +20,7 @@ fn seq(start: u32, n: usize) -> Vec<u32> {
 
 /// Plans and applies one request whose output is `out` tokens (fed back except the last).
 fn run(state: &mut CacheState, c: &PlanConfig, prompt: &[u32], last_user: Option<usize>, out: usize) -> device_worker::state::planner::Plan {
-    let req = PlanRequest { prompt, last_user_start: last_user, image_start: None, line_starts: &[] };
+    let req = PlanRequest { prompt, last_user_start: last_user, image_start: None, line_starts: &[], section_starts: &[] };
     let p = plan(state, &req, c);
     let mut processed = prompt.to_vec();
     processed.extend((0..out.saturating_sub(1) as u32).map(|i| 900_000 + i));
@@ -100,11 +100,11 @@ fn consolidation_runs_600_tokens_as_88_plus_512_and_stock_as_84_512_4() {
     let a = seq(0, 600);
     let mut c = cfg(Policy::Stock);
     c.consolidate = false;
-    let p = plan(&CacheState::default(), &PlanRequest { prompt: &a, last_user_start: None, image_start: None, line_starts: &[] }, &c);
+    let p = plan(&CacheState::default(), &PlanRequest { prompt: &a, last_user_start: None, image_start: None, line_starts: &[], section_starts: &[] }, &c);
     assert_eq!(lens(&p), vec![84, 512, 4]);
     assert_eq!(p.saved, vec![84, 596]);
     let c = cfg(Policy::Divergence);
-    let p = plan(&CacheState::default(), &PlanRequest { prompt: &a, last_user_start: None, image_start: None, line_starts: &[] }, &c);
+    let p = plan(&CacheState::default(), &PlanRequest { prompt: &a, last_user_start: None, image_start: None, line_starts: &[], section_starts: &[] }, &c);
     assert_eq!(lens(&p), vec![88, 512]);
 }
 
@@ -116,7 +116,7 @@ fn no_checkpoint_at_or_after_an_image() {
     run(&mut st, &c, &a, None, 3);
     let mut b = a[..200].to_vec();
     b.extend(seq(80_000, 100));
-    let p = plan(&st, &PlanRequest { prompt: &b, last_user_start: None, image_start: Some(150), line_starts: &[] }, &c);
+    let p = plan(&st, &PlanRequest { prompt: &b, last_user_start: None, image_start: Some(150), line_starts: &[], section_starts: &[] }, &c);
     assert!(p.saved.is_empty(), "saved {:?} past the image", p.saved);
 }
 
@@ -142,7 +142,7 @@ fn prompt_cache_serves_an_earlier_episode_after_the_slot_moved_on() {
 /// Plans and applies `prompt` (with `last_user_start` and line starts) on `st`; its output
 /// (`out` tokens, fed back but the last) continues the prompt.
 fn run_chat(st: &mut CacheState, c: &PlanConfig, prompt: &[u32], last_user: Option<usize>, lines: &[usize]) -> device_worker::state::planner::Plan {
-    let req = PlanRequest { prompt, last_user_start: last_user, image_start: None, line_starts: lines };
+    let req = PlanRequest { prompt, last_user_start: last_user, image_start: None, line_starts: lines, section_starts: &[] };
     let p = plan(st, &req, c);
     let mut processed = prompt.to_vec();
     processed.extend([777_000, 777_001]);
@@ -265,7 +265,7 @@ proptest! {
         for (f, shared, suffix, s) in reqs {
             let mut prompt = families[f as usize][..shared].to_vec();
             prompt.extend((0..suffix as u32).map(|i| 5_000_000 + s as u32 * 1000 + i));
-            let req = PlanRequest { prompt: &prompt, last_user_start: None, image_start: None, line_starts: &[] };
+            let req = PlanRequest { prompt: &prompt, last_user_start: None, image_start: None, line_starts: &[], section_starts: &[] };
             let p = plan(&st, &req, &c);
             let seq_src = match p.source { Source::Slot => &st.slot, Source::PromptCache(i) => &st.prompt_cache[i].seq };
             // Resume only from a state that belongs to position R of this prompt.
@@ -312,4 +312,81 @@ proptest! {
             }
         }
     }
+}
+
+/// Plans and applies `prompt` with line and paragraph starts; two output tokens fed back.
+fn run_sections(st: &mut CacheState, c: &PlanConfig, prompt: &[u32], lines: &[usize], sections: &[usize]) -> device_worker::state::planner::Plan {
+    let req = PlanRequest { prompt, last_user_start: None, image_start: None, line_starts: lines, section_starts: sections };
+    let p = plan(st, &req, c);
+    let mut processed = prompt.to_vec();
+    processed.extend([777_000, 777_001]);
+    st.apply(c, &p, &processed);
+    p
+}
+
+#[test]
+fn a_cold_one_message_prompt_saves_at_its_last_paragraph_and_the_next_episode_resumes_there() {
+    // A one-message agent prompt: 500 tokens of rules, a blank line, then the step's sections.
+    let c = cfg(Policy::Divergence);
+    let mut st = CacheState::default();
+    let lines: Vec<usize> = (10..900).step_by(10).collect();
+    let a = seq(0, 900);
+    let p = run_sections(&mut st, &c, &a, &lines, &[200, 500]);
+    assert_eq!(p.saved, vec![500], "the last paragraph start, not n - n_batch (388) or n");
+    // Another episode sharing the rules and 3 tokens of its task line resumes at the rules' end.
+    let mut b = a[..503].to_vec();
+    b.extend(seq(60_000, 400));
+    let p2 = run_sections(&mut st, &c, &b, &lines, &[200, 500]);
+    assert_eq!((p2.kv_bound, p2.resume), (503, 500));
+}
+
+#[test]
+fn a_line_start_too_close_to_the_resume_point_saves_at_the_divergence_point_itself() {
+    let c = cfg(Policy::Divergence);
+    let mut st = CacheState::default();
+    let lines: Vec<usize> = vec![100, 110, 140, 300];
+    let a = seq(0, 400);
+    assert_eq!(run_sections(&mut st, &c, &a, &lines, &[]).saved.len(), 1);
+    // A second prompt leaves the first at 105: whatever it resumes from, it leaves one
+    // checkpoint (`base`) at or before 105.
+    let mut b = a[..105].to_vec();
+    b.extend(seq(10_000, 295));
+    let pb = run_sections(&mut st, &c, &b, &lines, &[]);
+    assert!(pb.resume <= 105);
+    let mut st2 = st.clone();
+    let base = pb.saved.first().copied().unwrap_or(pb.resume);
+    // A prompt diverging `min_gap + 5` tokens past that checkpoint, mid-line, its line start
+    // only 5 tokens past it: saved at the divergence point.
+    let l = base + c.min_gap + 5;
+    let lines2: Vec<usize> = vec![base + 5, base + c.min_gap + 40];
+    let mut d = b[..l].to_vec();
+    d.extend(seq(20_000, 200));
+    let pd = run_sections(&mut st2, &c, &d, &lines2, &[]);
+    assert_eq!(pd.resume, base);
+    assert_eq!(pd.saved, vec![l]);
+}
+
+#[test]
+fn a_recurring_divergence_point_at_a_line_start_is_saved_at_half_the_min_gap() {
+    let c = cfg(Policy::Divergence);
+    let gap = c.min_gap / 2 + 1; // under min_gap, at least half of it
+    assert!(gap < c.min_gap);
+    let mut st = CacheState::default();
+    let base = seq(0, 300);
+    // Cold: a checkpoint at the last paragraph, 200.
+    assert_eq!(run_sections(&mut st, &c, &base, &[200, 200 + gap], &[200]).saved, vec![200]);
+    let lines = [200, 200 + gap];
+    let step = |st: &mut CacheState, k: u32| {
+        let mut p = base[..200 + gap].to_vec();
+        p.extend(seq(1_000 * (k + 1), 100));
+        run_sections(st, &c, &p, &lines, &[200])
+    };
+    // The first divergence at 200 + gap is not worth a save; the same point again is.
+    let p1 = step(&mut st, 1);
+    assert_eq!((p1.resume, p1.divergence), (200, 200 + gap));
+    assert!(p1.saved.is_empty(), "{:?}", p1.saved);
+    let p2 = step(&mut st, 2);
+    assert_eq!(p2.saved, vec![200 + gap]);
+    let p3 = step(&mut st, 3);
+    assert_eq!(p3.resume, 200 + gap);
 }

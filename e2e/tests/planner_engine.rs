@@ -101,7 +101,7 @@ async fn engine_token_counts_equal_the_planner_for_every_policy_and_episode() {
                 let ct = chat_tokens(&tokenizer, &template, &messages).expect("tokens");
                 let planned = plan(
                     &state,
-                    &PlanRequest { prompt: &ct.tokens, last_user_start: ct.last_user_start, image_start: None, line_starts: &ct.line_starts },
+                    &PlanRequest { prompt: &ct.tokens, last_user_start: ct.last_user_start, image_start: None, line_starts: &ct.line_starts, section_starts: &ct.section_starts },
                     &cfg,
                 );
                 let req = pb::GenerateRequest {

@@ -244,6 +244,7 @@ fn plan_format(
                 last_user_start: ct.last_user_start,
                 image_start: None,
                 line_starts: &ct.line_starts,
+                section_starts: &ct.section_starts,
             };
             let mut processed = ct.tokens.clone();
             processed.extend_from_slice(&output[..output.len().saturating_sub(1)]);

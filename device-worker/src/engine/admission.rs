@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 
 use super::request::{EngineEvent, EngineRequest};
 use crate::sampling::SamplingMode;
-use crate::prompt::{chat_tokens, line_starts};
+use crate::prompt::{chat_tokens, line_starts, section_starts};
 use gguf::chat_template::{ChatMessage, ChatTemplate};
 use crate::constraint::ConstraintFactory;
 use crate::error::WorkerError;
@@ -132,10 +132,12 @@ impl Admission {
             req.max_tokens
         };
         let line_starts = line_starts(&self.tokenizer, &prompt);
+        let section_starts = section_starts(&self.tokenizer, &prompt, &line_starts);
         Ok(EngineRequest {
             session_id: req.session_id,
             last_user_start,
             line_starts,
+            section_starts,
             prompt,
             max_tokens,
             stop: req.stop.into_iter().filter(|s| !s.is_empty()).collect(),

@@ -148,6 +148,7 @@ impl Compute {
         let seq = CachedSequence {
             tokens: d.cache.meta.slot.tokens[..pos].to_vec(),
             checkpoints: at_pos.map(|c| CheckpointMeta { end: false, ..*c }).collect(),
+            last_divergence: None,
         };
         self.slots[si].cache.add_entry(cfg, seq, st);
         pos

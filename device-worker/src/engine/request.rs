@@ -18,6 +18,8 @@ pub struct EngineRequest {
     pub last_user_start: Option<usize>,
     /// Line starts of `prompt` (see [`crate::state::planner::PlanRequest::line_starts`]).
     pub line_starts: Vec<usize>,
+    /// Paragraph starts of `prompt` (see [`crate::state::planner::PlanRequest::section_starts`]).
+    pub section_starts: Vec<usize>,
     pub max_tokens: u32,
     pub stop: Vec<String>,
     pub sampling: SamplingMode,

@@ -56,6 +56,7 @@ pub(super) fn run(c: &mut Compute, req: &EngineRequest) -> Result<Restored, Work
             last_user_start: req.last_user_start,
             image_start: None,
             line_starts: &req.line_starts,
+            section_starts: &req.section_starts,
         },
         &c.plan_cfg,
     );

@@ -27,6 +27,12 @@ pub struct CachedSequence {
     /// Tokens the live state has absorbed (the slot's KV cache holds all of them).
     pub tokens: Vec<u32>,
     pub checkpoints: Vec<CheckpointMeta>,
+    /// Where the last request served from this sequence diverged from it before its last
+    /// prompt token (its `L`, see
+    /// [`super::plan::Plan::divergence`]): the divergence policy saves at a recurring
+    /// divergence point that starts a line even closer to the resume point than
+    /// [`PlanConfig::min_gap`] (half of it).
+    pub last_divergence: Option<usize>,
 }
 
 impl CachedSequence {
@@ -148,6 +154,11 @@ impl CacheState {
         self.slot.checkpoints.retain(|c| !plan.evicted.contains(&c.pos));
         self.slot.checkpoints.sort_by_key(|c| c.pos);
         self.slot.tokens = processed.to_vec();
+        // A prompt the sequence holds whole but for its last token (a repeat) has no
+        // divergence point of its own: the previous one stays.
+        if plan.divergence + 1 < plan.n_prompt {
+            self.slot.last_divergence = Some(plan.divergence);
+        }
         self.limit_prompt_cache(cfg);
     }
 }

@@ -35,6 +35,11 @@ pub struct PlanRequest<'a> {
     /// Positions that start a line (the token before ends with a newline), ascending. The
     /// divergence policy saves at the line start at or before `L` (empty: at `L` itself).
     pub line_starts: &'a [usize],
+    /// Positions that start a paragraph (a line after an empty line), ascending
+    /// (`crate::prompt::section_starts`). Without a user-message boundary, the divergence
+    /// policy's one save in a cold slot goes to the last one (the sections before it — the
+    /// rules of a one-message agent prompt — are what the next prompts share).
+    pub section_starts: &'a [usize],
 }
 
 /// Where the reused prefix comes from.
@@ -74,6 +79,9 @@ pub struct Plan {
     pub n_prompt: usize,
     /// Tokens a KV cache would reuse (`min(L, n − 1)`).
     pub kv_bound: usize,
+    /// `L`: the prompt's common prefix with the sequence it resumes from (the divergence
+    /// point; the next request on the slot compares its own with it).
+    pub divergence: usize,
     pub source: Source,
     /// The slot's content goes to the prompt cache before this request (the slot serves a
     /// prompt it does not share the best prefix with).
@@ -160,7 +168,8 @@ pub fn plan(state: &CacheState, req: &PlanRequest<'_>, cfg: &PlanConfig) -> Plan
         _ => None,
     };
 
-    let saves = saves(req, cfg, l, r, &kept);
+    let recurring = seq.last_divergence == Some(l);
+    let saves = saves(req, cfg, (l, r), recurring, &kept);
     let end_state = end_state(req, cfg, r, &saves);
 
     // Batch boundaries: saves, plus the micro-batch splitting.
@@ -180,6 +189,7 @@ pub fn plan(state: &CacheState, req: &PlanRequest<'_>, cfg: &PlanConfig) -> Plan
     Plan {
         n_prompt: n,
         kv_bound,
+        divergence: l,
         source,
         stash_slot,
         keep_entry,
@@ -205,14 +215,15 @@ fn end_state(req: &PlanRequest<'_>, cfg: &PlanConfig, r: usize, saves: &[usize])
 }
 
 /// The positions the request saves a checkpoint at, by policy (DESIGN.md "Cross-request
-/// reuse"): `l` is the divergence point (longest common prefix), `r` the resume point, `kept`
-/// the checkpoints still held once the request starts. Sorted, unique; none for an
+/// reuse"): `l` is the divergence point (longest common prefix), `r` the resume point,
+/// `recurring` whether the previous request on this sequence diverged at `l` too, `kept` the
+/// checkpoints still held once the request starts. Sorted, unique; none for an
 /// attention-only model.
 fn saves(
     req: &PlanRequest<'_>,
     cfg: &PlanConfig,
-    l: usize,
-    r: usize,
+    (l, r): (usize, usize),
+    recurring: bool,
     kept: &[CheckpointMeta],
 ) -> Vec<usize> {
     let n = req.prompt.len();
@@ -243,24 +254,38 @@ fn saves(
                 // Consecutive prompts diverge inside a field (a history entry, a control
                 // line), a few tokens apart from one request to the next; the start of that
                 // line is what the next request most likely still shares.
-                let at = snap_to_line(l, req.line_starts);
-                if at > r && at < n && before_image(at) && at - r >= cfg.min_gap {
+                // A save is worth its batch boundary `min_gap` tokens past the resume point,
+                // or half that at a recurring divergence point that starts a line (the
+                // previous request on this sequence diverged there too: a sliding history's
+                // first entry, a field that keeps changing). When the line start is too close
+                // to be worth it, the divergence point itself may still be (the next prompt
+                // often shares the same partial line: an app name that changes in its last
+                // component).
+                let line = snap_to_line(l, req.line_starts);
+                let gap = if recurring && line == l { cfg.min_gap / 2 } else { cfg.min_gap };
+                let worth = |p: usize| p > r && p - r >= gap;
+                let at = if worth(line) { line } else { l };
+                if worth(at) && at < n && before_image(at) {
                     saves.push(at);
                 } else if kept.iter().all(|c| c.end) {
                     // A cold slot has no divergence point yet: leave one resumable state, at
                     // the start of the last user message (the rules that later steps share),
-                    // else, when the end-of-prompt state already covers a repeat, one
-                    // micro-batch before the prompt's end at a line start (where the stock
-                    // server's consolidated checkpoint sits: inside the shared rules of a
-                    // one-message prompt), else at the prompt's end (a repeat with a new
-                    // suffix resumes there). Still at most one new checkpoint per request.
+                    // else at the start of the prompt's last paragraph (a one-message prompt's
+                    // shared rules end there), else, when the end-of-prompt state already
+                    // covers a repeat, one micro-batch before the prompt's end at a line start
+                    // (where the stock server's consolidated checkpoint sits), else at the
+                    // prompt's end (a repeat with a new suffix resumes there). Still at most
+                    // one new checkpoint per request.
+                    let usable = |p: &usize| *p > r && *p < n && *p - r >= cfg.min_gap;
+                    let section = req.section_starts.iter().rev().copied().find(|p| usable(p));
                     let early = n
                         .checked_sub(cfg.n_batch)
                         .map(|p| snap_to_line(p, req.line_starts))
                         .filter(|&p| cfg.end_state && p > r && p - r >= cfg.min_gap);
                     let p = req
                         .last_user_start
-                        .filter(|&p| p > r && p < n && p - r >= cfg.min_gap)
+                        .filter(usable)
+                        .or(section)
                         .or(early)
                         .unwrap_or(n);
                     if before_image(p) && p > r && p - r >= cfg.min_gap {

@@ -142,9 +142,13 @@ fn prompt_cache_serves_an_earlier_episode_after_the_slot_moved_on() {
 /// Plans and applies `prompt` (with `last_user_start` and line starts) on `st`; its output
 /// (`out` tokens, fed back but the last) continues the prompt.
 fn run_chat(st: &mut CacheState, c: &PlanConfig, prompt: &[u32], last_user: Option<usize>, lines: &[usize]) -> device_worker::state::planner::Plan {
-    let req = PlanRequest { prompt, last_user_start: last_user, image_start: None, line_starts: lines, section_starts: &[] };
-    let p = plan(st, &req, c);
-    let mut processed = prompt.to_vec();
+    run_request(st, c, &PlanRequest { prompt, last_user_start: last_user, image_start: None, line_starts: lines, section_starts: &[] })
+}
+
+/// Plans and applies `req` on `st`; two output tokens (fed back but the last) continue it.
+fn run_request(st: &mut CacheState, c: &PlanConfig, req: &PlanRequest<'_>) -> device_worker::state::planner::Plan {
+    let p = plan(st, req, c);
+    let mut processed = req.prompt.to_vec();
     processed.extend([777_000, 777_001]);
     st.apply(c, &p, &processed);
     p
@@ -314,14 +318,9 @@ proptest! {
     }
 }
 
-/// Plans and applies `prompt` with line and paragraph starts; two output tokens fed back.
+/// [`run_chat`] for a prompt without a user message, with paragraph starts.
 fn run_sections(st: &mut CacheState, c: &PlanConfig, prompt: &[u32], lines: &[usize], sections: &[usize]) -> device_worker::state::planner::Plan {
-    let req = PlanRequest { prompt, last_user_start: None, image_start: None, line_starts: lines, section_starts: sections };
-    let p = plan(st, &req, c);
-    let mut processed = prompt.to_vec();
-    processed.extend([777_000, 777_001]);
-    st.apply(c, &p, &processed);
-    p
+    run_request(st, c, &PlanRequest { prompt, last_user_start: None, image_start: None, line_starts: lines, section_starts: sections })
 }
 
 #[test]

@@ -2,13 +2,14 @@
 //! image embeddings of the tiny Qwen3.5-VL fixture (`model.model.get_image_features`: tower +
 //! merger, f32, exact-erf merger GELU): both fixture images, the F32 / F16 / Q8_0 projectors,
 //! from HF's own resized pixels (the tower alone) and through our preprocessing; plus the
-//! llama.cpp / HF choices (`EncodeOptions`) made visible, thread-count independence and
-//! shape errors. Fixtures: `tests/fixtures/qwen35vl/` (README there), required inputs like
-//! the rest (`TANDEM_REQUIRE_INPUTS`).
+//! llama.cpp / HF choices (`EncodeOptions`) made visible, the default f16 attention within a
+//! measured tolerance of HF, thread-count independence and shape errors. Fixtures:
+//! `tests/fixtures/qwen35vl/` (README there), required inputs like the rest
+//! (`TANDEM_REQUIRE_INPUTS`).
 
 use std::path::{Path, PathBuf};
 
-use device_worker::model::vision::encoder::EncodeOptions;
+use device_worker::model::vision::encoder::{AttnPrecision, EncodeOptions};
 use device_worker::model::vision::preprocess::{preprocess, PreprocessOptions, Preprocessed};
 use device_worker::model::vision::resize::Fit;
 use device_worker::model::vision::{Projector, RgbImage, VisionError};
@@ -37,6 +38,10 @@ const PREPROCESS_REL_TOL: f32 = 5e-3;
 /// above the F32 parity error and below the quantized tolerances. Bounds of that difference.
 const GELU_FORMS_MIN_DIFF: f32 = 1e-4;
 const GELU_FORMS_MAX_DIFF: f32 = 2e-3;
+/// F32 projector with f16 attention inputs (the default, llama.cpp's flash-attention
+/// rounding of Q, K and V) vs HF, otherwise HF's choices: measured 1.8e-4 (max |Δ| 2.3e-4,
+/// screenshot; crop 3.5e-5), two orders above the F32 figure, below the F16 projector's.
+const F16_ATTENTION_REL_TOL: f32 = 1e-3;
 
 fn dir() -> PathBuf {
     fixture(
@@ -137,6 +142,66 @@ fn q8_0_projector_matches_the_hf_embeddings_loosely() {
     parity("q8_0", Q8_0_REL_TOL);
 }
 
+/// The default attention (f16 Q/K/V through the tile kernel) stays within a measured
+/// tolerance of HF on both images, and is a different computation from the f32 path.
+#[test]
+fn f16_attention_stays_close_to_the_hf_embeddings() {
+    assert_eq!(EncodeOptions::default().attention, AttnPrecision::F16);
+    assert_eq!(EncodeOptions::HUGGING_FACE.attention, AttnPrecision::F32);
+    let p = projector("f32");
+    let pool = pool();
+    let f16_attn = EncodeOptions {
+        attention: AttnPrecision::F16,
+        ..EncodeOptions::HUGGING_FACE
+    };
+    for img in reference()["images"].as_array().unwrap() {
+        let name = img["image"].as_str().unwrap();
+        let pre = prepared(&p, img["hf_resized_png"].as_str().unwrap());
+        let want = checked_reference(img, &pre);
+        let got = p.encode(&pool, &pre, &f16_attn).unwrap();
+        let exact = p.encode(&pool, &pre, &EncodeOptions::HUGGING_FACE).unwrap();
+        let rel = max_rel_diff(&got, &want);
+        eprintln!(
+            "{name} (f16 attention): max |ours - HF| = {:.3e}, max rel = {rel:.3e}; \
+             vs f32 attention max |Δ| = {:.3e}",
+            max_abs_diff(&got, &want),
+            max_abs_diff(&got, &exact)
+        );
+        assert!(rel <= F16_ATTENTION_REL_TOL, "{name}: rel {rel}");
+        assert!(max_abs_diff(&got, &exact) > 0.0, "{name}: f16 attention should round");
+    }
+}
+
+/// A patch count that is not a whole number of attention tiles (10×10 grid: 100 patches, 16
+/// per tile): the default mode's last, partial tile is as close to the f32 attention as the
+/// rest, and the split over 1 or 3 threads gives the same bits.
+#[test]
+fn f16_attention_handles_a_partial_last_tile() {
+    let p = projector("f32");
+    let mut img = RgbImage::filled(160, 160, [0, 0, 0]);
+    for (i, v) in img.data.iter_mut().enumerate() {
+        *v = (i * 53 % 241) as u8;
+    }
+    let pre = device_worker::model::vision::preprocess::preprocess_rgb(&img, &p.config, &stretch())
+        .unwrap();
+    assert_eq!(pre.grid_thw, (1, 10, 10));
+    let exact_opts = EncodeOptions {
+        attention: AttnPrecision::F32,
+        ..EncodeOptions::default()
+    };
+    let exact = p.encode(&pool(), &pre, &exact_opts).unwrap();
+    let one = p
+        .encode(&ThreadPool::new(1).unwrap(), &pre, &EncodeOptions::default())
+        .unwrap();
+    let three = p
+        .encode(&ThreadPool::new(3).unwrap(), &pre, &EncodeOptions::default())
+        .unwrap();
+    let rel = max_rel_diff(&one, &exact);
+    eprintln!("10x10 grid: f16 vs f32 attention max rel = {rel:.3e}");
+    assert!(rel > 0.0 && rel <= F16_ATTENTION_REL_TOL, "f16 vs f32 attention: rel {rel}");
+    assert_close(&three, &one, 0.0, "10x10 grid: 1 vs 3 threads");
+}
+
 /// The whole path from the original PNG: decode, size, bicubic, patches, tower.
 #[test]
 fn full_preprocessing_path_matches_the_hf_embeddings() {
@@ -216,9 +281,11 @@ fn position_resampling_modes_differ_off_grid_and_agree_on_it() {
 }
 
 /// Results do not depend on the thread count (products and attention tasks each compute
-/// whole rows in a fixed order).
+/// whole rows in a fixed order), in the default mode (f16 attention tiles, split into one
+/// range of tiles per thread) and in HF's (f32 attention).
 #[test]
 fn embeddings_do_not_depend_on_the_thread_count() {
+    assert_eq!(EncodeOptions::default().attention, AttnPrecision::F16);
     let p = projector("q8_0");
     let pre = prepared(&p, "screenshot-270x600.hf-resized.png");
     let one = p
@@ -230,6 +297,11 @@ fn embeddings_do_not_depend_on_the_thread_count() {
     assert_eq!(one.len(), pre.n_tokens * 64);
     assert!(one.iter().all(|v| v.is_finite()));
     assert_close(&three, &one, 0.0, "1 vs 3 threads");
+    let hf = |threads| {
+        p.encode(&ThreadPool::new(threads).unwrap(), &pre, &EncodeOptions::HUGGING_FACE)
+            .unwrap()
+    };
+    assert_close(&hf(3), &hf(1), 0.0, "HF mode: 1 vs 3 threads");
 }
 
 #[test]

@@ -286,6 +286,30 @@ macro_rules! backend_conformance {
                 }
             }
 
+            /// Full non-causal attention (the vision tower's): every query sees all `n` keys,
+            /// with `n` and the tile's query count not multiples of the register block (4
+            /// queries) or of a 16-element chunk, over the tower's head sizes.
+            #[test]
+            fn full_attention_tiles_equal_pairs_bitwise() {
+                let Some(be) = be() else { return };
+                let mut rng = Rng(19);
+                for hd in [16usize, 64, 72, 24] {
+                    for (n_q, n) in [(16, 37), (5, 201), (7, 7), (13, 16), (1, 3)] {
+                        let n_ctx = vec![n; n_q];
+                        let f16s = |rng: &mut Rng, len: usize| -> Vec<f16> { rng.vec(len).iter().map(|&x| f16::from_f32(x * 2.0)).collect() };
+                        let (q16, k, v) = (f16s(&mut rng, n_q * hd), f16s(&mut rng, n * hd), f16s(&mut rng, n * hd));
+                        let tile = backend::AttnTile { q16: &q16, n_ctx: &n_ctx, head_dim: hd, k: &k, v: &v, scale: 1.0 / (hd as f32).sqrt() };
+                        let (mut s_got, mut s_want) = (vec![f32::NAN; n_q * n], vec![0f32; n_q * n]);
+                        let (mut o_got, mut o_want) = (vec![f32::NAN; n_q * hd], vec![f32::NAN; n_q * hd]);
+                        be.attention_queries(&tile, &mut s_got, &mut o_got);
+                        backend::attention_queries_by_pairs(be, &tile, &mut s_want, &mut o_want);
+                        let what = format!("{} full attention hd {hd} n_q {n_q} n {n}", be.name());
+                        test_support::compare::assert_close(&o_got, &o_want, 0.0, &format!("out: {what}"));
+                        test_support::compare::assert_close(&s_got, &s_want, 0.0, &format!("scores: {what}"));
+                    }
+                }
+            }
+
             #[test]
             fn dot_tile_is_bit_identical_to_single_dots() {
                 let Some(be) = be() else { return };

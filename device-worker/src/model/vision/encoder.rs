@@ -23,13 +23,17 @@
 //! erf, llama.cpp tanh) and the position resampling (HF corner-aligned bilinear, llama.cpp
 //! antialiased bilinear; equal when the grid keeps the table's size). Products go through
 //! the GGUF weight kernels ([`dsp::matmul`], activations converted to each weight's
-//! `vec_dot_type` as ggml does); attention runs in f32 like llama.cpp's non-flash path (its
-//! flash-attention path casts K and V to f16 first). GELU is the f32 formula, where ggml's
-//! CPU backend reads an f16 table (see [`dsp::encoder::gelu_tanh`]).
+//! `vec_dot_type` as ggml does); attention is [`AttnPrecision::F16`] by default (Q, K and V
+//! rounded to f16 as llama.cpp's flash-attention path, through the register-blocked tile
+//! [`dsp::backend::KernelBackend::attention_queries`]) or [`AttnPrecision::F32`] (HF's
+//! precision). GELU is the f32 formula, where ggml's CPU backend reads an f16 table (see
+//! [`dsp::encoder::gelu_tanh`]).
 
+use dsp::backend::AttnTile;
 use dsp::encoder::{attention_full, layer_norm, Bilinear, Gelu};
 use dsp::matmul::QMatRef;
 use dsp::pool::ThreadPool;
+use half::f16;
 
 use super::mmproj::{Affine, Norm, Projector, VisionBlock, TEMPORAL_PATCH};
 use super::position::{learned_positions, merge_order};
@@ -39,8 +43,26 @@ use super::VisionError;
 use crate::model::parallel::DisjointMut;
 use crate::model::project::mm;
 
-/// Query patches per attention task (each task runs every head of its patches).
+/// Query patches per attention task of the f32 path (each task runs every head of its
+/// patches), and per tile of the f16 path (each tile: these patches, one head, all keys).
 const ATTN_QUERIES: usize = 16;
+
+/// How the blocks' full attention is computed (scores, softmax and the value sums are f32 in
+/// both; the choice is the precision of the inputs and the kernel).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnPrecision {
+    /// Queries, keys and values rounded to f16, then tiles of [`ATTN_QUERIES`] queries of one
+    /// head against all of its keys through the backend's register-blocked
+    /// [`attention_queries`](dsp::backend::KernelBackend::attention_queries) (each query
+    /// bit-identical to its scalar per-pair composition). These are the inputs of llama.cpp's
+    /// flash-attention path (`clip.cpp` `build_attn` casts K and V to f16, and ggml's CPU
+    /// `flash_attn_ext` converts Q to K's type); ggml accumulates V in f16 with an online
+    /// softmax there, which is not reproduced (f32 sums of an exact softmax here).
+    F16,
+    /// All f32, one dot per (query, key) pair ([`attention_full`]): the precision of HF's
+    /// f32 attention and llama.cpp's non-flash path; the exact, slow reference.
+    F32,
+}
 
 /// The choices where llama.cpp and Hugging Face compute the tower differently.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,19 +72,24 @@ pub struct EncodeOptions {
     pub merger_gelu: Gelu,
     /// How the learned position grid is resampled to the image's patch grid.
     pub position_resize: Bilinear,
+    /// The precision (and kernel) of the blocks' attention.
+    pub attention: AttnPrecision,
 }
 
 impl EncodeOptions {
-    /// llama.cpp's choices (the peer): tanh GELU in the merger, antialiased bilinear.
+    /// llama.cpp's choices (the peer): tanh GELU in the merger, antialiased bilinear, f16
+    /// attention inputs (its flash-attention path).
     pub const LLAMA_CPP: Self = Self {
         merger_gelu: Gelu::Tanh,
         position_resize: Bilinear::Antialias,
+        attention: AttnPrecision::F16,
     };
     /// Hugging Face's choices (the trained model's reference): erf GELU, corner-aligned
-    /// bilinear.
+    /// bilinear, f32 attention.
     pub const HUGGING_FACE: Self = Self {
         merger_gelu: Gelu::Erf,
         position_resize: Bilinear::AlignCorners,
+        attention: AttnPrecision::F32,
     };
 }
 
@@ -85,6 +112,124 @@ struct Scratch {
     attn: Vec<f32>,
     /// `[n, n_ff]`.
     ff: Vec<f32>,
+    /// The f16 path's buffers (empty for [`AttnPrecision::F32`]).
+    attn16: Attn16,
+}
+
+/// Scratch of [`AttnPrecision::F16`] attention, allocated once per encode: the block's
+/// queries, keys and values rounded to f16 and laid out head-major, and one scores and one
+/// output tile per task.
+struct Attn16 {
+    /// `[n_head, n, head_dim]` each.
+    q: Vec<f16>,
+    k: Vec<f16>,
+    v: Vec<f16>,
+    /// `[ATTN_QUERIES]`, every entry `n`: each query sees all keys.
+    n_ctx: Vec<usize>,
+    /// `[tasks, ATTN_QUERIES, n]`.
+    scores: Vec<f32>,
+    /// `[tasks, ATTN_QUERIES, head_dim]`.
+    out: Vec<f32>,
+    /// Tasks of one attention (the pool's threads).
+    tasks: usize,
+}
+
+impl Attn16 {
+    fn new(n: usize, n_embd: usize, head_dim: usize, tasks: usize) -> Self {
+        let tile = ATTN_QUERIES.min(n);
+        Self {
+            q: vec![f16::ZERO; n * n_embd],
+            k: vec![f16::ZERO; n * n_embd],
+            v: vec![f16::ZERO; n * n_embd],
+            n_ctx: vec![n; tile],
+            scores: vec![0.0; tasks * tile * n],
+            out: vec![0.0; tasks * tile * head_dim],
+            tasks,
+        }
+    }
+
+    fn empty() -> Self {
+        Self {
+            q: Vec::new(),
+            k: Vec::new(),
+            v: Vec::new(),
+            n_ctx: Vec::new(),
+            scores: Vec::new(),
+            out: Vec::new(),
+            tasks: 0,
+        }
+    }
+
+    /// Full attention of every head over all `n` patches with f16 inputs
+    /// ([`AttnPrecision::F16`]); shapes as [`attention`]. Rounds `qkv` into the head-major
+    /// f16 buffers (one task per head), then runs the `n_head · ⌈n / ATTN_QUERIES⌉` tiles
+    /// (head-major, so one task's consecutive tiles reuse a head's keys and values from
+    /// cache) as at most `tasks` contiguous ranges, task `t` in scratch slot `t` (as the text
+    /// model's `causal_attention`, one tile of queries per kernel call). Each query's bits do
+    /// not depend on its tile (the kernel's contract), so neither do they on the thread count.
+    fn attend(
+        &mut self,
+        pool: &ThreadPool,
+        qkv: &[f32],
+        n: usize,
+        n_head: usize,
+        hd: usize,
+        out: &mut [f32],
+    ) {
+        let e = n_head * hd;
+        let head_len = n * hd;
+        {
+            let parts =
+                [&mut self.q, &mut self.k, &mut self.v].map(|b| DisjointMut::new(&mut b[..]));
+            pool.run(n_head, &|h| {
+                for (p, part) in parts.iter().enumerate() {
+                    // SAFETY: task `h` writes head `h`'s rows only.
+                    let dst = unsafe { part.chunk(h * head_len, head_len) };
+                    for (i, row) in dst.chunks_exact_mut(hd).enumerate() {
+                        let src = &qkv[i * 3 * e + p * e + h * hd..][..hd];
+                        for (d, &x) in row.iter_mut().zip(src) {
+                            *d = f16::from_f32(x);
+                        }
+                    }
+                }
+            });
+        }
+        let tiles = n.div_ceil(ATTN_QUERIES);
+        let units = n_head * tiles;
+        let per = units.div_ceil(self.tasks.min(units).max(1));
+        let cap = self.n_ctx.len();
+        let (q, k, v, n_ctx) = (&self.q, &self.k, &self.v, &self.n_ctx);
+        let scores = DisjointMut::new(&mut self.scores);
+        let tile_out = DisjointMut::new(&mut self.out);
+        let out = DisjointMut::new(out);
+        let be = dsp::select();
+        let scale = 1.0 / (hd as f32).sqrt();
+        pool.run(units.div_ceil(per), &|t| {
+            // SAFETY: slot `t` is task `t`'s alone.
+            let (sc, o) = unsafe {
+                (scores.chunk(t * cap * n, cap * n), tile_out.chunk(t * cap * hd, cap * hd))
+            };
+            for u in t * per..((t + 1) * per).min(units) {
+                let (h, q0) = (u / tiles, (u % tiles) * ATTN_QUERIES);
+                let nq = ATTN_QUERIES.min(n - q0);
+                let head = h * head_len..(h + 1) * head_len;
+                let tile = AttnTile {
+                    q16: &q[head.start + q0 * hd..head.start + (q0 + nq) * hd],
+                    n_ctx: &n_ctx[..nq],
+                    head_dim: hd,
+                    k: &k[head.clone()],
+                    v: &v[head],
+                    scale,
+                };
+                let o = &mut o[..nq * hd];
+                be.attention_queries(&tile, sc, o);
+                for (i, row) in o.chunks_exact(hd).enumerate() {
+                    // SAFETY: the (patch, head) segment of unit `u`'s queries is its alone.
+                    unsafe { out.chunk((q0 + i) * e + h * hd, hd) }.copy_from_slice(row);
+                }
+            }
+        });
+    }
 }
 
 impl Projector {
@@ -127,6 +272,10 @@ impl Projector {
             qkv: vec![0.0; n * 3 * e],
             attn: vec![0.0; n * e],
             ff: vec![0.0; n * c.n_ff],
+            attn16: match opts.attention {
+                AttnPrecision::F16 => Attn16::new(n, e, c.head_dim(), pool.n_threads()),
+                AttnPrecision::F32 => Attn16::empty(),
+            },
         };
         self.embed_patches(pool, &pre.pixels, n, &mut s.h)?;
         let pos = learned_positions(self, (gh, gw), opts.position_resize)?;
@@ -136,7 +285,7 @@ impl Projector {
         let coords = merge_order(gh, gw, m);
         let rope = Rope2d::new(c.head_dim());
         for (i, blk) in self.blocks.iter().enumerate() {
-            self.block(pool, bytes, blk, i, &coords, &rope, &mut s)?;
+            self.block(pool, bytes, blk, i, &coords, &rope, opts.attention, &mut s)?;
         }
         self.merge(pool, bytes, &s.h, n, opts.merger_gelu)
     }
@@ -180,6 +329,7 @@ impl Projector {
         il: usize,
         coords: &[(usize, usize)],
         rope: &Rope2d,
+        precision: AttnPrecision,
         s: &mut Scratch,
     ) -> Result<(), VisionError> {
         let c = &self.config;
@@ -187,7 +337,14 @@ impl Projector {
         norm(&blk.ln1, &s.h, eps, &mut s.x, "ln1")?;
         affine(pool, bytes, &blk.qkv, &s.x, n, &mut s.qkv)?;
         rope.apply(&mut s.qkv, coords, c.n_head)?;
-        attention(pool, &s.qkv, n, c.n_head, c.head_dim(), &mut s.attn)?;
+        match precision {
+            AttnPrecision::F16 => {
+                s.attn16.attend(pool, &s.qkv, n, c.n_head, c.head_dim(), &mut s.attn)
+            }
+            AttnPrecision::F32 => {
+                attention(pool, &s.qkv, n, c.n_head, c.head_dim(), &mut s.attn)?
+            }
+        }
         affine(pool, bytes, &blk.out, &s.attn, n, &mut s.x)?;
         add(&mut s.h, &s.x);
         norm(&blk.ln2, &s.h, eps, &mut s.x, "ln2")?;
@@ -259,10 +416,10 @@ fn add(dst: &mut [f32], src: &[f32]) {
     }
 }
 
-/// Full attention of every head over all `n` patches: `qkv` `[n, 3·n_embd]` (rows
-/// `q | k | v`, head `h` at `h·head_dim` in each), `out` `[n, n_embd]`. One task per block
-/// of [`ATTN_QUERIES`] query patches, all heads, through [`attention_full`] with the
-/// selected backend.
+/// Full attention of every head over all `n` patches in f32 ([`AttnPrecision::F32`]):
+/// `qkv` `[n, 3·n_embd]` (rows `q | k | v`, head `h` at `h·head_dim` in each), `out`
+/// `[n, n_embd]`. One task per block of [`ATTN_QUERIES`] query patches, all heads, through
+/// [`attention_full`] with the selected backend.
 fn attention(
     pool: &ThreadPool,
     qkv: &[f32],

@@ -23,7 +23,7 @@ pub mod resize;
 pub mod rope2d;
 
 pub use decode::{DecodeLimits, RgbImage};
-pub use encoder::EncodeOptions;
+pub use encoder::{AttnPrecision, EncodeOptions};
 pub use error::VisionError;
 pub use mmproj::{Projector, VisionConfig};
 pub use preprocess::{ImageBudget, PreprocessOptions, Preprocessed};

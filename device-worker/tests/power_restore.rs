@@ -3,6 +3,7 @@
 //! a plain file for `dev/cpu_dma_latency`):
 //! - the real `device-worker serve` binary logs each setting it changes, raises the floors,
 //!   and writes the originals back after SIGTERM (and removes its state file);
+//! - a second SIGTERM during the drain (the forced exit) restores them too;
 //! - after SIGKILL the floors stay raised, and `device-worker power-restore` writes the saved
 //!   originals back;
 //! - in process: the floors go back when the votes are released between bursts and are raised
@@ -129,6 +130,28 @@ impl Served {
         s
     }
 
+    /// Waits (up to 60 s) for a stderr line containing `needle`.
+    fn wait_for_line(&mut self, needle: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no line with {needle:?}:\n{}", self.log.join("\n")));
+            let found = line.contains(needle);
+            self.log.push(line);
+            if found {
+                return;
+            }
+        }
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill").args([&format!("-{signal}"), &pid]).status().unwrap().success());
+    }
+
     /// One short request over gRPC.
     async fn request(&self) {
         let mut client = StepServiceClient::connect(self.addr.clone()).await.unwrap();
@@ -141,8 +164,7 @@ impl Served {
     /// Sends `signal` (`TERM`, `KILL`) and waits for the exit; returns the exit status and
     /// the whole stderr.
     fn signal_and_wait(mut self, signal: &str) -> (std::process::ExitStatus, String) {
-        let pid = self.child.id().to_string();
-        assert!(Command::new("kill").args([&format!("-{signal}"), &pid]).status().unwrap().success());
+        self.signal(signal);
         let status = self.child.wait().unwrap();
         // The writer is gone: the reader thread ends after the last line.
         self.log.extend(self.lines.iter());
@@ -186,6 +208,36 @@ async fn serve_logs_what_it_changes_and_restores_it_after_sigterm() {
     assert!(log.contains("host settings restored"), "{log}");
 }
 
+/// A second SIGTERM during the drain exits at once (status 130, no destructor runs): the
+/// forced-exit hook restores first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_exit_during_the_drain_restores_too() {
+    let tmp = fake_root();
+    let root = tmp.path();
+    let mut w = Served::start(root);
+    let mut client = StepServiceClient::connect(w.addr.clone()).await.unwrap();
+    // A request that cannot end soon (the schema forbids the end of the string before 2000
+    // characters) and whose stream the test stops reading: it holds the drain open.
+    let mut req = chat("d", "You are a phone agent.", "Describe the screen.", 1500);
+    req.json_schema = r#"{"type":"string","minLength":2000}"#.into();
+    let mut stream = open_stream(&mut client, req).await;
+    loop {
+        let ev = stream.next().await.expect("an event").expect("no error");
+        if let Some(pb::generate_event::Event::Token(_)) = ev.event {
+            break;
+        }
+    }
+    assert_eq!(floors(root), turbo());
+    w.signal("TERM");
+    w.wait_for_line("shutting down");
+    let (status, log) = w.signal_and_wait("TERM");
+    assert_eq!(status.code(), Some(130), "the forced exit: {status}\n{log}");
+    assert_eq!(floors(root), originals(), "restored before the forced exit:\n{log}");
+    assert!(log.contains("forced exit") && log.contains("host settings restored"), "{log}");
+    assert!(!root.join(STATE_FILE).exists());
+    drop(stream);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_sigkill_power_restore_writes_the_saved_originals_back() {
     let tmp = fake_root();
@@ -221,21 +273,30 @@ async fn after_sigkill_power_restore_writes_the_saved_originals_back() {
     assert!(String::from_utf8_lossy(&again.stdout).contains("nothing to restore"));
 }
 
-/// Streams one request (retrying while the model loads) and reads the floors when its first
-/// token arrives (the request is still in flight then, so no release can have happened).
+/// Opens a Generate stream, retrying while the model loads (the "model loaded" line comes
+/// just before the engine is published ready).
+async fn open_stream(
+    client: &mut StepServiceClient<tonic::transport::Channel>,
+    req: pb::GenerateRequest,
+) -> tonic::Streaming<pb::GenerateEvent> {
+    loop {
+        match client.generate(req.clone()).await {
+            Err(s) if s.code() == tonic::Code::Unavailable && s.message().contains("loading") => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => return other.expect("request").into_inner(),
+        }
+    }
+}
+
+/// Streams one request and reads the floors when its first token arrives (the request is
+/// still in flight then, so no release can have happened).
 async fn floors_during_a_request(
     client: &mut StepServiceClient<tonic::transport::Channel>,
     root: &Path,
 ) -> Vec<u64> {
     let req = chat("q", "You are a phone agent.", "Open the camera.", 8);
-    let mut stream = loop {
-        match client.generate(req.clone()).await {
-            Err(s) if s.code() == tonic::Code::Unavailable && s.message().contains("loading") => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            other => break other.expect("request").into_inner(),
-        }
-    };
+    let mut stream = open_stream(client, req).await;
     let mut seen = None;
     while let Some(ev) = stream.next().await {
         if let Some(pb::generate_event::Event::Token(_)) = ev.expect("event").event {

@@ -43,6 +43,18 @@ enum Command {
         #[arg(long, default_value = "http://127.0.0.1:50051")]
         addr: String,
     },
+    /// Write back the host power settings (cpufreq floors) that a `--power-backend linux`
+    /// worker saved at start, after it was killed without restoring them (SIGKILL, OOM
+    /// killer); removes the state file. Without a state file there is nothing to restore.
+    PowerRestore {
+        /// As `serve --power-root`.
+        #[arg(long, default_value = "/")]
+        power_root: std::path::PathBuf,
+        /// As `serve --power-state-file` (default: `run/device-worker-power.json` under
+        /// `--power-root`).
+        #[arg(long)]
+        power_state_file: Option<std::path::PathBuf>,
+    },
     /// Render chat messages (JSON `{"messages":[{"role","content"}]}` on stdin) with the
     /// model's chat template and print the prompt text, as the worker would tokenize it.
     Render {
@@ -92,6 +104,14 @@ fn main() -> anyhow::Result<()> {
             );
         }
         let engine = device_worker::engine::EngineHandle::spawn(settings)?;
+        // The host's power settings go back on every way out: the end of serve (below), an
+        // early return or a panic unwinding through here (the guard), a forced exit (which
+        // skips destructors). A watchdog restart releases them in the idle controller.
+        let restorer = engine.power_restorer();
+        let _restore = device_worker::power::RestoreOnDrop(restorer.clone());
+        if let Some(r) = restorer.clone() {
+            tandem_telemetry::shutdown::before_forced_exit(move || r.restore("forced exit"));
+        }
         // Detect the energy source once, at engine start.
         device_worker::telemetry::energy::publish_availability();
         let (metrics_stop, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -162,6 +182,9 @@ fn main() -> anyhow::Result<()> {
         if !clean {
             tracing::warn!("the engine did not stop within 10 s; exiting without waiting");
         }
+        if let Some(r) = &restorer {
+            r.restore("exit");
+        }
         if let Some(m) = load_error.lock().unwrap_or_else(|p| p.into_inner()).take() {
             anyhow::bail!(
                 "the engine could not start (model {}): {m}",
@@ -184,6 +207,21 @@ fn run_tool(command: Command) -> anyhow::Result<()> {
             session,
         } => client_runtime()?.block_on(request(addr, text, max_tokens, session)),
         Command::Power { addr } => client_runtime()?.block_on(power(addr)),
+        Command::PowerRestore {
+            power_root,
+            power_state_file,
+        } => {
+            let file = power_state_file
+                .unwrap_or_else(|| power_root.join(device_worker::power::linux::STATE_FILE));
+            let restored = device_worker::power::restore_from_state_file(&file)?;
+            if restored.is_empty() {
+                println!("nothing to restore: no state file at {}", file.display());
+            }
+            for s in restored {
+                println!("restored {} = {}", s.path.display(), s.original);
+            }
+            Ok(())
+        }
         Command::Render { model } => {
             use std::io::Read;
             let path = model.unwrap_or_else(device_worker::config::default_model_path);

@@ -4,10 +4,34 @@
 //! stuck client can never keep a server alive.
 
 use std::future::Future;
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// Longest graceful drain after the first signal.
 pub const DRAIN_LIMIT: Duration = Duration::from_secs(30);
+
+type Hook = Box<dyn Fn() + Send + Sync>;
+
+/// Run, in order, just before a forced exit ([`before_forced_exit`]).
+static FORCED_EXIT_HOOKS: Mutex<Vec<Hook>> = Mutex::new(Vec::new());
+
+/// Registers `hook` to run just before the forced exit (second signal or [`DRAIN_LIMIT`]),
+/// which skips every destructor: the worker restores the host's power settings here.
+pub fn before_forced_exit(hook: impl Fn() + Send + Sync + 'static) {
+    FORCED_EXIT_HOOKS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(Box::new(hook));
+}
+
+fn run_forced_exit_hooks() {
+    // try_lock: a hook registered concurrently must not block the exit.
+    if let Ok(hooks) = FORCED_EXIT_HOOKS.try_lock() {
+        for h in hooks.iter() {
+            h();
+        }
+    }
+}
 
 /// A future resolving on the first SIGINT or SIGTERM. The handlers are installed before this
 /// returns (a signal during start-up is not lost); after the first signal a watcher forces
@@ -37,6 +61,7 @@ pub fn signal() -> std::io::Result<impl Future<Output = ()> + Send> {
                     _ = tokio::time::sleep(DRAIN_LIMIT) => "drain limit reached",
                 };
                 tracing::warn!(reason = why, "exiting without waiting for in-flight requests");
+                run_forced_exit_hooks();
                 std::process::exit(130);
             });
         })

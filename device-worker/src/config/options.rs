@@ -68,6 +68,16 @@ pub struct EngineOptions {
     #[arg(long, value_enum, default_value_t = PowerBackendKind::Linux)]
     #[serde(serialize_with = "as_value_enum")]
     pub power_backend: PowerBackendKind,
+    /// Root directory under which the `linux` backend finds `dev/cpu_dma_latency` and
+    /// `sys/devices/system/cpu/cpufreq` (tests point it at fake files).
+    #[arg(long, default_value = "/")]
+    pub power_root: PathBuf,
+    /// Where the `linux` backend saves the original cpufreq floors it changes (removed after
+    /// the exit restore; `device-worker power-restore` writes them back after a SIGKILL).
+    /// Default: `run/device-worker-power.json` under `--power-root`.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub power_state_file: Option<PathBuf>,
     /// Milliseconds a batch (one prefill micro-batch or one decode step) may run before the
     /// watchdog fails the request with UNAVAILABLE and restarts the engine.
     #[arg(long, default_value_t = d::WATCHDOG_MS, value_parser = at_least_one_u64)]
@@ -243,6 +253,8 @@ impl Default for EngineOptions {
             idle_release_ms: d::IDLE_RELEASE_MS,
             unload_after_idle_s: d::UNLOAD_AFTER_IDLE_S,
             power_backend: PowerBackendKind::Linux,
+            power_root: PathBuf::from("/"),
+            power_state_file: None,
             watchdog_ms: d::WATCHDOG_MS,
             fault_hang_after_batches: None,
             cache_policy: crate::state::planner::Policy::Divergence,

@@ -50,6 +50,10 @@ pub struct EngineSettings {
     /// Power-vote release and model unload timers.
     pub idle: IdleConfig,
     pub power_backend: PowerBackendKind,
+    /// The `linux` backend's root directory (`/` on a host) and state file (`None`: the
+    /// default under the root).
+    pub power_root: PathBuf,
+    pub power_state_file: Option<PathBuf>,
     /// Longest batch before the watchdog restarts the engine.
     pub watchdog: Duration,
     /// TEST ONLY fault injection (`--fault-hang-after-batches`).
@@ -184,6 +188,8 @@ impl EngineOptions {
                     .then(|| Duration::from_secs(self.unload_after_idle_s)),
             },
             power_backend: self.power_backend,
+            power_root: self.power_root.clone(),
+            power_state_file: self.power_state_file.clone(),
             watchdog: Duration::from_millis(self.watchdog_ms.max(1)),
             fault_hang_after_batches: self.fault_hang_after_batches,
             planner: PlannerSettings {

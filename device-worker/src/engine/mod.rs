@@ -7,7 +7,8 @@
 //! The [`EngineHandle`] also owns what outlives one engine thread: the idle controller (power
 //! votes, shared with [`EngineHandle::submit`] under one lock), and the batch watchdog. When a
 //! batch overruns `--watchdog-ms`, the handle abandons the engine thread (its later results are
-//! discarded), fails its in-flight request with UNAVAILABLE, moves the queued requests to a
+//! discarded), releases the power votes (the host's settings go back while the fresh engine
+//! loads), fails its in-flight request with UNAVAILABLE, moves the queued requests to a
 //! fresh engine thread that reloads the model with empty slots, and publishes
 //! `Restarting` → `Ready` (health NOT_SERVING → SERVING).
 
@@ -69,10 +70,14 @@ impl Drop for Shared {
     }
 }
 
-/// The backend `--power-backend` names.
-pub fn power_backend(kind: PowerBackendKind) -> Box<dyn PowerBackend> {
-    match kind {
-        PowerBackendKind::Linux => Box::new(LinuxBackend::new()),
+/// The backend `--power-backend` names (the Linux one on the files under `--power-root`,
+/// its originals saved in `--power-state-file`).
+pub fn power_backend(cfg: &EngineSettings) -> Box<dyn PowerBackend> {
+    match cfg.power_backend {
+        PowerBackendKind::Linux => Box::new(LinuxBackend::with_root(
+            &cfg.power_root,
+            cfg.power_state_file.as_deref(),
+        )),
         PowerBackendKind::Recording => Box::new(RecordingBackend::new(Arc::new(BootClock))),
         PowerBackendKind::None => Box::new(NoPowerBackend),
     }
@@ -85,7 +90,7 @@ impl EngineHandle {
     ///
     /// Errors: [`WorkerError::Internal`] when a thread cannot be started.
     pub fn spawn(cfg: EngineSettings) -> Result<Self, WorkerError> {
-        let backend = power_backend(cfg.power_backend);
+        let backend = power_backend(&cfg);
         Self::spawn_with_backend(cfg, backend)
     }
 
@@ -189,6 +194,12 @@ impl EngineHandle {
     /// Power state, release cycles, wake-up latency, cold starts, watchdog restarts.
     pub fn power(&self) -> PowerFigures {
         self.shared.ctx.idle.figures()
+    }
+
+    /// The power backend's exit restore (`main` runs it when `serve` ends, on a forced exit
+    /// and from a drop guard); `None` when the backend changes nothing system-wide.
+    pub fn power_restorer(&self) -> Option<crate::power::Restorer> {
+        self.shared.ctx.idle.restorer()
     }
 
     /// The idle controller (for tests and the metrics exporter).

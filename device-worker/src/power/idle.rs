@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use super::clock::Clock;
 use super::figures::{LatencyHistogram, PowerFigures, PowerState, WAKE_LATENCY_BOUNDS_MS};
-use super::{PowerBackend, Votes};
+use super::{PowerBackend, Restorer, Votes};
 
 /// Idle timers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,12 +54,15 @@ struct Inner {
 pub struct IdleController {
     cfg: IdleConfig,
     clock: Arc<dyn Clock>,
+    /// The backend's exit restore (taken at start; it needs no lock of ours).
+    restorer: Option<Restorer>,
     inner: Mutex<Inner>,
 }
 
 impl IdleController {
     /// Starts active: applies [`Votes::ACTIVE`] at once (the model is about to load).
     pub fn new(mut backend: Box<dyn PowerBackend>, clock: Arc<dyn Clock>, cfg: IdleConfig) -> Self {
+        let restorer = backend.restorer();
         backend.apply(&Votes::ACTIVE);
         let now = clock.now();
         let figures = PowerFigures {
@@ -75,6 +78,7 @@ impl IdleController {
         Self {
             cfg,
             clock,
+            restorer,
             inner: Mutex::new(Inner {
                 backend,
                 state: PowerState::Active,
@@ -90,6 +94,12 @@ impl IdleController {
 
     pub fn config(&self) -> IdleConfig {
         self.cfg
+    }
+
+    /// The backend's exit restore ([`PowerBackend::restorer`]); `None` for backends that
+    /// change nothing system-wide.
+    pub fn restorer(&self) -> Option<Restorer> {
+        self.restorer.clone()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -211,7 +221,9 @@ impl IdleController {
     }
 
     /// The watchdog abandoned an engine: its running batches will never end and
-    /// `failed_requests` of the submitted requests were failed.
+    /// `failed_requests` of the submitted requests were failed. Every vote is released (the
+    /// host's settings go back to their originals while the fresh engine loads, counted as a
+    /// release cycle); the fresh engine's first batch re-applies them.
     pub fn abandon(&self, failed_requests: usize) {
         let now = self.clock.now();
         let mut g = self.lock();
@@ -219,14 +231,24 @@ impl IdleController {
         g.submitted = g.submitted.saturating_sub(failed_requests);
         g.last_activity = now;
         g.figures.watchdog_restarts += 1;
+        if g.state == PowerState::Active {
+            g.backend.apply(&Votes::RELEASED);
+            g.state = PowerState::Released;
+            g.released_since = Some(now);
+            g.figures.release_cycles += 1;
+        }
     }
 
     /// An engine thread finished loading the model (at start or after a watchdog restart):
-    /// the idle timer starts now, and the state is no longer `Unloaded`.
+    /// the idle timer starts now, and the state is no longer `Unloaded`. As after a cold
+    /// start, the load time does not count as wake-up latency.
     pub fn engine_loaded(&self) {
         let now = self.clock.now();
         let mut g = self.lock();
         g.last_activity = now;
+        if g.wake_pending_since.is_some() {
+            g.wake_pending_since = Some(now);
+        }
         if g.state == PowerState::Unloaded {
             g.state = PowerState::Released;
         }

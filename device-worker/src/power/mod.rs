@@ -3,7 +3,8 @@
 //! Tandem §3.4 and §4.6; the sleeping queue follows llama.cpp `tools/server/server-queue.h`).
 //!
 //! - [`PowerBackend`]: the trait every backend implements; [`Votes`]: what is voted.
-//! - [`linux`]: PM QoS (`/dev/cpu_dma_latency`) and a cpufreq floor.
+//! - [`linux`]: PM QoS (`/dev/cpu_dma_latency`) and a cpufreq floor, restored on release,
+//!   on exit ([`Restorer`]) and after a SIGKILL by `device-worker power-restore`.
 //! - [`recording`]: records every vote change with a timestamp (tests).
 //! - `hexagon` (feature `hexagon`, off by default): the phone's FastRPC power calls,
 //!   designed but not buildable here.
@@ -24,10 +25,12 @@ pub mod idle;
 pub mod linux;
 pub mod recording;
 
+use std::sync::Arc;
+
 pub use clock::{BootClock, Clock, ManualClock};
 pub use figures::{LatencyHistogram, PowerFigures, PowerState};
 pub use idle::{IdleConfig, IdleController, TickAction};
-pub use linux::LinuxBackend;
+pub use linux::{restore_from_state_file, LinuxBackend};
 pub use recording::{RecordingBackend, VoteChange};
 
 /// Minimum CPU/NPU clock the worker asks for (a floor, not a cap).
@@ -94,6 +97,50 @@ pub trait PowerBackend: Send {
     /// Blocks until the hardware has recovered after votes were raised (clocks ramped, the
     /// matrix unit powered). Default: returns at once (nothing to wait for).
     fn wait_recovered(&mut self) {}
+
+    /// A handle that puts back every system-wide setting this backend changed, callable from
+    /// outside the engine (`main`'s exit paths: the end of `serve`, a forced exit, a panic
+    /// unwinding through `main`). Default: `None` (the backend changes nothing system-wide).
+    fn restorer(&self) -> Option<Restorer> {
+        None
+    }
+}
+
+/// Restores a backend's system-wide settings (see [`PowerBackend::restorer`]). Idempotent:
+/// the first [`restore`](Self::restore) writes the originals back and closes the backend (its
+/// later votes change nothing), the next ones do nothing. Clones share the backend.
+#[derive(Clone)]
+pub struct Restorer(Arc<dyn Fn(&str) + Send + Sync>);
+
+impl Restorer {
+    /// A restorer that runs `f` with the reason ("exit", "forced exit", ...).
+    pub fn new(f: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(f))
+    }
+
+    /// Writes the originals back now; `why` is logged.
+    pub fn restore(&self, why: &str) {
+        (self.0)(why)
+    }
+}
+
+impl std::fmt::Debug for Restorer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Restorer")
+    }
+}
+
+/// Calls [`Restorer::restore`] when dropped: `main` holds one for the whole of `serve`, so an
+/// early return or a panic unwinding through `main` still restores.
+#[derive(Debug)]
+pub struct RestoreOnDrop(pub Option<Restorer>);
+
+impl Drop for RestoreOnDrop {
+    fn drop(&mut self) {
+        if let Some(r) = &self.0 {
+            r.restore("exit");
+        }
+    }
 }
 
 /// A backend that votes for nothing (`--power-backend none`). The thread pool is still

@@ -5,6 +5,8 @@
 use std::net::SocketAddr;
 use std::str::FromStr;
 
+use tandem_auth::https::HttpLimits;
+
 /// The `serve` command's options.
 #[derive(Clone, Debug, clap::Args, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -31,6 +33,20 @@ pub struct ServeOptions {
     #[arg(long, default_value = "127.0.0.1:8080")]
     #[serde(serialize_with = "as_display")]
     pub http_listen: HttpListen,
+    /// HTTP: a request's head (request line and headers) must arrive within this many ms, or
+    /// the connection is closed (also bounds how long a kept-alive connection waits idle for
+    /// its next request).
+    #[arg(long, default_value_t = HttpLimits::DEFAULT_HEADER_READ_TIMEOUT.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_header_read_timeout_ms: u64,
+    /// HTTP: a connection with no byte read or written for this many ms is closed (a client
+    /// that stops sending or reading); a handler's wait for the worker's first event does not
+    /// count.
+    #[arg(long, default_value_t = HttpLimits::DEFAULT_IDLE_TIMEOUT.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_idle_timeout_ms: u64,
+    /// HTTP: most connections served at once; one more gets a 503 with Retry-After and is
+    /// closed.
+    #[arg(long, default_value_t = HttpLimits::DEFAULT_MAX_CONNECTIONS, value_parser = max_connections)]
+    pub http_max_connections: usize,
     /// OTLP span export (`--otlp-endpoint`, env `OTEL_EXPORTER_OTLP_ENDPOINT`).
     #[command(flatten)]
     #[serde(flatten)]
@@ -48,6 +64,26 @@ pub struct ServeOptions {
     #[command(flatten)]
     #[serde(flatten)]
     pub worker_tls: tandem_auth::WorkerTlsArgs,
+}
+
+impl ServeOptions {
+    /// The HTTP endpoint's connection limits from the `--http-*` flags.
+    pub fn http_limits(&self) -> HttpLimits {
+        HttpLimits {
+            header_read_timeout: std::time::Duration::from_millis(self.http_header_read_timeout_ms),
+            idle_timeout: std::time::Duration::from_millis(self.http_idle_timeout_ms),
+            max_connections: self.http_max_connections,
+        }
+    }
+}
+
+/// `--http-max-connections`: a whole number of at least 1. Errors: a message naming the bad
+/// value.
+fn max_connections(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("expected a whole number of connections, at least 1, found {s:?}")),
+    }
 }
 
 /// `--max-controls`: a whole number of at least 1. Errors: a message naming the bad value.

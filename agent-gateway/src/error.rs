@@ -129,6 +129,14 @@ pub enum GatewayError {
     },
 }
 
+/// Whether a worker status is tonic's refusal of a message over the decoding (or encoding)
+/// limit: `"Error, decoded message length too large: found N bytes, the limit is: M bytes"`
+/// (tonic `codec/decode.rs`; OUT_OF_RANGE in tonic 0.14, RESOURCE_EXHAUSTED before), as
+/// opposed to bad input or a full queue.
+fn is_message_too_large(message: &str) -> bool {
+    message.contains("message length too large")
+}
+
 /// A request to the OpenAI-compatible HTTP endpoint ([`crate::http`]) failed. Rendered as
 /// OpenAI's error JSON, `{"error": {"message", "type", "param", "code"}}`, with the HTTP status
 /// of [`ApiError::http_status`] (shape: OpenAI API reference, "Error codes").
@@ -146,11 +154,17 @@ pub enum ApiError {
     /// The body is longer than [`crate::http::MAX_BODY_BYTES`] (413).
     #[error("request body is larger than {limit} bytes")]
     BodyTooLarge { limit: usize },
+    /// The worker request built from the body encodes to more than the gRPC message budget,
+    /// [`tandem_proto::MAX_MESSAGE_BYTES`] (413; refused before it is sent).
+    #[error("the worker request is {bytes} bytes, over the {limit}-byte message limit")]
+    RequestTooLarge { bytes: usize, limit: usize },
     /// No route for this method and path (404).
     #[error("unknown endpoint {method} {path}; served: POST /v1/chat/completions, GET /v1/models, GET /health")]
     NotFound { method: String, path: String },
-    /// The worker returned a gRPC status (mapped: INVALID_ARGUMENT 400, RESOURCE_EXHAUSTED 429,
-    /// UNAVAILABLE 503, DEADLINE_EXCEEDED 504, others 502).
+    /// The worker returned a gRPC status (mapped: INVALID_ARGUMENT and OUT_OF_RANGE 400,
+    /// RESOURCE_EXHAUSTED 429, UNAVAILABLE 503, DEADLINE_EXCEEDED 504, others 502; but 413
+    /// when tonic refused the message as over the worker's decoding limit, which no retry
+    /// cures).
     #[error("worker {worker}: {message} ({code:?})")]
     Worker { worker: String, code: tonic::Code, message: String },
     /// The worker's stream ended before its final event (502).
@@ -168,7 +182,8 @@ impl ApiError {
             ApiError::BadJson(_) | ApiError::InvalidParam { .. } => 400,
             ApiError::NotFound { .. } => 404,
             ApiError::MethodNotAllowed { .. } => 405,
-            ApiError::BodyTooLarge { .. } => 413,
+            ApiError::BodyTooLarge { .. } | ApiError::RequestTooLarge { .. } => 413,
+            ApiError::Worker { message, .. } if is_message_too_large(message) => 413,
             ApiError::Worker { code, .. } => match code {
                 tonic::Code::InvalidArgument | tonic::Code::OutOfRange => 400,
                 tonic::Code::ResourceExhausted => 429,
@@ -213,7 +228,9 @@ impl ApiError {
             ApiError::InvalidParam { .. } => "invalid_value",
             ApiError::NotFound { .. } => "unknown_url",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
-            ApiError::BodyTooLarge { .. } => "request_too_large",
+            ApiError::BodyTooLarge { .. } | ApiError::RequestTooLarge { .. } => "request_too_large",
+            ApiError::Worker { .. } if self.http_status() == 413 => "request_too_large",
+            ApiError::Worker { .. } if self.http_status() == 429 => "worker_busy",
             ApiError::Worker { .. } | ApiError::WorkerStreamEnded { .. } => "worker_error",
             ApiError::NoWorker(_) => "no_worker",
         };

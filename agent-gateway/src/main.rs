@@ -87,13 +87,14 @@ fn main() -> anyhow::Result<()> {
                         let l = tokio::net::TcpListener::bind(addr)
                             .await
                             .with_context(|| format!("cannot listen on {addr} (HTTP; --http-listen off disables it)"))?;
-                        tracing::info!(addr = %l.local_addr()?, "OpenAI-compatible HTTP endpoint listening");
-                        Some(tokio::spawn(agent_gateway::http::serve_secured(
+                        tracing::info!(addr = %l.local_addr()?, limits = ?cfg.http_limits(), "OpenAI-compatible HTTP endpoint listening");
+                        Some(tokio::spawn(agent_gateway::http::serve_limited(
                             agent_gateway::http::HttpState { router, metrics: Some(metrics) },
                             l,
                             stopped(stop_rx.clone()),
                             auth.clone(),
                             tls.clone(),
+                            cfg.http_limits(),
                         )))
                     }
                     None => None,

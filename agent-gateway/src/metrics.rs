@@ -52,6 +52,8 @@ fn describe() {
     describe_counter!(m::AGENT_DECODE_TOKENS_TOTAL, "Output tokens.");
     describe_counter!(m::AGENT_WORKER_RETRIES_TOTAL, "Generate calls retried after UNAVAILABLE.");
     describe_gauge!(m::AGENT_STEPS_IN_FLIGHT, "Steps running now.");
+    describe_counter!(m::GATEWAY_HTTP_REQUESTS_TOTAL, "HTTP requests answered, by route and status code.");
+    describe_gauge!(m::GATEWAY_HTTP_REQUESTS_IN_FLIGHT, "HTTP requests being handled now (a stream until its body ends).");
 }
 
 /// The text exposition of every metric recorded so far (runs the exporter's upkeep first so
@@ -148,6 +150,30 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         ::metrics::gauge!(m::AGENT_STEPS_IN_FLIGHT).decrement(1.0);
+    }
+}
+
+/// Counts one HTTP request answered on `route` (a served path or `"other"`) with `status`.
+pub fn record_http_request(route: &'static str, status: u16) {
+    ::metrics::counter!(m::GATEWAY_HTTP_REQUESTS_TOTAL, m::LABEL_ROUTE => route, m::LABEL_STATUS => status.to_string())
+        .increment(1);
+}
+
+/// Holds [`m::GATEWAY_HTTP_REQUESTS_IN_FLIGHT`]`{route}` up by one while alive (decrements on
+/// drop: when the response is sent, or a streamed body ends or is dropped).
+pub struct HttpInFlight(&'static str);
+
+impl HttpInFlight {
+    /// Increments the gauge of `route`.
+    pub fn enter(route: &'static str) -> Self {
+        ::metrics::gauge!(m::GATEWAY_HTTP_REQUESTS_IN_FLIGHT, m::LABEL_ROUTE => route).increment(1.0);
+        HttpInFlight(route)
+    }
+}
+
+impl Drop for HttpInFlight {
+    fn drop(&mut self) {
+        ::metrics::gauge!(m::GATEWAY_HTTP_REQUESTS_IN_FLIGHT, m::LABEL_ROUTE => self.0).decrement(1.0);
     }
 }
 

@@ -176,7 +176,7 @@ pub async fn serve_secured(
         .add_service(health)
         .add_service(
             AgentServiceServer::new(AgentServiceImpl::new(runner))
-                .max_decoding_message_size(tandem_proto::MAX_MESSAGE_BYTES),
+                .max_decoding_message_size(security.max_message_bytes),
         );
     let sets = [tandem_proto::FILE_DESCRIPTOR_SET, tonic_health::pb::FILE_DESCRIPTOR_SET];
     let router = tandem_auth::grpc::with_reflection(router, &security, &sets)

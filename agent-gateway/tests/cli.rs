@@ -49,6 +49,14 @@ fn serve_help_explains_tls_workers_and_reflection() {
         "https://",
         "--reflection",
         "Off by default",
+        "--http-header-read-timeout-ms <HTTP_HEADER_READ_TIMEOUT_MS>",
+        "[default: 10000]",
+        "--http-idle-timeout-ms <HTTP_IDLE_TIMEOUT_MS>",
+        "[default: 120000]",
+        "--http-max-connections <HTTP_MAX_CONNECTIONS>",
+        "[default: 128]",
+        "--grpc-max-concurrent-streams <GRPC_MAX_CONCURRENT_STREAMS>",
+        "[default: 64]",
     ] {
         assert!(
             help.contains(want),

@@ -10,8 +10,8 @@ use crate::tls::{ServerTls, TlsArgs};
 use crate::tokens::Authenticator;
 
 /// `--auth-token-file`, `--health-requires-auth`, `--insecure`, the TLS flags ([`TlsArgs`])
-/// and `--reflection` (flattened into both programs' `serve`).
-#[derive(Clone, Debug, Default, clap::Args, serde::Serialize)]
+/// `--reflection` and `--grpc-max-concurrent-streams` (flattened into both programs' `serve`).
+#[derive(Clone, Debug, clap::Args, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct AuthArgs {
     /// Bearer tokens this server accepts, one per line (`#` comments; at least 16 characters
@@ -34,6 +34,23 @@ pub struct AuthArgs {
     /// lists every method and message to anyone who connects.
     #[arg(long)]
     pub reflection: bool,
+    /// Most concurrent gRPC calls (HTTP/2 streams) one client connection may have open; a
+    /// client past it waits for one of its calls to end.
+    #[arg(long, default_value_t = crate::grpc::DEFAULT_MAX_CONCURRENT_STREAMS, value_parser = clap::value_parser!(u32).range(1..))]
+    pub grpc_max_concurrent_streams: u32,
+}
+
+impl Default for AuthArgs {
+    fn default() -> Self {
+        Self {
+            auth_token_file: None,
+            health_requires_auth: false,
+            insecure: false,
+            tls: TlsArgs::default(),
+            reflection: false,
+            grpc_max_concurrent_streams: crate::grpc::DEFAULT_MAX_CONCURRENT_STREAMS,
+        }
+    }
 }
 
 impl AuthArgs {
@@ -62,7 +79,8 @@ impl AuthArgs {
     }
 
     /// A gRPC server's protections from these flags: `auth` (from [`Self::authenticator`])
-    /// with `--health-requires-auth`, `tls` (from [`TlsArgs::load`]), `--reflection`.
+    /// with `--health-requires-auth`, `tls` (from [`TlsArgs::load`]), `--reflection`,
+    /// `--grpc-max-concurrent-streams`, the message budget.
     pub fn grpc_security(
         &self,
         auth: Option<Authenticator>,
@@ -72,6 +90,8 @@ impl AuthArgs {
             auth: AuthLayer::grpc(auth, self.health_requires_auth),
             tls,
             reflection: self.reflection,
+            max_concurrent_streams: self.grpc_max_concurrent_streams,
+            max_message_bytes: tandem_proto::MAX_MESSAGE_BYTES,
         }
     }
 }

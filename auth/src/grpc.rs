@@ -16,7 +16,19 @@ pub struct GrpcSecurity {
     /// Serve gRPC reflection (v1 and v1alpha; `--reflection`). Off by default: it tells
     /// anyone who connects every method and message.
     pub reflection: bool,
+    /// Most concurrent HTTP/2 streams (calls) one client connection may open
+    /// (`--grpc-max-concurrent-streams`; tonic's `max_concurrent_streams`): a client past it
+    /// waits for one of its calls to end.
+    pub max_concurrent_streams: u32,
+    /// Largest request message a service decodes, bytes (tonic's
+    /// `max_decoding_message_size`): the path's one budget, [`tandem_proto::MAX_MESSAGE_BYTES`], unless
+    /// a test lowers it; a larger message gets OUT_OF_RANGE (tonic 0.14).
+    pub max_message_bytes: usize,
 }
+
+/// Default [`GrpcSecurity::max_concurrent_streams`]: 64 (a gateway multiplexes the steps of
+/// all its episodes over one connection per worker; a worker runs a few slots).
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 64;
 
 impl GrpcSecurity {
     /// `auth` only: plaintext, no reflection.
@@ -25,6 +37,8 @@ impl GrpcSecurity {
             auth,
             tls: None,
             reflection: false,
+            max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
+            max_message_bytes: tandem_proto::MAX_MESSAGE_BYTES,
         }
     }
 
@@ -48,7 +62,8 @@ pub type GrpcRouter = tonic::transport::server::Router<
 ///
 /// Errors: tonic refusing the TLS configuration (the files were checked at load).
 pub fn server(security: &GrpcSecurity) -> Result<GrpcServer, tonic::transport::Error> {
-    let mut builder = tonic::transport::Server::builder();
+    let mut builder =
+        tonic::transport::Server::builder().max_concurrent_streams(Some(security.max_concurrent_streams.max(1)));
     if let Some(tls) = &security.tls {
         builder = builder.tls_config(tls.grpc())?;
     }

@@ -34,6 +34,11 @@ pub enum WorkerError {
     PromptTooLong { n_tokens: usize, n_ctx: usize },
     #[error("the prompt has {n_bytes} bytes of text, at least {min_tokens} tokens; the context holds {n_ctx} (refused before tokenizing)")]
     PromptTextTooLong { n_bytes: usize, min_tokens: usize, n_ctx: usize },
+    /// Tokenizing stopped once the prompt was known to be over the context
+    /// ([`gguf::tokenizer::Tokenizer::encode_bounded`]): `at_least` tokens in the first
+    /// `bytes_read` of the rendered prompt's `n_bytes` bytes.
+    #[error("the prompt has at least {at_least} tokens (counted in its first {bytes_read} of {n_bytes} bytes, where tokenizing stopped); the context holds {n_ctx} (prompt + at least one output token)")]
+    PromptOverContext { at_least: usize, bytes_read: usize, n_bytes: usize, n_ctx: usize },
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     #[error("the request queue is full; retry later")]
@@ -76,6 +81,7 @@ impl WorkerError {
             Self::EmptyPrompt
             | Self::PromptTooLong { .. }
             | Self::PromptTextTooLong { .. }
+            | Self::PromptOverContext { .. }
             | Self::InvalidRequest(_)
             | Self::Tokenizer(_)
             | Self::Template(_) => ErrorClass::InvalidArgument,

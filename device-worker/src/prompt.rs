@@ -4,7 +4,7 @@
 
 use gguf::chat_template::{ChatMessage, ChatTemplate};
 use crate::error::WorkerError;
-use gguf::tokenizer::Tokenizer;
+use gguf::tokenizer::{BoundedEncoding, Tokenizer};
 
 /// A rendered, tokenized chat prompt.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,6 +30,21 @@ pub fn chat_tokens(
     template: &ChatTemplate,
     messages: &[ChatMessage],
 ) -> Result<ChatTokens, WorkerError> {
+    chat_tokens_within(tokenizer, template, messages, usize::MAX)
+}
+
+/// [`chat_tokens`] that stops tokenizing once the rendered prompt holds more than
+/// `max_tokens` tokens ([`Tokenizer::encode_bounded`]: work and memory of about `max_tokens`
+/// tokens, whatever the prompt's length).
+///
+/// Errors: [`WorkerError::PromptOverContext`] (with `n_ctx = max_tokens + 1`) over the
+/// limit; as [`chat_tokens`].
+pub fn chat_tokens_within(
+    tokenizer: &Tokenizer,
+    template: &ChatTemplate,
+    messages: &[ChatMessage],
+    max_tokens: usize,
+) -> Result<ChatTokens, WorkerError> {
     let msgs: Vec<ChatMessage> = messages
         .iter()
         .map(|m| ChatMessage {
@@ -37,9 +52,10 @@ pub fn chat_tokens(
             content: tokenizer.escape_special(&m.content).into_owned(),
         })
         .collect();
-    let tokens = tokenizer.encode(&template.render(&msgs, true)?, true)?;
+    let tokens = encode_within(tokenizer, &template.render(&msgs, true)?, max_tokens)?;
     let last_user_start = match msgs.iter().rposition(|m| m.role == "user") {
         Some(i) if i > 0 => {
+            // The head is a prefix of the prompt: it fits when the prompt does.
             let head = tokenizer.encode(&template.render(&msgs[..i], false)?, true)?;
             (head.len() < tokens.len() && tokens[..head.len()] == head[..]).then_some(head.len())
         }
@@ -53,6 +69,22 @@ pub fn chat_tokens(
         line_starts,
         section_starts,
     })
+}
+
+/// `text`'s tokens (control tokens parsed) if there are at most `max_tokens`.
+///
+/// Errors: [`WorkerError::PromptOverContext`] (`n_ctx = max_tokens + 1`) when there are more;
+/// [`WorkerError::Tokenizer`].
+pub fn encode_within(tokenizer: &Tokenizer, text: &str, max_tokens: usize) -> Result<Vec<u32>, WorkerError> {
+    match tokenizer.encode_bounded(text, true, max_tokens)? {
+        BoundedEncoding::Tokens(t) => Ok(t),
+        BoundedEncoding::Over { at_least, bytes_read } => Err(WorkerError::PromptOverContext {
+            at_least,
+            bytes_read,
+            n_bytes: text.len(),
+            n_ctx: max_tokens.saturating_add(1),
+        }),
+    }
 }
 
 /// Positions `p` (1 ≤ p < len) where token `p − 1` decodes to text ending in a newline.

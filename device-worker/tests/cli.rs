@@ -115,7 +115,7 @@ fn serve_help_explains_tls_unix_sockets_and_reflection() {
         .output()
         .expect("device-worker runs");
     let help = String::from_utf8_lossy(&out.stdout);
-    for want in ["--tls-cert", "--tls-key", "--tls-client-ca", "Mutual TLS", "unix:PATH", "mode 0600", "--reflection", "Off by default"] {
+    for want in ["--tls-cert", "--tls-key", "--tls-client-ca", "Mutual TLS", "unix:PATH", "mode 0600", "--reflection", "Off by default", "--grpc-max-concurrent-streams <GRPC_MAX_CONCURRENT_STREAMS>", "[default: 64]"] {
         assert!(help.contains(want), "{want} missing from serve --help:\n{help}");
     }
 }

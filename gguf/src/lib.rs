@@ -24,4 +24,4 @@ pub mod writer;
 pub use chat_template::{ChatMessage, ChatTemplate};
 pub use error::{GgufError, TemplateError, TokenizerError};
 pub use reader::{GgufFile, MetaValue, TensorInfo, TensorView};
-pub use tokenizer::{IncrementalDecoder, Tokenizer};
+pub use tokenizer::{BoundedEncoding, IncrementalDecoder, Tokenizer};

@@ -115,6 +115,65 @@ pub struct Tokenizer {
     pre: String,
     /// Texts of control and user-defined tokens (`<|im_end|>`, ...), longest first.
     special_texts: Vec<String>,
+    /// No added token holds whitespace, so [`Tokenizer::encode_bounded`] may cut the text
+    /// at its chunk boundaries.
+    chunkable: bool,
+}
+
+/// Bytes of text [`Tokenizer::encode_bounded`] tokenizes at a time (then it cuts at the next
+/// boundary, see [`next_cut`]): small enough that a prompt over the context costs one chunk
+/// more than the context, large enough that the per-call overhead does not show.
+pub const ENCODE_CHUNK_BYTES: usize = 16 << 10;
+
+/// What [`Tokenizer::encode_bounded`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BoundedEncoding {
+    /// Every token of the text: the same ids as [`Tokenizer::encode`].
+    Tokens(Vec<u32>),
+    /// More than the limit: `at_least` tokens in the first `bytes_read` bytes of the text,
+    /// where the encoding stopped (the whole text has at least as many).
+    Over { at_least: usize, bytes_read: usize },
+}
+
+/// The first position `i ≥ from` where the text may be cut without changing its tokens:
+/// before a space that follows a non-whitespace character, or after a newline between two
+/// non-whitespace characters; `text.len()` if there is none.
+///
+/// Why this is safe for every supported pre-tokenizer (`pre_tokenizer_rules`): no
+/// alternative of those regexes matches a non-whitespace character followed by a space (the
+/// whitespace alternatives need whitespace first; the letter, digit and punctuation runs stop
+/// at a space and may only *start* with one), nor a newline followed by a non-whitespace
+/// character (`\s*[\r\n]+`, `[\r\n]*` and `(?!\S)` all end at the newline; the
+/// `[^\r\n\p{L}\p{N}]?` prefixes exclude it); and with non-whitespace before the newline,
+/// the newline is one piece (or ends the punctuation piece before it) whether the text goes
+/// on or ends there. So the pieces, and the BPE merges inside each, are the same on both
+/// sides of the cut; added tokens are kept whole by refusing to chunk when one holds
+/// whitespace (`Tokenizer::chunkable`). None of the regexes looks behind.
+fn next_cut(text: &str, from: usize) -> usize {
+    if from >= text.len() {
+        return text.len();
+    }
+    let mut from = from.max(1);
+    while !text.is_char_boundary(from) {
+        from += 1;
+    }
+    let mut before = text[..from].chars().rev();
+    let mut prev = before.next();
+    let mut prev2 = before.next();
+    for (off, c) in text[from..].char_indices() {
+        let blank = |x: Option<char>| x.is_none_or(char::is_whitespace);
+        let cut = match prev {
+            Some(_) if c == ' ' => !blank(prev),
+            Some('\n') => !c.is_whitespace() && !blank(prev2),
+            _ => false,
+        };
+        if cut {
+            return from + off;
+        }
+        prev2 = prev;
+        prev = Some(c);
+    }
+    text.len()
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -299,6 +358,9 @@ impl Tokenizer {
                 _ => None,
             })
             .collect();
+        // Chunked encoding cuts the text only before a space or after a newline; no added
+        // token may span such a cut.
+        let chunkable = !added.iter().any(|t| t.content.contains(char::is_whitespace));
         // Adding tokens whose text is already in the vocabulary reuses their ids.
         hf.add_tokens(&added);
         let mut hf_plain = hf.clone();
@@ -323,6 +385,7 @@ impl Tokenizer {
             add_bos,
             pre,
             special_texts,
+            chunkable,
         })
     }
 
@@ -368,6 +431,71 @@ impl Tokenizer {
         }
         out.extend_from_slice(ids);
         Ok(out)
+    }
+
+    /// [`Tokenizer::encode`] that stops once the text is known to hold more than
+    /// `max_tokens` tokens (BOS included), so an over-long prompt costs about `max_tokens`
+    /// tokens' worth of work and memory, not its full length. The text is tokenized in chunks
+    /// of about [`ENCODE_CHUNK_BYTES`] cut where the tokens cannot change (see `next_cut`),
+    /// so [`BoundedEncoding::Tokens`] holds exactly `encode`'s ids.
+    ///
+    /// Bound: a text with no space after a non-blank and no newline before one (or a
+    /// vocabulary with an added token holding whitespace) is tokenized whole, as `encode`
+    /// does; callers bound its length first (bytes / [`Tokenizer::max_token_bytes`]).
+    /// Errors: as [`Tokenizer::encode`].
+    pub fn encode_bounded(
+        &self,
+        text: &str,
+        parse_special: bool,
+        max_tokens: usize,
+    ) -> Result<BoundedEncoding, TokenizerError> {
+        self.encode_bounded_in(text, parse_special, max_tokens, ENCODE_CHUNK_BYTES)
+    }
+
+    /// [`Tokenizer::encode_bounded`] with chunks of about `chunk_bytes` (tests use tiny ones
+    /// to cut at every boundary).
+    #[doc(hidden)]
+    pub fn encode_bounded_in(
+        &self,
+        text: &str,
+        parse_special: bool,
+        max_tokens: usize,
+        chunk_bytes: usize,
+    ) -> Result<BoundedEncoding, TokenizerError> {
+        let over = |ids: &[u32], bytes_read: usize| BoundedEncoding::Over {
+            at_least: ids.len(),
+            bytes_read,
+        };
+        if !self.chunkable {
+            let ids = self.encode(text, parse_special)?;
+            return Ok(if ids.len() > max_tokens {
+                over(&ids, text.len())
+            } else {
+                BoundedEncoding::Tokens(ids)
+            });
+        }
+        let hf = if parse_special {
+            &self.hf_special
+        } else {
+            &self.hf_plain
+        };
+        let mut out = Vec::new();
+        if self.add_bos {
+            out.extend(self.bos);
+        }
+        let mut start = 0;
+        while start < text.len() {
+            let end = next_cut(text, start + chunk_bytes.max(1));
+            let enc = hf
+                .encode_fast(&text[start..end], false)
+                .map_err(|e| TokenizerError::Encode(e.to_string()))?;
+            out.extend_from_slice(enc.get_ids());
+            start = end;
+            if out.len() > max_tokens {
+                return Ok(over(&out, end));
+            }
+        }
+        Ok(BoundedEncoding::Tokens(out))
     }
 
     /// Text of `ids`: the concatenated [`Tokenizer::token_bytes`], invalid UTF-8 replaced by
@@ -561,6 +689,17 @@ mod tests {
         assert_eq!(d.push_bytes(&[0xFF, b'c']), "\u{FFFD}c");
         assert_eq!(d.push_bytes(&euro[..2]), "");
         assert_eq!(d.finish(), "\u{FFFD}");
+    }
+
+    #[test]
+    fn cuts_fall_before_a_space_or_after_a_newline() {
+        let t = "ab  cd\n\nef gh\nij";
+        let cuts: Vec<usize> = (0..t.len()).map(|i| next_cut(t, i)).collect();
+        // Before the space at 2 (after 'b') and at 10 (after 'f'), after the newline at 13
+        // (between 'h' and 'i'); not after "\n\n" (whitespace before the newline).
+        assert_eq!(cuts, vec![2, 2, 2, 10, 10, 10, 10, 10, 10, 10, 10, 14, 14, 14, 14, 16]);
+        assert_eq!(next_cut("é é", 1), 2, "a cut is never inside a character");
+        assert_eq!(next_cut("aaaa", 1), 4);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use gguf::TokenizerError;
 use gguf::reader::GgufFile;
-use gguf::tokenizer::{IncrementalDecoder, Tokenizer};
+use gguf::tokenizer::{BoundedEncoding, IncrementalDecoder, Tokenizer};
 use test_support::{corpus_dir, fixture, model_path, GgufBuilder, Val};
 
 /// The default model's tokenizer (the model is a required input).
@@ -303,4 +303,97 @@ fn escape_special_keeps_injected_markers_as_text() {
         tok.escape_special("plain text"),
         std::borrow::Cow::Borrowed(_)
     ));
+}
+
+// === bounded encoding ===
+
+/// Texts that exercise every cut rule and its near misses: spaces after words, digits and
+/// punctuation, runs of spaces and newlines, CRLF, tabs, contractions, non-ASCII, markers.
+fn cut_texts() -> Vec<String> {
+    let mut texts: Vec<String> = NON_ASCII.iter().map(|s| s.to_string()).collect();
+    texts.push(NON_ASCII.join("\n"));
+    texts.push("a b\nc  d\n\ne\r\nf\t g 123 456\n789 (x) [y]\n{z} -- it's\nok\n \nend".into());
+    texts.push("word\n<|im_start|>user\nhi <|im_end|>\n  x\n\ty  \n z".into());
+    texts
+}
+
+/// `encode_bounded` with a high limit gives exactly `encode`'s ids, however small its chunks
+/// (chunk 1: a cut at every boundary `next_cut` allows).
+fn assert_bounded_is_exact(t: &Tokenizer, text: &str, what: &str) {
+    for parse_special in [false, true] {
+        let want = t.encode(text, parse_special).expect("enc");
+        for chunk in [1, 5, 64, gguf::tokenizer::ENCODE_CHUNK_BYTES] {
+            let got = t.encode_bounded_in(text, parse_special, usize::MAX, chunk).expect("enc");
+            assert_eq!(
+                got,
+                BoundedEncoding::Tokens(want.clone()),
+                "{what}: chunk {chunk}, parse_special={parse_special}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bounded_encoding_equals_encode_over_the_corpus() {
+    let t = load();
+    for (i, text) in cut_texts().iter().enumerate() {
+        assert_bounded_is_exact(&t, text, &format!("text {i}"));
+    }
+    let mut files = Vec::new();
+    files_under(&corpus_dir(), &mut files);
+    let mut n_texts = 0;
+    for f in files.iter().step_by(3) {
+        let Ok(text) = std::fs::read_to_string(f) else {
+            continue;
+        };
+        // The first 8 KiB of every third file keeps the test short on 2 cores.
+        let mut end = text.len().min(8 * 1024);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        assert_bounded_is_exact(&t, &text[..end], &f.display().to_string());
+        n_texts += 1;
+    }
+    assert!(n_texts > 5, "expected corpus texts, read {n_texts}");
+}
+
+/// The Qwen3.5 vocabulary and pre-tokenizer (`qwen35`: digits one at a time, marks with
+/// letters) cut the same way.
+#[test]
+fn bounded_encoding_equals_encode_with_the_qwen35_vocabulary() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../device-worker/tests/fixtures/qwen35/tiny-qwen35-f16.gguf");
+    let g = GgufFile::open(Path::new(path)).expect("the committed Qwen3.5 fixture opens");
+    let t = Tokenizer::from_gguf(&g).expect("tokenizer builds");
+    assert_eq!(t.pre(), "qwen35");
+    for (i, text) in cut_texts().iter().enumerate() {
+        assert_bounded_is_exact(&t, text, &format!("qwen35 text {i}"));
+    }
+    // The vocabulary allows cuts (no added token holds whitespace): the encoding stops early.
+    let long = "a b\n".repeat(50_000);
+    match t.encode_bounded(&long, false, 10).expect("enc") {
+        BoundedEncoding::Over { bytes_read, .. } => assert!(bytes_read < long.len() / 2, "read {bytes_read}"),
+        other => panic!("expected Over, got {other:?}"),
+    }
+}
+
+/// Over the limit, encoding stops after about one chunk past it and reports a true lower
+/// bound: the full text has at least `at_least` tokens, and `at_least` exceeds the limit.
+#[test]
+fn bounded_encoding_stops_soon_after_the_limit() {
+    let t = load();
+    let text = "the quick brown fox jumps over the lazy dog\n".repeat(50_000); // 2.2 MB
+    let full = t.encode(&text, true).expect("enc").len();
+    match t.encode_bounded(&text, true, 4096).expect("enc") {
+        BoundedEncoding::Over { at_least, bytes_read } => {
+            assert!(at_least > 4096 && at_least <= full, "{at_least} vs full {full}");
+            // One chunk past the limit at most: 4096 tokens of this text are ~18 KB.
+            assert!(bytes_read < 4096 * 5 + 2 * gguf::tokenizer::ENCODE_CHUNK_BYTES, "read {bytes_read} of {}", text.len());
+        }
+        other => panic!("expected Over, got {} tokens", match other { BoundedEncoding::Tokens(v) => v.len(), _ => 0 }),
+    }
+    let short = "just under the limit ".repeat(10);
+    assert_eq!(
+        t.encode_bounded(&short, true, 4096).expect("enc"),
+        BoundedEncoding::Tokens(t.encode(&short, true).expect("enc"))
+    );
 }

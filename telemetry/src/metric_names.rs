@@ -4,7 +4,8 @@
 //!
 //! Names follow the Prometheus conventions (<https://prometheus.io/docs/practices/naming/>):
 //! `<app>_<what>_<unit>`, base units (seconds, joules, watts), counters end in `_total`.
-//! `agent_*` are recorded by agent-gateway per step, `worker_*` by device-worker per request.
+//! `agent_*` are recorded by agent-gateway per step, `gateway_http_*` by its HTTP endpoint per
+//! request, `worker_*` by device-worker per request.
 
 // === agent-gateway ===
 
@@ -35,6 +36,13 @@ pub const AGENT_PREFILL_DURATION_SECONDS: &str = "agent_prefill_duration_seconds
 pub const AGENT_DECODE_DURATION_SECONDS: &str = "agent_decode_duration_seconds";
 /// Counter: Generate calls retried after the worker answered UNAVAILABLE.
 pub const AGENT_WORKER_RETRIES_TOTAL: &str = "agent_worker_retries_total";
+/// Counter: requests the gateway's HTTP endpoint answered. Labels: [`LABEL_ROUTE`] (a served
+/// path such as `"/v1/chat/completions"`, or `"other"`), [`LABEL_STATUS`] (the status code,
+/// `"200"`, `"413"`, ...; a streamed answer counts its head's status).
+pub const GATEWAY_HTTP_REQUESTS_TOTAL: &str = "gateway_http_requests_total";
+/// Gauge: HTTP requests being handled now, a streamed answer until its body ends (RAII
+/// guard in the gateway). Label: [`LABEL_ROUTE`].
+pub const GATEWAY_HTTP_REQUESTS_IN_FLIGHT: &str = "gateway_http_requests_in_flight";
 
 // === device-worker ===
 
@@ -112,6 +120,10 @@ pub const LABEL_EVENT: &str = "event";
 pub const LABEL_STATE: &str = "state";
 /// Label: an energy source.
 pub const LABEL_SOURCE: &str = "source";
+/// Label: an HTTP route (the served path, or `"other"`).
+pub const LABEL_ROUTE: &str = "route";
+/// Label: an HTTP status code.
+pub const LABEL_STATUS: &str = "status";
 
 // === buckets ===
 

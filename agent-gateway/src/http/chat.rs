@@ -76,6 +76,11 @@ async fn run(state: HttpState, headers: HeaderMap, body: Bytes) -> Result<Respon
     };
     let fallback_seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
     let generate = req.to_generate_request(&session_id, fallback_seed)?;
+    // The body fit the HTTP limit; its protobuf form must fit the worker's (same budget).
+    let bytes = prost::Message::encoded_len(&generate);
+    if bytes > tandem_proto::MAX_MESSAGE_BYTES {
+        return Err(ApiError::RequestTooLarge { bytes, limit: tandem_proto::MAX_MESSAGE_BYTES });
+    }
     let stops = generate.stop.clone();
     let mut worker = state.router.route(&route_key).clone();
     let mut stream = match worker.client.clone().generate(generate.clone()).await {

@@ -25,13 +25,16 @@ use axum::routing::{get, post};
 
 use crate::error::{ApiError, GatewayError};
 use crate::worker::Router;
+pub use tandem_auth::https::HttpLimits;
 
 /// Header naming the episode a request belongs to.
 pub const EPISODE_HEADER: &str = "x-episode-id";
 
 /// Largest request body accepted, in bytes: the path's one budget,
 /// [`tandem_proto::MAX_MESSAGE_BYTES`] (screens with hundreds of controls fit easily; a
-/// larger body would only fail at the gRPC hop to the worker).
+/// larger body would only fail at the gRPC hop to the worker). The `GenerateRequest` built
+/// from a body is checked against the same budget before it is sent (see
+/// [`chat::chat_completions`]); `deploy/README.md` tabulates the whole chain.
 pub const MAX_BODY_BYTES: usize = tandem_proto::MAX_MESSAGE_BYTES;
 
 /// Shared state of the HTTP handlers.
@@ -86,7 +89,7 @@ pub async fn serve_with_auth(
 
 /// [`serve_with_auth`] over TLS (HTTP/1.1, `https://`) when `tls` is given; with a client CA
 /// ([`tandem_auth::ServerTls::mutual`]) a client without an accepted certificate is refused
-/// in the handshake.
+/// in the handshake. Default connection limits ([`tandem_auth::https::HttpLimits`]).
 ///
 /// Errors: as [`serve`].
 pub async fn serve_secured(
@@ -96,10 +99,60 @@ pub async fn serve_secured(
     auth: Option<tandem_auth::Authenticator>,
     tls: Option<tandem_auth::ServerTls>,
 ) -> Result<(), GatewayError> {
-    let app = app(state).layer(tandem_auth::AuthLayer::<axum::body::Body>::openai_http(auth, OPEN_PATHS));
-    tandem_auth::https::serve_http(listener, tls.as_ref(), app, shutdown)
+    serve_limited(state, listener, shutdown, auth, tls, HttpLimits::default()).await
+}
+
+/// [`serve_secured`] with the connection limits `limits` (header-read and idle timeouts,
+/// connection cap: `agent-gateway serve --http-*`). Every answer, a 401 included, is counted
+/// in [`tandem_telemetry::metric_names::GATEWAY_HTTP_REQUESTS_TOTAL`].
+///
+/// Errors: as [`serve`].
+pub async fn serve_limited(
+    state: HttpState,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    auth: Option<tandem_auth::Authenticator>,
+    tls: Option<tandem_auth::ServerTls>,
+    limits: HttpLimits,
+) -> Result<(), GatewayError> {
+    let app = app(state)
+        .layer(tandem_auth::AuthLayer::<axum::body::Body>::openai_http(auth, OPEN_PATHS))
+        .layer(axum::middleware::from_fn(track_request));
+    tandem_auth::https::serve_http(listener, tls.as_ref(), app, limits, shutdown)
         .await
         .map_err(|e| GatewayError::Config(format!("HTTP server: {e}")))
+}
+
+/// The served paths, the values of the `route` label (any other path counts as `"other"`).
+pub const ROUTES: &[&str] = &["/v1/chat/completions", "/v1/models", "/health", "/metrics"];
+
+/// The `route` label of `path`: one of [`ROUTES`], else `"other"` (so a scan of random paths
+/// cannot grow the label set).
+pub fn route_label(path: &str) -> &'static str {
+    ROUTES.iter().copied().find(|r| *r == path).unwrap_or("other")
+}
+
+/// The request metrics middleware: the in-flight gauge while the request is handled (for a
+/// server-sent event stream, until its body ends) and the request counter by route and status.
+async fn track_request(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    use tokio_stream::StreamExt;
+    let route = route_label(req.uri().path());
+    let guard = crate::metrics::HttpInFlight::enter(route);
+    let resp = next.run(req).await;
+    crate::metrics::record_http_request(route, resp.status().as_u16());
+    let streaming = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    if !streaming {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let body = body.into_data_stream().map(move |chunk| {
+        let _held = &guard;
+        chunk
+    });
+    Response::from_parts(parts, axum::body::Body::from_stream(body))
 }
 
 /// `GET /metrics`: the Prometheus text format (404 when no recorder is installed).
@@ -209,5 +262,30 @@ mod tests {
         assert_eq!(bad.status(), 400);
         assert!(bad.headers().get("retry-after").is_none());
         assert_eq!(json_of(busy).await["error"]["type"], "rate_limit_error");
+    }
+
+    /// tonic's own refusal of a message over the worker's decoding limit (OUT_OF_RANGE in
+    /// tonic 0.14, RESOURCE_EXHAUSTED before) is a 413 with OpenAI error JSON and no
+    /// Retry-After (a retry cannot cure it), not a 400 or a 429.
+    #[tokio::test]
+    async fn a_worker_message_limit_is_a_413() {
+        let message = "Error, decoded message length too large: found 2097200 bytes, the limit is: 1048576 bytes";
+        for code in [tonic::Code::OutOfRange, tonic::Code::ResourceExhausted] {
+            let e = ApiError::Worker { worker: "w".into(), code, message: message.into() };
+            let resp = e.into_response();
+            assert_eq!(resp.status(), 413, "{code:?}");
+            assert!(resp.headers().get("retry-after").is_none());
+            let v = json_of(resp).await;
+            assert_eq!((v["error"]["code"].as_str(), v["error"]["type"].as_str()), (Some("request_too_large"), Some("invalid_request_error")), "{v}");
+            assert!(v["error"]["message"].as_str().unwrap().contains("the limit is: 1048576 bytes"), "{v}");
+        }
+    }
+
+    #[test]
+    fn route_labels_are_the_served_paths_or_other() {
+        assert_eq!(route_label("/v1/chat/completions"), "/v1/chat/completions");
+        assert_eq!(route_label("/metrics"), "/metrics");
+        assert_eq!(route_label("/v1/chat/completions/x"), "other");
+        assert_eq!(route_label("/../etc/passwd"), "other");
     }
 }

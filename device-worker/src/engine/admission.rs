@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 
 use super::request::{EngineEvent, EngineRequest};
 use crate::sampling::SamplingMode;
-use crate::prompt::{chat_tokens, line_starts, section_starts};
+use crate::prompt::{chat_tokens_within, encode_within, line_starts, section_starts};
 use gguf::chat_template::{ChatMessage, ChatTemplate};
 use crate::constraint::ConstraintFactory;
 use crate::error::WorkerError;
@@ -27,6 +27,12 @@ pub struct Admission {
 }
 
 impl Admission {
+    /// The most prompt tokens a request may have: the context less one position for the
+    /// first generated token.
+    fn max_prompt_tokens(&self) -> usize {
+        self.n_ctx.saturating_sub(1)
+    }
+
     /// Refuses a text or chat prompt whose text alone proves it over the context, before it
     /// is tokenized (so a hostile 3 MB prompt costs a length check, not a second of
     /// tokenization and its memory): `n` bytes are at least `n / max_token_bytes` tokens.
@@ -50,9 +56,13 @@ impl Admission {
     }
 
     /// Renders and tokenizes the prompt, checks it fits the context, compiles the JSON schema.
+    /// An over-long prompt costs a length check (its text alone proves it too long), or
+    /// tokenizing about one context's worth of it (tokenizing stops once it is over,
+    /// [`gguf::tokenizer::Tokenizer::encode_bounded`]), never its full length.
     ///
     /// Errors (all map to INVALID_ARGUMENT): [`WorkerError::EmptyPrompt`],
-    /// [`WorkerError::PromptTooLong`], [`WorkerError::PromptTextTooLong`], [`WorkerError::InvalidRequest`] (unknown token ids,
+    /// [`WorkerError::PromptTooLong`] (token ids), [`WorkerError::PromptTextTooLong`],
+    /// [`WorkerError::PromptOverContext`], [`WorkerError::InvalidRequest`] (unknown token ids,
     /// bad sampling), constraint errors for an invalid schema, template errors.
     pub fn admit(
         &self,
@@ -79,11 +89,13 @@ impl Admission {
                         content: m.content,
                     })
                     .collect();
-                let ct = chat_tokens(&self.tokenizer, &self.template, &msgs)?;
+                let ct = chat_tokens_within(&self.tokenizer, &self.template, &msgs, self.max_prompt_tokens())?;
                 last_user_start = ct.last_user_start;
                 ct.tokens
             }
-            Some(pb::generate_request::Prompt::Text(text)) => self.tokenizer.encode(&text, true)?,
+            Some(pb::generate_request::Prompt::Text(text)) => {
+                encode_within(&self.tokenizer, &text, self.max_prompt_tokens())?
+            }
             Some(pb::generate_request::Prompt::Tokens(t)) => {
                 if let Some(&bad) = t.ids.iter().find(|&&id| id as usize >= self.n_vocab) {
                     return Err(WorkerError::InvalidRequest(format!(

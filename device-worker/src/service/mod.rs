@@ -29,9 +29,12 @@ impl StepServiceImpl {
         Self { engine }
     }
 
-    /// The tonic service, decoding requests up to [`tandem_proto::MAX_MESSAGE_BYTES`].
-    pub fn into_server(self) -> StepServiceServer<Self> {
-        StepServiceServer::new(self).max_decoding_message_size(tandem_proto::MAX_MESSAGE_BYTES)
+    /// The tonic service, decoding requests up to `max_message_bytes` (the path's budget,
+    /// [`tandem_proto::MAX_MESSAGE_BYTES`], in [`tandem_auth::GrpcSecurity`]); a larger one
+    /// gets OUT_OF_RANGE ("decoded message length too large") from tonic before a handler
+    /// runs.
+    pub fn into_server(self, max_message_bytes: usize) -> StepServiceServer<Self> {
+        StepServiceServer::new(self).max_decoding_message_size(max_message_bytes)
     }
 }
 
@@ -140,7 +143,8 @@ pub async fn serve_with_auth(
 }
 
 /// [`serve`] on a TCP or Unix-socket `listener` with `security`: the bearer-token layer,
-/// TLS (mutual with a client CA) and, if asked, reflection (v1 and v1alpha).
+/// TLS (mutual with a client CA), if asked reflection (v1 and v1alpha), the per-connection
+/// stream limit and the message budget.
 ///
 /// Errors: [`WorkerError::Internal`] when the server cannot start or fails.
 pub async fn serve_secured(
@@ -153,7 +157,7 @@ pub async fn serve_secured(
     let router = tandem_auth::grpc::server(&security)
         .map_err(|e| WorkerError::Internal(format!("gRPC server TLS: {e}")))?
         .add_service(health)
-        .add_service(StepServiceImpl::new(engine).into_server());
+        .add_service(StepServiceImpl::new(engine).into_server(security.max_message_bytes));
     let sets = [tandem_proto::FILE_DESCRIPTOR_SET, tonic_health::pb::FILE_DESCRIPTOR_SET];
     let router = tandem_auth::grpc::with_reflection(router, &security, &sets)
         .map_err(|e| WorkerError::Internal(format!("reflection: {e}")))?;

@@ -171,3 +171,22 @@ pub fn sample(text: &str, series: &str) -> Option<f64> {
         .filter(|l| !l.starts_with('#'))
         .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
 }
+
+/// `POST path` with the JSON `body` over HTTP/1.1 to `addr` with `Connection: close`; returns
+/// the status code and the body (a chunked body, such as server-sent events, undecoded).
+pub async fn http_post(addr: &str, path: &str, body: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect to the HTTP endpoint");
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response has a head");
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).expect("a status code");
+    (status, body.to_string())
+}

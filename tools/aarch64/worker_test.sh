@@ -5,7 +5,8 @@
 # each QEMU_CPU level serve on local ports, the x86_64 `device-worker request` sends the same
 # prompts to both (greedy, MAX_TOKENS tokens, default 32) and their output token ids must be equal.
 # Usage: tools/aarch64/worker_test.sh AARCH64_WORKER X86_64_WORKER [MODEL.gguf...]
-#   (default models: the tiny/wide qwen35 fixtures and the default SmolLM2 model)
+#   (default models: the tiny qwen35 fixtures F32, Q8_0, F16, the wide Q4_K_M one and the
+#   default SmolLM2 model)
 #   AARCH64_WORKER_CPUS="max cortex-a53" (QEMU_CPU levels; each runs its best backend, named
 #   with --kernels: neon-i8mm on max, neon-dotprod on cortex-a76, neon on cortex-a53)
 set -euo pipefail
@@ -18,8 +19,8 @@ if (( $# )); then
   models=("$@")
 else
   fx=device-worker/tests/fixtures/qwen35
-  models=("$fx/tiny-qwen35-q8_0.gguf" "$fx/tiny-qwen35-f16.gguf" "$fx/wide-qwen35-q4_k_m.gguf"
-    "$(tools/fetch_model.sh)")
+  models=("$fx/tiny-qwen35-f32.gguf" "$fx/tiny-qwen35-q8_0.gguf" "$fx/tiny-qwen35-f16.gguf"
+    "$fx/wide-qwen35-q4_k_m.gguf" "$(tools/fetch_model.sh)")
 fi
 cpus=(${AARCH64_WORKER_CPUS:-max cortex-a53})
 prompts=("The capital of France is" "Once upon a time, a small robot" "def fibonacci(n):")

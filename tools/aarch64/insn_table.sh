@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The aarch64 speed proxy (issue 18, item 4): static hot-loop instruction counts of our
+# dotprod-level dot products (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) and of the 4-column Q4_K
+# verification tile, side by side with llama.cpp's NEON kernels (ggml-cpu/arch/arm/quants.c
+# of llama-cpp-python 0.3.36's vendored llama.cpp, the peer of tools/peer/build_llama_cpp.sh)
+# compiled with the same cross gcc at -O3 -march=armv8.2-a+dotprod. Prints a Markdown table.
+# The hot loop of a function is found by tools/aarch64/insn_loops.py (the innermost backward-
+# branch range holding its sdot instructions; a static range, so cold paths inside it count
+# too); "per 256 weights" divides by the blocks one iteration handles (sdots / sdots per
+# block: 2 per 32-weight block, 16 per 256-weight super-block, per column).
+# Needs: the aarch64 toolchain (tools/aarch64/env.sh), pip (downloads the sdist once into
+# ${TANDEM_CACHE:-$HOME/.cache/tandem}/peer; no llama.cpp code enters the repo).
+# Usage: tools/aarch64/insn_table.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source tools/aarch64/env.sh
+here=tools/aarch64
+peer="${TANDEM_CACHE:-$HOME/.cache/tandem}/peer"
+version=0.3.36
+mkdir -p "$peer"
+sdist=""
+for f in "$peer/llama_cpp_python-$version.tar.gz" "$peer/llama-cpp-python-$version.tar.gz"; do
+  [[ -f $f ]] && sdist=$f
+done
+if [[ -z $sdist ]]; then
+  # --no-binary for this package only: its build backend's own dependencies (cmake) may be
+  # wheels, else pip builds cmake from source just to read the metadata.
+  pip download --no-deps --no-binary llama-cpp-python "llama-cpp-python==$version" -d "$peer" >&2
+  sdist=$(ls "$peer"/llama[_-]cpp[_-]python-"$version".tar.gz | head -1)
+fi
+src=""
+for d in "$peer/llama-cpp-python-$version" "$peer/llama_cpp_python-$version"; do
+  [[ -f $d/vendor/llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c ]] && src=$d
+done
+if [[ -z $src ]]; then
+  tar -xzf "$sdist" -C "$peer"
+  src=$(ls -d "$peer"/llama[_-]cpp[_-]python-"$version" | head -1)
+fi
+ggml=$src/vendor/llama.cpp/ggml
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# llama.cpp's ARM quants at the dotprod level.
+aarch64-linux-gnu-gcc -O3 -march=armv8.2-a+dotprod -std=c11 -D_GNU_SOURCE -DNDEBUG \
+  -I"$ggml/include" -I"$ggml/src" -I"$ggml/src/ggml-cpu" \
+  -c "$ggml/src/ggml-cpu/arch/arm/quants.c" -o "$work/quants.o"
+aarch64-linux-gnu-objdump -d --no-show-raw-insn "$work/quants.o" >"$work/llama.dis"
+
+# Our dsp crate, release, with v0 symbol names (they carry the generic arguments: the
+# tile_dot::<KIND, ROWS, TOKENS> instances); its own target dir (other RUSTFLAGS).
+tdir="${CARGO_TARGET_DIR:-target}/insn-table"
+RUSTFLAGS="${RUSTFLAGS:-} -C symbol-mangling-version=v0" CARGO_TARGET_DIR="$tdir" \
+  cargo build --release --locked --target "$AARCH64_TARGET" -p tandem-dsp >&2
+aarch64-linux-gnu-objdump -d --no-show-raw-insn -C "$tdir/$AARCH64_TARGET/release/libdsp.rlib" \
+  >"$work/ours.dis" 2>/dev/null
+
+# loop DIS FUNCTION SDOT_PER_BLOCK BLOCK_WEIGHTS [insn_loops.py args]: "insns blocks per256".
+loop() {
+  local dis=$1 fn=$2 per=$3 bw=$4
+  shift 4
+  python3 "$here/insn_loops.py" "$dis" "$fn" "$@" | python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read()); per, bw = int(sys.argv[1]), int(sys.argv[2])
+if "error" in d: sys.exit(d["function"] + ": " + d["error"])
+blocks = d["sdot"] / per
+print(d["insns"], "%g" % blocks, "%.0f" % (d["insns"] / blocks * 256 / bw), d["inner_loops"])' "$per" "$bw"
+}
+
+n="dsp::backend::neon"
+echo "| type | ours: insns / 256 weights (neon-dotprod) | llama.cpp (armv8.2-a+dotprod) | ours / llama.cpp | ours: loop insns × blocks/iter (inner loops) | llama.cpp: loop insns × blocks/iter |"
+echo "|---|---|---|---|---|---|"
+row() {
+  local ty=$1 ours_fn=$2 ours_args=$3 llama_fn=$4 per=$5 bw=$6
+  read -r oi ob op oin < <(loop "$work/ours.dis" "$ours_fn" "$per" "$bw" $ours_args)
+  read -r li lb lp lin < <(loop "$work/llama.dis" "$llama_fn" "$per" "$bw")
+  echo "| $ty | $op | $lp | $(python3 -c "print('%.2f' % ($op / $lp))") | $oi × $ob ($oin) | $li × $lb |"
+  [[ $ty == Q4_K ]] && one_q4k=$oi || true
+}
+row Q4_0 "$n::tile_dot::<0, 1, 1>" "" ggml_vec_dot_q4_0_q8_0 2 32
+row Q4_1 "$n::tile_dot::<1, 1, 1>" "" ggml_vec_dot_q4_1_q8_1 2 32
+row Q8_0 "$n::tile_dot::<2, 1, 1>" "" ggml_vec_dot_q8_0_q8_0 2 32
+row Q4_K "${n}_kquants::single_dot" "--without smull2" ggml_vec_dot_q4_K_q8_K 16 256
+row Q6_K "${n}_kquants::single_dot" "--with smull2" ggml_vec_dot_q6_K_q8_K 16 256
+# The 4-column verification tile: Q4_K sweep of 1 row × 4 tokens (64 sdot per super-block).
+read -r ti _ _ tin < <(loop "$work/ours.dis" "${n}_kquants::tile_dot" 16 256 --sdot 64 --without smull2)
+echo
+echo "4-column Q4_K tile (1 row × 4 tokens, one super-block per iteration): $ti insns ($tin inner loops) vs one column $one_q4k: $(python3 -c "print('%.2f' % ($ti / $one_q4k))")× (target ≤ 1.5×)"
+echo
+echo "Toolchain: $(aarch64-linux-gnu-gcc --version | head -1); $(rustc --version); $(aarch64-linux-gnu-objdump --version | head -1); llama.cpp from llama-cpp-python $version ($(date -u +%F))"

@@ -135,22 +135,7 @@ fn main() -> anyhow::Result<()> {
         tracing::info!(addr = %listener.local_addr()?, tls = tls.is_some(), mutual_tls = tls.as_ref().is_some_and(|t| t.mutual()), reflection = cfg.auth.reflection, "StepService listening");
         // Stop on Ctrl-C, or when the model fails to load: a worker that can never
         // serve should exit with the reason rather than sit NOT_SERVING.
-        let mut state = engine.state();
-        let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
-        tokio::spawn(async move {
-            // A failed (re)load, at start or after a watchdog restart.
-            let failed = state
-                .wait_for(|s| matches!(s, device_worker::engine::EngineState::Failed(_)))
-                .await
-                .ok()
-                .and_then(|s| match &*s {
-                    device_worker::engine::EngineState::Failed(m) => Some(m.clone()),
-                    _ => None,
-                });
-            if let Some(m) = failed {
-                let _ = failed_tx.send(m);
-            }
-        });
+        let failed_rx = load_failure(&engine);
         let load_error = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
         let le = load_error.clone();
         let interrupted =
@@ -193,6 +178,28 @@ fn main() -> anyhow::Result<()> {
         }
         Ok(())
     })
+}
+
+/// Receives the engine's error when a (re)load fails, at start or after a watchdog restart.
+fn load_failure(
+    engine: &device_worker::engine::EngineHandle,
+) -> tokio::sync::oneshot::Receiver<String> {
+    let mut state = engine.state();
+    let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
+    tokio::spawn(async move {
+        let failed = state
+            .wait_for(|s| matches!(s, device_worker::engine::EngineState::Failed(_)))
+            .await
+            .ok()
+            .and_then(|s| match &*s {
+                device_worker::engine::EngineState::Failed(m) => Some(m.clone()),
+                _ => None,
+            });
+        if let Some(m) = failed {
+            let _ = failed_tx.send(m);
+        }
+    });
+    failed_rx
 }
 
 /// The commands other than `serve`.

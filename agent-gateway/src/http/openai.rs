@@ -153,12 +153,12 @@ impl ChatCompletionRequest {
                         for p in parts {
                             match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
                                 (Some("text"), Some(t)) => text.push_str(t),
-                                _ => return Err(bad("text content parts only", format!("message {i}: part {p}"))),
+                                _ => return Err(bad("text content parts only", format!("message {i}: part {}", brief(p)))),
                             }
                         }
                         text
                     }
-                    other => return Err(bad("content as a string or a list of text parts", format!("message {i}: {other}"))),
+                    other => return Err(bad("content as a string or a list of text parts", format!("message {i}: {}", brief(other)))),
                 };
                 Ok(spb::ChatMessage { role: role.to_string(), content })
             })
@@ -307,8 +307,30 @@ pub fn usage_chunk_json(id: &str, created: u64, model: &str, done: &spb::FinalSt
     })
 }
 
+/// `v` as compact JSON, cut to its first 120 characters (an error names the offending value
+/// without echoing a multi-megabyte image or document back into the reply and the log).
+fn brief(v: &Value) -> String {
+    const MAX_CHARS: usize = 120;
+    let s = v.to_string();
+    match s.char_indices().nth(MAX_CHARS) {
+        Some((cut, _)) => format!("{}… ({} bytes)", &s[..cut], s.len()),
+        None => s,
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn brief_cuts_long_values_and_keeps_short_ones() {
+        let long = serde_json::json!({"type": "image_url", "image_url": {"url": "x".repeat(1_000_000)}});
+        let b = super::brief(&long);
+        assert!(b.chars().count() < 160, "{} chars", b.chars().count());
+        assert!(b.starts_with(r#"{"image_url":"#) || b.starts_with(r#"{"type":"#), "{b}");
+        assert!(b.ends_with(" bytes)"), "{b}");
+        let short = serde_json::json!({"type": "audio"});
+        assert_eq!(super::brief(&short), short.to_string());
+    }
+
     use super::*;
 
     fn req(v: Value) -> Result<ChatCompletionRequest, ApiError> {
@@ -403,3 +425,4 @@ mod tests {
         assert_eq!(finish_reason(spb::FinishReason::Grammar as i32), "stop");
     }
 }
+

@@ -14,11 +14,13 @@ pub enum Policy {
     /// byte).
     Marconi,
     /// Tandem §4.2: split the batch that crosses the divergence point L and save there iff L is
-    /// before the prompt's end and any image and L − R ≥ 32 (`PlanConfig::min_gap`), with L moved back
-    /// to the start of its line when line starts are known; at most one new
-    /// checkpoint per request; evicts the oldest first. A slot with no checkpoint (its first
-    /// request) saves once at the last user message's start, else at the prompt's end, so a
-    /// repeated or extended prompt can resume. Besides, the end-of-prompt state (`n − 1`,
+    /// before the prompt's end and any image and L − R ≥ `--checkpoint-min-gap` (default 20;
+    /// half of it when L starts a line and the previous request diverged there too), with L
+    /// moved back to the start of its line when that is still far enough from R; at most one
+    /// new checkpoint per request; evicts the oldest first. A slot with no checkpoint (its
+    /// first request) saves once at the last user message's start, else at the start of the
+    /// prompt's last paragraph, else near or at the prompt's end, so later prompts can resume.
+    /// Besides, the end-of-prompt state (`n − 1`,
     /// [`PlanConfig::end_state`]) replaces the previous one, so a repeated prompt processes
     /// one token.
     #[default]

@@ -130,7 +130,28 @@ unsafe fn add8(a: F8, b: F8) -> F8 {
 /// f16 bits at `p` (unaligned) to f32 (exact).
 #[inline(always)]
 pub(super) unsafe fn load_f16(p: *const u8) -> f32 {
-    f16::from_bits(p.cast::<u16>().read_unaligned()).to_f32()
+    f16_bits_to_f32(p.cast::<u16>().read_unaligned())
+}
+
+/// One f16 to f32 (exact): a single `fcvt`, which every ARMv8.0 CPU has. `half`'s `to_f32`
+/// checks the fp16 feature at run time on aarch64 and calls out of line with a software
+/// fallback — about half of a Q4_0 block's loop (`tools/aarch64/insn_table.sh`).
+#[inline(always)]
+pub(super) fn f16_to_f32(h: f16) -> f32 {
+    f16_bits_to_f32(h.to_bits())
+}
+
+/// [`f16_to_f32`] of raw bits.
+#[inline(always)]
+fn f16_bits_to_f32(h: u16) -> f32 {
+    let o: f32;
+    // SAFETY: `fcvt` (half to single) is base ARMv8.0 FP, present on every aarch64 CPU; it
+    // touches no memory, stack or flags.
+    unsafe {
+        std::arch::asm!("fcvt {0:s}, {1:h}", out(vreg) o, in(vreg) h,
+            options(pure, nomem, nostack, preserves_flags));
+    }
+    o
 }
 
 /// 4 f16 (as bits) widened to f32 (`fcvtl`, exact; the `float16x4_t` intrinsics are not
@@ -529,7 +550,7 @@ fn axpy_f16(out: &mut [f32], a: f32, v: &[f16]) {
         }
     }
     for j in i..n {
-        out[j] += a * v[j].to_f32();
+        out[j] += a * f16_to_f32(v[j]);
     }
 }
 

@@ -14,7 +14,7 @@
 
 use std::arch::aarch64::*;
 
-use super::neon::{dot4, hsum8};
+use super::neon::{dot4, f16_to_f32, hsum8};
 use super::DotTile;
 use crate::quant::blocks::{BlockQ4K, BlockQ6K, BlockQ8K};
 
@@ -74,8 +74,8 @@ unsafe fn unpack_q4k(b: &BlockQ4K) -> Unpacked {
         s,
         bias_q4k: [vld1q_s32(m.as_ptr()), vld1q_s32(m.as_ptr().add(4))],
         bias_q6k: [vdupq_n_s16(0); 2],
-        d: b.d.to_f32(),
-        dmin: b.dmin.to_f32(),
+        d: f16_to_f32(b.d),
+        dmin: f16_to_f32(b.dmin),
     }
 }
 
@@ -109,7 +109,7 @@ unsafe fn unpack_q6k(b: &BlockQ6K) -> Unpacked {
         s,
         bias_q4k: [vdupq_n_s32(0); 2],
         bias_q6k: [vmovl_s8(vget_low_s8(sc)), vmovl_high_s8(sc)],
-        d: b.d.to_f32(),
+        d: f16_to_f32(b.d),
         dmin: 0.0,
     }
 }

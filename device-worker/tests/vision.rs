@@ -4,7 +4,6 @@
 //! Fixtures: `tools/fixtures/make_qwen35vl_fixture.py` and `make_resize_reference.py`
 //! (`tests/fixtures/qwen35vl/`, README there).
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use device_worker::model::vision::decode::{decode, DecodeLimits, RgbImage};
@@ -19,27 +18,14 @@ use gguf::writer::{write_with_additions, Additions, NewTensor};
 use gguf::{GgufFile, MetaValue};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use test_support::{corpus_dir, fixture, max_abs_diff, GgufBuilder, Val};
+use test_support::{corpus_dir, max_abs_diff, GgufBuilder, Val};
 
-const HOW: &str = "run tools/fixtures/make_qwen35vl_fixture.py (tools/fixtures/README.md)";
+mod support;
+use support::vision::{file, json, png};
+
 /// Largest difference, in 8-bit levels, allowed between our bicubic (= Pillow's) and the
 /// Hugging Face processor's default (torchvision) resize of the same image.
 const HF_RESIZE_MAX_LSB: u8 = 1;
-
-fn dir() -> PathBuf {
-    fixture(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen35vl"),
-        HOW,
-    )
-}
-
-fn file(name: &str) -> PathBuf {
-    fixture(dir().join(name), HOW)
-}
-
-fn json(name: &str) -> Value {
-    serde_json::from_slice(&std::fs::read(file(name)).unwrap()).unwrap()
-}
 
 fn text_hidden() -> usize {
     let text = GgufFile::open(&file("tiny-qwen35vl-f32.gguf")).unwrap();
@@ -51,10 +37,6 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
-}
-
-fn png(path: &Path) -> RgbImage {
-    decode(&std::fs::read(path).unwrap(), &DecodeLimits::default()).unwrap()
 }
 
 #[test]

@@ -7,7 +7,6 @@
 //! `tests/fixtures/qwen35vl/` (README there), required inputs like the rest
 //! (`TANDEM_REQUIRE_INPUTS`).
 
-use std::path::{Path, PathBuf};
 
 use device_worker::model::vision::encoder::{AttnPrecision, EncodeOptions};
 use device_worker::model::vision::preprocess::{preprocess, PreprocessOptions, Preprocessed};
@@ -16,9 +15,11 @@ use device_worker::model::vision::{Projector, RgbImage, VisionError};
 use dsp::encoder::{Bilinear, Gelu};
 use dsp::ThreadPool;
 use serde_json::Value;
-use test_support::{assert_close, fixture, max_abs_diff, max_rel_diff};
+use test_support::{assert_close, max_abs_diff, max_rel_diff};
 
-const HOW: &str = "run tools/fixtures/make_qwen35vl_fixture.py (tools/fixtures/README.md)";
+mod support;
+use support::vision::{file, json};
+
 /// F32 projector vs HF (f32 PyTorch), per element `|Δ| / (1 + |ref|)`: the same f32 graph
 /// summed in other orders (f64-accumulated dots on the scalar backend, SIMD lanes here,
 /// MKL/oneDNN there); measured 2.4e-6 (max |Δ| 2.8e-6) on both images.
@@ -42,21 +43,6 @@ const GELU_FORMS_MAX_DIFF: f32 = 2e-3;
 /// rounding of Q, K and V) vs HF, otherwise HF's choices: measured 1.8e-4 (max |Δ| 2.3e-4,
 /// screenshot; crop 3.5e-5), two orders above the F32 figure, below the F16 projector's.
 const F16_ATTENTION_REL_TOL: f32 = 1e-3;
-
-fn dir() -> PathBuf {
-    fixture(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen35vl"),
-        HOW,
-    )
-}
-
-fn file(name: &str) -> PathBuf {
-    fixture(dir().join(name), HOW)
-}
-
-fn reference() -> Value {
-    serde_json::from_slice(&std::fs::read(file("reference.json")).unwrap()).unwrap()
-}
 
 fn projector(ty: &str) -> Projector {
     Projector::open(&file(&format!("mmproj-tiny-qwen35vl-{ty}.gguf")), 64)
@@ -110,7 +96,7 @@ fn parity(ty: &str, tol: f32) -> (f32, f32) {
     let p = projector(ty);
     let pool = pool();
     let mut worst = (0f32, 0f32);
-    for img in reference()["images"].as_array().unwrap() {
+    for img in json("reference.json")["images"].as_array().unwrap() {
         let pre = prepared(&p, img["hf_resized_png"].as_str().unwrap());
         let want = checked_reference(img, &pre);
         let got = p.encode(&pool, &pre, &EncodeOptions::HUGGING_FACE).unwrap();
@@ -154,7 +140,7 @@ fn f16_attention_stays_close_to_the_hf_embeddings() {
         attention: AttnPrecision::F16,
         ..EncodeOptions::HUGGING_FACE
     };
-    for img in reference()["images"].as_array().unwrap() {
+    for img in json("reference.json")["images"].as_array().unwrap() {
         let name = img["image"].as_str().unwrap();
         let pre = prepared(&p, img["hf_resized_png"].as_str().unwrap());
         let want = checked_reference(img, &pre);
@@ -207,7 +193,7 @@ fn f16_attention_handles_a_partial_last_tile() {
 fn full_preprocessing_path_matches_the_hf_embeddings() {
     let p = projector("f32");
     let pool = pool();
-    for img in reference()["images"].as_array().unwrap() {
+    for img in json("reference.json")["images"].as_array().unwrap() {
         let name = img["image"].as_str().unwrap();
         let pre = prepared(&p, name);
         let want = checked_reference(img, &pre);
@@ -228,7 +214,7 @@ fn merger_gelu_forms_differ_slightly_and_erf_is_hfs() {
     let p = projector("f32");
     let pool = pool();
     assert_eq!(EncodeOptions::default().merger_gelu, Gelu::Tanh);
-    let img = &reference()["images"][1];
+    let img = &json("reference.json")["images"][1];
     let pre = prepared(&p, img["hf_resized_png"].as_str().unwrap());
     let want = checked_reference(img, &pre);
     let erf = p.encode(&pool, &pre, &EncodeOptions::HUGGING_FACE).unwrap();

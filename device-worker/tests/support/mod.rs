@@ -4,3 +4,4 @@
 pub mod parity;
 pub mod prefill;
 pub mod qwen35;
+pub mod vision;

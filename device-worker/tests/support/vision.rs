@@ -1,0 +1,31 @@
+//! The tiny Qwen3.5-VL fixture's files (`tests/fixtures/qwen35vl/`, README there), required
+//! inputs like the rest (`TANDEM_REQUIRE_INPUTS`).
+
+use std::path::{Path, PathBuf};
+
+use device_worker::model::vision::decode::{decode, DecodeLimits, RgbImage};
+use serde_json::Value;
+use test_support::fixture;
+
+/// How to make the fixture when it is missing.
+pub const HOW: &str = "run tools/fixtures/make_qwen35vl_fixture.py (tools/fixtures/README.md)";
+
+/// The fixture folder.
+pub fn dir() -> PathBuf {
+    fixture(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen35vl"), HOW)
+}
+
+/// One file of the fixture.
+pub fn file(name: &str) -> PathBuf {
+    fixture(dir().join(name), HOW)
+}
+
+/// One JSON file of the fixture, parsed.
+pub fn json(name: &str) -> Value {
+    serde_json::from_slice(&std::fs::read(file(name)).unwrap()).unwrap()
+}
+
+/// A PNG decoded with the default limits.
+pub fn png(path: &Path) -> RgbImage {
+    decode(&std::fs::read(path).unwrap(), &DecodeLimits::default()).unwrap()
+}

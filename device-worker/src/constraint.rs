@@ -97,6 +97,12 @@ fn build_tok_env(tok: &Tokenizer) -> Result<TokEnv, ConstraintError> {
 
 // === ConstraintFactory ===
 
+/// The whitespace a JSON-schema constraint allows between two JSON tokens (one run, never
+/// empty; none at all is also allowed): one space, or one or two newlines then up to 20
+/// spaces or tabs. llama.cpp's `SPACE_RULE` (common/json-schema-to-grammar.cpp), in
+/// llguidance's `whitespace_pattern` regex syntax.
+pub const JSON_WHITESPACE: &str = r"\x20|\n{1,2}[\x20\t]{0,20}";
+
 /// Compiles grammars for one model's tokenizer. Build once per model; cheap to share (`Arc`
 /// inside) across requests.
 pub struct ConstraintFactory {
@@ -132,11 +138,21 @@ impl ConstraintFactory {
 
     /// A constraint that accepts exactly the JSON documents matching `schema_json`.
     ///
+    /// Whitespace between JSON tokens is bounded as llama.cpp's `json-schema-to-grammar`
+    /// bounds it (`space ::= | " " | "\n"{1,2} [ \t]{0,20}`, common/json-schema-to-grammar.cpp
+    /// `SPACE_RULE`): compact and pretty-printed JSON pass, but a model cannot fill its token
+    /// budget with blank lines inside the document (llguidance's default allows any run of
+    /// whitespace). A schema that carries its own `x-guidance` options keeps them.
+    ///
     /// Errors: [`ConstraintError::InvalidSchema`] with serde's or llguidance's message when the
     /// text is not JSON or not a schema llguidance can compile.
     pub fn json_schema(&self, schema_json: &str) -> Result<Constraint, ConstraintError> {
-        let schema: serde_json::Value = serde_json::from_str(schema_json)
+        let mut schema: serde_json::Value = serde_json::from_str(schema_json)
             .map_err(|e| ConstraintError::InvalidSchema(format!("not JSON: {e}")))?;
+        if let Some(obj) = schema.as_object_mut() {
+            obj.entry("x-guidance")
+                .or_insert_with(|| serde_json::json!({ "whitespace_pattern": JSON_WHITESPACE }));
+        }
         self.grammar(TopLevelGrammar::from_json_schema(schema))
             .map_err(|e| match e {
                 ConstraintError::Parser(m) => ConstraintError::InvalidSchema(m),

@@ -267,3 +267,47 @@ fn lazy_greedy_choice_equals_the_masked_argmax() {
     eprintln!("{lazy_hits} lazy choices, {fallbacks} mask fallbacks, {documents} documents");
     assert!(lazy_hits > 50 && fallbacks > 50, "both paths exercised");
 }
+
+/// Whitespace between JSON tokens is bounded as llama.cpp's json-schema-to-grammar bounds it
+/// (`ConstraintFactory::json_schema`): compact and pretty-printed documents pass; a third
+/// newline, a 21-space indent or two spaces do not; and a drive that takes the longest
+/// whitespace token whenever one is allowed still ends in a valid document (with
+/// llguidance's default, any run of whitespace, it never did).
+#[test]
+fn whitespace_between_json_tokens_is_bounded() {
+    let (tok, f) = setup();
+    let accepts = |text: &str| -> bool {
+        let mut c = f.json_schema(CLICK_SCHEMA).expect("schema compiles");
+        for id in tok.encode(text, false).expect("enc") {
+            if c.commit(id).is_err() {
+                return false;
+            }
+        }
+        c.is_accepting()
+    };
+    assert!(accepts(r#"{"action_type":"click","index":3}"#));
+    assert!(accepts(r#"{"action_type": "click", "index": 3}"#));
+    assert!(accepts("{\n  \"action_type\": \"click\",\n  \"index\": 3\n}"));
+    assert!(accepts("{\n\n\t\"action_type\": \"click\", \"index\": 3}"));
+    assert!(!accepts("{\n\n\n\"action_type\": \"click\", \"index\": 3}"), "three newlines");
+    let indent = format!("{{\n{}\"action_type\": \"click\", \"index\": 3}}", " ".repeat(21));
+    assert!(!accepts(&indent), "a 21-space indent");
+    assert!(!accepts("{\"action_type\":  \"click\", \"index\": 3}"), "two spaces");
+
+    let ws_len: Vec<usize> = (0..tok.vocab_size() as u32)
+        .map(|i| {
+            let t = tok.decode(&[i]);
+            if !t.is_empty() && t.chars().all(char::is_whitespace) { t.len() } else { 0 }
+        })
+        .collect();
+    let mut c = f.json_schema(CLICK_SCHEMA).expect("schema compiles");
+    let ids = drive(&mut c, &tok, |allowed| {
+        let longest_ws = allowed.iter().copied().filter(|&i| ws_len[i as usize] > 0).max_by_key(|&i| ws_len[i as usize]);
+        longest_ws
+            .or_else(|| allowed.iter().copied().find(|&i| !tok.is_eog(i)))
+            .unwrap_or(allowed[0])
+    });
+    let text = tok.decode(&ids);
+    check_click(&text);
+    assert!(text.chars().filter(|c| c.is_whitespace()).count() > 10, "the drive took whitespace: {text:?}");
+}

@@ -71,7 +71,8 @@ async fn hung_batch_fails_with_unavailable_and_the_engine_restarts() {
     assert!(err.message().contains("watchdog"), "{}", err.message());
     assert!(
         waited >= Duration::from_millis(LIMIT_MS)
-            && waited < Duration::from_millis(LIMIT_MS + 2000),
+            // Wide slack: a loaded 2-core CI machine delays the watchdog's tick and the reply.
+            && waited < Duration::from_millis(LIMIT_MS + 10_000),
         "failed after {waited:?}"
     );
 

@@ -6,6 +6,11 @@ step. Not a test (minutes of CPU); run on an idle machine.
 
   bench/replay_vs_llama_server.py [--model GGUF] [--steps 40] [--threads 2] [--max-tokens 14]
       [--formats system-user,single-user] [--configs divergence+cons,divergence,stock,marconi]
+      [--baseline-bin DIR]
+
+With --baseline-bin (the release folder of an earlier commit's build), every config also runs
+on that build's worker and gateway in the same run ("CONFIG @baseline" rows): before and after
+a change, side by side with llama-server.
 
 Prompts: `agent-gateway prompt --episode E --step I` (the gateway's own prompt builder, history
 = recorded actions), episodes in corpus order, cycled until --steps steps (a second pass over an
@@ -87,16 +92,16 @@ def as_format(msgs, fmt):
     return msgs
 
 
-def run_ours(args, cfg, fmt, plan, log):
+def run_ours(args, cfg, fmt, plan, log, bin_dir, label):
     wport, gport, hport = free_port(), free_port(), free_port()
-    worker = subprocess.Popen([str(args.bin / "device-worker"), "serve", "--listen", f"127.0.0.1:{wport}", "--model", args.model,
+    worker = subprocess.Popen([str(bin_dir / "device-worker"), "serve", "--listen", f"127.0.0.1:{wport}", "--model", args.model,
                                "--threads", str(args.threads), "--slots", "1", "--idle-release-ms", "600000", *CONFIGS[cfg]],
                               stdout=log, stderr=log)
-    gateway = subprocess.Popen([str(args.bin / "agent-gateway"), "serve", "--listen", f"127.0.0.1:{gport}", "--worker",
+    gateway = subprocess.Popen([str(bin_dir / "agent-gateway"), "serve", "--listen", f"127.0.0.1:{gport}", "--worker",
                                 f"http://127.0.0.1:{wport}", "--http-listen", f"127.0.0.1:{hport}"], stdout=log, stderr=log)
     try:
         # The worker answers Status while loading; wait for its gRPC health to say SERVING.
-        subprocess.run([str(args.bin / "agent-gateway"), "health", "--addr", f"http://127.0.0.1:{wport}", "--wait", "300"],
+        subprocess.run([str(bin_dir / "agent-gateway"), "health", "--addr", f"http://127.0.0.1:{wport}", "--wait", "300"],
                        stdout=log, stderr=log, check=True)
         wait_http(f"http://127.0.0.1:{hport}/health", gateway, "agent-gateway")
         rows = []
@@ -106,7 +111,7 @@ def run_ours(args, cfg, fmt, plan, log):
                      {"X-Episode-Id": ep})
             t = r["tandem"]
             rows.append((t["server_ms"], t["new_tokens"], t["kv_bound_tokens"], r["usage"]["prompt_tokens"]))
-            print(f"  ours {cfg:<16} {fmt:<12} {ep:<50} {i:>2}: {t['new_tokens']:>5} new, {t['server_ms']:>8.0f} ms", flush=True)
+            print(f"  ours {label:<26} {fmt:<12} {ep:<50} {i:>2}: {t['new_tokens']:>5} new, {t['server_ms']:>8.0f} ms", flush=True)
         return rows
     finally:
         for p in (gateway, worker):
@@ -144,21 +149,27 @@ def main():
     ap.add_argument("--corpus", default=os.environ.get("TANDEM_CORPUS", str(ROOT.parent / "shared/corpus/raw")))
     ap.add_argument("--bin", type=Path, default=ROOT / "target/release")
     ap.add_argument("--llama-server", type=Path, default=PEER_BIN)
+    ap.add_argument("--baseline-bin", type=Path, help="also run every config on this folder's device-worker and agent-gateway")
     ap.add_argument("--log", default="replay-out/replay_vs_llama_server.log")
     args = ap.parse_args()
-    for b in (args.bin / "device-worker", args.bin / "agent-gateway", args.llama_server):
+    bins = [args.bin] + ([args.baseline_bin] if args.baseline_bin else [])
+    for b in [d / exe for d in bins for exe in ("device-worker", "agent-gateway")] + [args.llama_server]:
         if not Path(b).exists():
             sys.exit(f"missing {b} (cargo build --release; tools/peer/build_llama_cpp.sh)")
     Path(args.log).parent.mkdir(parents=True, exist_ok=True)
     plan = steps(str(args.bin / "agent-gateway"), args.corpus, args.steps)
     print(f"{len(plan)} steps, model {args.model}, {args.threads} threads, max_tokens {args.max_tokens}; load {os.getloadavg()[0]:.2f}")
+    print(f"ours: {args.bin}" + (f"; baseline: {args.baseline_bin}" if args.baseline_bin else ""))
     table = []
     with open(args.log, "w") as log:
         for fmt in args.formats.split(","):
             peer = run_peer(args, fmt, plan, log)
             table.append((fmt, "llama-server", peer))
             for cfg in args.configs.split(","):
-                table.append((fmt, cfg, run_ours(args, cfg, fmt, plan, log)))
+                table.append((fmt, cfg, run_ours(args, cfg, fmt, plan, log, args.bin, cfg)))
+                if args.baseline_bin:
+                    label = f"{cfg} @baseline"
+                    table.append((fmt, label, run_ours(args, cfg, fmt, plan, log, args.baseline_bin, label)))
     print(f"\nload after the run {os.getloadavg()[0]:.2f}\n")
     print("| format | server | mean server ms/step | × llama-server | new tokens/step | KV bound new/step |")
     print("|---|---|---:|---:|---:|---:|")

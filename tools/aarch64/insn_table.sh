@@ -47,7 +47,8 @@ aarch64-linux-gnu-gcc -O3 -march=armv8.2-a+dotprod -std=c11 -D_GNU_SOURCE -DNDEB
 aarch64-linux-gnu-objdump -d --no-show-raw-insn "$work/quants.o" >"$work/llama.dis"
 
 # Our dsp crate, release, with v0 symbol names (they carry the generic arguments: the
-# tile_dot::<KIND, ROWS, TOKENS> instances); its own target dir (other RUSTFLAGS).
+# pair_dot::<KIND> single dots, KIND 0 = Q4_0, 1 = Q4_1, 2 = Q8_0); its own target dir
+# (other RUSTFLAGS).
 tdir="${CARGO_TARGET_DIR:-target}/insn-table"
 RUSTFLAGS="${RUSTFLAGS:-} -C symbol-mangling-version=v0" CARGO_TARGET_DIR="$tdir" \
   cargo build --release --locked --target "$AARCH64_TARGET" -p tandem-dsp >&2
@@ -76,9 +77,9 @@ row() {
   echo "| $ty | $op | $lp | $(python3 -c "print('%.2f' % ($op / $lp))") | $oi × $ob ($oin) | $li × $lb |"
   [[ $ty == Q4_K ]] && one_q4k=$oi || true
 }
-row Q4_0 "$n::tile_dot::<0, 1, 1>" "" ggml_vec_dot_q4_0_q8_0 2 32
-row Q4_1 "$n::tile_dot::<1, 1, 1>" "" ggml_vec_dot_q4_1_q8_1 2 32
-row Q8_0 "$n::tile_dot::<2, 1, 1>" "" ggml_vec_dot_q8_0_q8_0 2 32
+row Q4_0 "$n::pair_dot::<0>" "" ggml_vec_dot_q4_0_q8_0 2 32
+row Q4_1 "$n::pair_dot::<1>" "" ggml_vec_dot_q4_1_q8_1 2 32
+row Q8_0 "$n::pair_dot::<2>" "" ggml_vec_dot_q8_0_q8_0 2 32
 row Q4_K "${n}_kquants::single_dot" "--without smull2" ggml_vec_dot_q4_K_q8_K 16 256
 row Q6_K "${n}_kquants::single_dot" "--with smull2" ggml_vec_dot_q6_K_q8_K 16 256
 # The 4-column verification tile: Q4_K sweep of 1 row × 4 tokens (64 sdot per super-block).

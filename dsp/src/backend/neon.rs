@@ -204,6 +204,23 @@ pub(super) unsafe fn dot4<const DOT: bool>(w: int8x16_t, x: int8x16_t) -> int32x
     }
 }
 
+/// `acc + dot4(w, x)` (wrapping i32 lanes); `DOT`: one accumulating `sdot`.
+///
+/// # Safety
+/// Needs dotprod when `DOT`.
+#[inline(always)]
+pub(super) unsafe fn dot4_acc<const DOT: bool>(
+    acc: int32x4_t,
+    w: int8x16_t,
+    x: int8x16_t,
+) -> int32x4_t {
+    if DOT {
+        sdot(acc, w, x)
+    } else {
+        vaddq_s32(acc, dot4::<false>(w, x))
+    }
+}
+
 const K_Q4_0: u8 = 0;
 const K_Q4_1: u8 = 1;
 const K_Q8_0: u8 = 2;

@@ -14,7 +14,7 @@
 
 use std::arch::aarch64::*;
 
-use super::neon::{dot4, f16_to_f32, hsum8};
+use super::neon::{dot4, dot4_acc, f16_to_f32, hsum8};
 use super::DotTile;
 use crate::quant::blocks::{BlockQ4K, BlockQ6K, BlockQ8K};
 
@@ -45,9 +45,13 @@ impl KQuant {
 /// group `j`; Q6_K: slot `2j + h` for half `h`), so each half is scaled by a by-element
 /// `mla` (no scalar extraction, no `dup`); `bias` the per-lane factors of the bsum pairs
 /// (Q4_K: `m_k` for lane `k`) or, for Q6_K, the 16 scales as i16; `dd` = `[d, dmin, ..]`.
+/// `t`: the scale differences of [`accumulate`]'s `sdot` chains, in the slots of `s`: slot
+/// `i` holds `s_i − s_next(i)` (Q4_K: next `i + 1`; Q6_K: `i + 2`, the same half of the next
+/// group; `s` past the last group is 0).
 struct Unpacked {
     q: [[int8x16_t; 2]; 8],
     s: [int32x4_t; 4],
+    t: [int32x4_t; 4],
     bias_q4k: [int32x4_t; 2],
     bias_q6k: [int16x8_t; 2],
     dd: float32x4_t,
@@ -62,6 +66,16 @@ unsafe fn mla_lane(acc: int32x4_t, v: int32x4_t, s: int32x4_t, lane: usize) -> i
         2 => vmlaq_laneq_s32::<2>(acc, v, s),
         _ => vmlaq_laneq_s32::<3>(acc, v, s),
     }
+}
+
+/// `v`, hidden from the optimizer (no instruction): LLVM would otherwise fold a by-element
+/// `mla` of a widened scale into a `dup` of the narrow lane and a widening per scale (two
+/// instructions per group instead of the two widenings of all eight).
+#[inline(always)]
+unsafe fn opaque(v: int32x4_t) -> int32x4_t {
+    let mut v = v;
+    std::arch::asm!("/* {0:v} */", inout(vreg) v, options(pure, nomem, nostack, preserves_flags));
+    v
 }
 
 /// 8 bytes widened to two vectors of 4 i32.
@@ -99,9 +113,14 @@ unsafe fn unpack_q4k(b: &BlockQ4K) -> Unpacked {
     let sc = widen_u8x8(vreinterpret_u8_u32(vzip1_u32(lo, hi)));
     let mn = widen_u8x8(vreinterpret_u8_u32(vzip2_u32(lo, hi)));
     let z = vdupq_n_s32(0);
+    let t = [
+        opaque(vsubq_s32(sc[0], vextq_s32::<1>(sc[0], sc[1]))),
+        opaque(vsubq_s32(sc[1], vextq_s32::<1>(sc[1], z))),
+    ];
     Unpacked {
         q,
-        s: [sc[0], sc[1], z, z],
+        s: [opaque(sc[0]), opaque(sc[1]), z, z],
+        t: [t[0], t[1], z, z],
         bias_q4k: mn,
         bias_q6k: [vdupq_n_s16(0); 2],
         // [d, dmin] (the f16 bits in lanes 0, 1; lanes 2, 3 unused).
@@ -133,14 +152,23 @@ unsafe fn unpack_q6k(b: &BlockQ6K) -> Unpacked {
     }
     let sc = vld1q_s8(b.scales.as_ptr());
     let sc16 = [vmovl_s8(vget_low_s8(sc)), vmovl_high_s8(sc)];
+    let s = [
+        vmovl_s16(vget_low_s16(sc16[0])),
+        vmovl_high_s16(sc16[0]),
+        vmovl_s16(vget_low_s16(sc16[1])),
+        vmovl_high_s16(sc16[1]),
+    ];
+    let z = vdupq_n_s32(0);
+    let t = [
+        vsubq_s32(s[0], vextq_s32::<2>(s[0], s[1])),
+        vsubq_s32(s[1], vextq_s32::<2>(s[1], s[2])),
+        vsubq_s32(s[2], vextq_s32::<2>(s[2], s[3])),
+        vsubq_s32(s[3], vextq_s32::<2>(s[3], z)),
+    ];
     Unpacked {
         q,
-        s: [
-            vmovl_s16(vget_low_s16(sc16[0])),
-            vmovl_high_s16(sc16[0]),
-            vmovl_s16(vget_low_s16(sc16[1])),
-            vmovl_high_s16(sc16[1]),
-        ],
+        s: s.map(|v| opaque(v)),
+        t: t.map(|v| opaque(v)),
         bias_q4k: [vdupq_n_s32(0); 2],
         bias_q6k: sc16,
         dd: vdupq_n_f32(f16_to_f32(b.d)),
@@ -156,7 +184,8 @@ unsafe fn cvt_f16x4(h: uint16x4_t) -> float32x4_t {
     o
 }
 
-/// Adds one super-block product `w · x` to the 8-lane accumulator `acc`.
+/// Adds one super-block product `w · x` to the 8-lane accumulator `acc` (`own_qs_reg`, a
+/// constant: code generation only, see below).
 ///
 /// # Safety
 /// Needs dotprod when `DOT`.
@@ -165,14 +194,35 @@ unsafe fn accumulate<const Q4K: bool, const DOT: bool>(
     u: &Unpacked,
     x: &BlockQ8K,
     acc: [float32x4_t; 2],
+    own_qs_reg: bool,
 ) -> [float32x4_t; 2] {
+    // Lane k of sumi[h] = Σ_j s_j · D_j with D_j the group's `dot4` lanes (exact i32). At
+    // dotprod level the `sdot`s run as one chain per half, P_j = D_0 + .. + D_j (no zeroed
+    // accumulator per group), and Σ_j s_j · D_j = Σ_j (s_j − s_{j+1}) · P_j (s_8 = 0; Abel
+    // summation): the same integers (i32 arithmetic wraps, the result fits), one `movi`
+    // less per half and group. At neon level (no accumulating dot) each D_j is scaled.
     let mut sumi = [vdupq_n_s32(0); 2];
+    let mut prefix = [vdupq_n_s32(0); 2];
+    // `own_qs_reg` (the single column): the quants' address in a register of its own (an
+    // empty asm hides it from the optimizer), so that their 16 loads pair into 8 `ldp`
+    // (offsets from the block start, 4 + 16k, are no multiples of 16; LLVM otherwise keeps
+    // the block pointer and 16 `ldur`s there). The token loop of a tile pairs them already,
+    // and the extra register costs it instructions.
+    let mut qs = x.qs.as_ptr();
+    if own_qs_reg {
+        std::arch::asm!("/* {0} */", inout(reg) qs, options(pure, nomem, nostack, preserves_flags));
+    }
     for j in 0..8 {
         for h in 0..2 {
-            let xv = vld1q_s8(x.qs.as_ptr().add(32 * j + 16 * h));
+            let xv = vld1q_s8(qs.add(32 * j + 16 * h));
             let slot = if Q4K { j } else { 2 * j + h };
-            let dot = dot4::<DOT>(u.q[j][h], xv);
-            sumi[h] = mla_lane(sumi[h], dot, u.s[slot / 4], slot % 4);
+            if DOT {
+                prefix[h] = dot4_acc::<DOT>(prefix[h], u.q[j][h], xv);
+                sumi[h] = mla_lane(sumi[h], prefix[h], u.t[slot / 4], slot % 4);
+            } else {
+                let dot = dot4::<DOT>(u.q[j][h], xv);
+                sumi[h] = mla_lane(sumi[h], dot, u.s[slot / 4], slot % 4);
+            }
         }
     }
     let bs = [
@@ -247,7 +297,7 @@ unsafe fn sweep<const Q4K: bool, const NT: usize, const DOT: bool>(
                 let bx = &*x
                     .add(t * x_stride + ib * size_of::<BlockQ8K>())
                     .cast::<BlockQ8K>();
-                *a = accumulate::<Q4K, DOT>(&u, bx, *a);
+                *a = accumulate::<Q4K, DOT>(&u, bx, *a, NT == 1);
             }
         }
     }

@@ -12,6 +12,8 @@ Usage: insn_loops.py DISASSEMBLY FUNCTION [--sdot N] [--with M] [--without M] [-
   Prints one JSON line: {"function", "insns" (hot loop length), "sdot", "inner_loops"
   (loops nested inside it: a static count then undercounts their repeats), "loops" (with
   --list: every loop as [start, end, insns, sdot])}.
+Code whose hot path spans several loops with run-time bounds (the K-quant tile's row and
+token loops) has no such loop: insn_exec.py counts executed instructions instead.
 """
 import json
 import re

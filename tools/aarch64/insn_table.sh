@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The aarch64 speed proxy (issue 18, item 4): static hot-loop instruction counts of our
-# dotprod-level dot products (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) and of the 4-column Q4_K
-# verification tile, side by side with llama.cpp's NEON kernels (ggml-cpu/arch/arm/quants.c
-# of llama-cpp-python 0.3.36's vendored llama.cpp, the peer of tools/peer/build_llama_cpp.sh)
-# compiled with the same cross gcc at -O3 -march=armv8.2-a+dotprod. Prints a Markdown table.
+# dotprod-level dot products (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) side by side with llama.cpp's
+# NEON kernels (ggml-cpu/arch/arm/quants.c of llama-cpp-python 0.3.36's vendored llama.cpp,
+# the peer of tools/peer/build_llama_cpp.sh) compiled with the same cross gcc at -O3
+# -march=armv8.2-a+dotprod, as a Markdown table; then the 4-column Q4_K verification tile
+# against one column (executed instructions under qemu, see there).
 # The hot loop of a function is found by tools/aarch64/insn_loops.py (the innermost backward-
 # branch range holding its sdot instructions; a static range, so cold paths inside it count
 # too); "per 256 weights" divides by the blocks one iteration handles (sdots / sdots per
@@ -47,7 +48,8 @@ aarch64-linux-gnu-gcc -O3 -march=armv8.2-a+dotprod -std=c11 -D_GNU_SOURCE -DNDEB
 aarch64-linux-gnu-objdump -d --no-show-raw-insn "$work/quants.o" >"$work/llama.dis"
 
 # Our dsp crate, release, with v0 symbol names (they carry the generic arguments: the
-# tile_dot::<KIND, ROWS, TOKENS> instances); its own target dir (other RUSTFLAGS).
+# pair_dot::<KIND> single dots, KIND 0 = Q4_0, 1 = Q4_1, 2 = Q8_0); its own target dir
+# (other RUSTFLAGS).
 tdir="${CARGO_TARGET_DIR:-target}/insn-table"
 RUSTFLAGS="${RUSTFLAGS:-} -C symbol-mangling-version=v0" CARGO_TARGET_DIR="$tdir" \
   cargo build --release --locked --target "$AARCH64_TARGET" -p tandem-dsp >&2
@@ -76,18 +78,38 @@ row() {
   echo "| $ty | $op | $lp | $(python3 -c "print('%.2f' % ($op / $lp))") | $oi × $ob ($oin) | $li × $lb |"
   [[ $ty == Q4_K ]] && one_q4k=$oi || true
 }
-row Q4_0 "$n::tile_dot::<0, 1, 1>" "" ggml_vec_dot_q4_0_q8_0 2 32
-row Q4_1 "$n::tile_dot::<1, 1, 1>" "" ggml_vec_dot_q4_1_q8_1 2 32
-row Q8_0 "$n::tile_dot::<2, 1, 1>" "" ggml_vec_dot_q8_0_q8_0 2 32
+row Q4_0 "$n::pair_dot::<0>" "" ggml_vec_dot_q4_0_q8_0 2 32
+row Q4_1 "$n::pair_dot::<1>" "" ggml_vec_dot_q4_1_q8_1 2 32
+row Q8_0 "$n::pair_dot::<2>" "" ggml_vec_dot_q8_0_q8_0 2 32
 row Q4_K "${n}_kquants::single_dot" "--without smull2" ggml_vec_dot_q4_K_q8_K 16 256
 row Q6_K "${n}_kquants::single_dot" "--with smull2" ggml_vec_dot_q6_K_q8_K 16 256
-# The 4-column verification tile: Q4_K sweep of 1 row × 4 tokens (64 sdot per super-block).
-read -r ti _ _ tin < <(loop "$work/ours.dis" "${n}_kquants::tile_dot" 16 256 --sdot 64 --without smull2)
+# The 4-column verification tile: Q4_K dot_tile of 1 row x 4 tokens. Its sweep runs row and
+# token loops with run-time bounds, so no one static loop range holds its hot path; it is
+# counted dynamically instead (tools/aarch64/insn_exec.py: qemu with one instruction per
+# translation block, every executed instruction of one call of the kernel function,
+# callees included), on a driver (dsp/examples/neon_insn_driver.rs) at QEMU_CPU=cortex-a76
+# (neon-dotprod), for 2 and 6 super-blocks: the difference / 4 is the cost of one
+# super-block (the call's fixed cost cancels). The single Q4_K dot is counted the same way,
+# which also checks the method against the static count of its loop above.
+RUSTFLAGS="${RUSTFLAGS:-} -C symbol-mangling-version=v0" CARGO_TARGET_DIR="$tdir" \
+  cargo build --release --locked --target "$AARCH64_TARGET" -p tandem-dsp --example neon_insn_driver >&2
+driver="$tdir/$AARCH64_TARGET/release/examples/neon_insn_driver"
+# per_block MODE FUNCTION: dynamic instructions per super-block of one call.
+per_block() {
+  local a b
+  a=$(QEMU_CPU=cortex-a76 python3 "$here/insn_exec.py" "$driver" "${n}_kquants::$2" "$1" 2)
+  b=$(QEMU_CPU=cortex-a76 python3 "$here/insn_exec.py" "$driver" "${n}_kquants::$2" "$1" 6)
+  python3 -c 'import json, sys; a, b = (json.loads(v)["insns"] for v in sys.argv[1:]); print("%g" % ((b - a) / 4))' "$a" "$b"
+}
+dyn_one=$(per_block single single_dot)
+dyn_tile=$(per_block tile4 tile_dot)
 echo
-if [[ -n "${ti:-}" ]]; then
-  echo "4-column Q4_K tile (1 row × 4 tokens, one super-block per iteration): $ti insns ($tin inner loops) vs one column $one_q4k: $(python3 -c "print('%.2f' % ($ti / $one_q4k))")× (target ≤ 1.5×)"
-else
-  echo "4-column Q4_K tile: not measured (no innermost loop with 64 sdot in ${n}_kquants::tile_dot: the static loop heuristic does not fit its code)"
-fi
+python3 -c '
+import sys
+tile, one, static_one = (float(v) for v in sys.argv[1:])
+print("4-column Q4_K tile (1 row × 4 tokens), executed instructions per super-block (qemu, "
+      "neon-dotprod): %g vs one column %g (its static loop: %g): %.2f× one column in all, "
+      "%.2f× per column (target ≤ 1.5×)" % (tile, one, static_one, tile / one, tile / 4 / one))
+' "$dyn_tile" "$dyn_one" "$one_q4k"
 echo
 echo "Toolchain: $(aarch64-linux-gnu-gcc --version | head -1); $(rustc --version); $(aarch64-linux-gnu-objdump --version | head -1); llama.cpp from llama-cpp-python $version ($(date -u +%F))"

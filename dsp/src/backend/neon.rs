@@ -26,9 +26,10 @@
 //! i8mm-specific tile that changes the lane split would need its own bit-identity story).
 //!
 //! Q4_0, Q4_1 and Q8_0 have a register-blocked tile kernel ([`TILE_R`] rows × [`TILE_T`]
-//! tokens) in which each weight block is unpacked once per tile; single dot products run the
-//! same kernel at 1 × 1, so tiles are bit-identical to single dots. Q4_K and Q6_K are in
-//! [`super::neon_kquants`].
+//! tokens) in which each weight block is unpacked once per tile. Single dot products (and the
+//! tiles' 1 × 1 edges) run [`dot_pairs`], two blocks per loop pass, with the per-block
+//! operations of the tile kernel at 1 × 1 in the same order, so tiles are bit-identical to
+//! single dots. Q4_K and Q6_K are in [`super::neon_kquants`].
 
 use std::arch::aarch64::*;
 
@@ -203,6 +204,23 @@ pub(super) unsafe fn dot4<const DOT: bool>(w: int8x16_t, x: int8x16_t) -> int32x
     }
 }
 
+/// `acc + dot4(w, x)` (wrapping i32 lanes); `DOT`: one accumulating `sdot`.
+///
+/// # Safety
+/// Needs dotprod when `DOT`.
+#[inline(always)]
+pub(super) unsafe fn dot4_acc<const DOT: bool>(
+    acc: int32x4_t,
+    w: int8x16_t,
+    x: int8x16_t,
+) -> int32x4_t {
+    if DOT {
+        sdot(acc, w, x)
+    } else {
+        vaddq_s32(acc, dot4::<false>(w, x))
+    }
+}
+
 const K_Q4_0: u8 = 0;
 const K_Q4_1: u8 = 1;
 const K_Q8_0: u8 = 2;
@@ -292,6 +310,133 @@ unsafe fn tile_q<const K: u8, const R: usize, const T: usize, const DOT: bool>(
     }
 }
 
+/// The scale products of blocks 0 and 1 of a pair as f32 lanes, from one vector load per
+/// operand: `(d, m)` (Q4_1 / Q8_1: a 4-byte pair at the block start) or `d` (2 bytes) of
+/// block 1 at `p + bytes` in lane 0 and of block 0 at `p` in lane 1 (an offset load, then a
+/// lane load: 2 loads for 2 blocks instead of 2 loads and 2 `fcvt` per block), widened with one
+/// `fcvtl` (exact) and multiplied lane-wise (one `fmul`, the same rounding as the scalar
+/// `dw * dx`). Q4_0 / Q8_0 lanes: `[d1, d0, 0, 0]`; Q4_1: `[d1, m1, d0, m0]`.
+/// `bytes == 0` loads one block twice (the odd tail).
+///
+/// # Safety
+/// `w`, `w + w_bytes`, `x`, `x + x_bytes` must point at readable blocks of kind `K`.
+#[inline(always)]
+unsafe fn pair_scales<const K: u8>(
+    w: *const u8,
+    w_bytes: usize,
+    x: *const u8,
+    x_bytes: usize,
+) -> float32x4_t {
+    let load = |p: *const u8, bytes: usize| -> uint16x4_t {
+        if K == K_Q4_1 {
+            let v = vld1_lane_u32::<0>(p.add(bytes).cast(), vdup_n_u32(0));
+            vreinterpret_u16_u32(vld1_lane_u32::<1>(p.cast(), v))
+        } else {
+            let v = vld1_lane_u16::<0>(p.add(bytes).cast(), vdup_n_u16(0));
+            vld1_lane_u16::<1>(p.cast(), v)
+        }
+    };
+    vmulq_f32(cvt_f16x4(load(w, w_bytes)), cvt_f16x4(load(x, x_bytes)))
+}
+
+/// One block of kind `K` fused into the 8-lane accumulator with the scale product in lane
+/// `L` of `d`: the per-block operations of [`tile_q`] at 1 × 1, in its order.
+///
+/// # Safety
+/// Needs dotprod when `DOT`; `w`, `x` point at one readable block each.
+#[inline(always)]
+unsafe fn block_q<const K: u8, const DOT: bool, const L: i32>(
+    w: *const u8,
+    x: *const u8,
+    d: float32x4_t,
+    acc: F8,
+) -> F8 {
+    let (_, _, xq) = geometry(K);
+    let qw = match K {
+        K_Q4_0 => {
+            let [lo, hi] = load_nibbles(w.add(2));
+            let eight = vdupq_n_s8(8);
+            [vsubq_s8(lo, eight), vsubq_s8(hi, eight)]
+        }
+        K_Q4_1 => load_nibbles(w.add(4)),
+        _ => [vld1q_s8(w.add(2).cast()), vld1q_s8(w.add(18).cast())],
+    };
+    let qx = [vld1q_s8(x.add(xq).cast()), vld1q_s8(x.add(xq + 16).cast())];
+    let mut out = acc;
+    for h in 0..2 {
+        let dot = vcvtq_f32_s32(dot4::<DOT>(qw[h], qx[h]));
+        out[h] = vfmaq_laneq_f32::<L>(out[h], dot, d);
+    }
+    out
+}
+
+/// One dot product of `nb` blocks of kind `K`, two blocks per loop pass (one scale load,
+/// widening and multiply for both, [`pair_scales`]; the loop overhead shared) and a
+/// one-block tail for odd `nb`. Bit-identical to [`tile_q`] at 1 × 1 (and so to the tiles
+/// and the AVX2 backend): the blocks still enter the one 8-lane accumulator in order
+/// (`acc = fma(fma(acc, b0), b1)`), and the Q4_1 `m·s` terms lane 3 of `accm` in order (the
+/// scalar sum of [`tile_q`]: `(accm + m0·s0) + m1·s1`).
+/// (Two accumulators, one per block parity, as llama.cpp's 2-block loops, would change the
+/// f32 summation order and so the bits the x86 build computes.)
+///
+/// # Safety
+/// Needs dotprod when `DOT`. `w` and `x` must each point at `nb` readable blocks.
+#[inline(always)]
+unsafe fn dot_pairs<const K: u8, const DOT: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    let (wb, xb, _) = geometry(K);
+    let zero = vdupq_n_f32(0.0);
+    let mut acc = [zero; 2];
+    // Q4_1: lane 3 is the running `Σ m·s` (lanes 0..3 gather unused sums).
+    let mut accm = zero;
+    let (mut pw, mut px) = (w, x);
+    for _ in 0..nb / 2 {
+        let d = pair_scales::<K>(pw, wb, px, xb);
+        if K == K_Q4_1 {
+            // d = [d1, m1, d0, m0]: block 0 (lanes 2, 3), then block 1 (lanes 0, 1).
+            acc = block_q::<K, DOT, 2>(pw, px, d, acc);
+            acc = block_q::<K, DOT, 0>(pw.add(wb), px.add(xb), d, acc);
+            accm = vaddq_f32(accm, d);
+            accm = vaddq_f32(accm, vextq_f32::<2>(d, d));
+        } else {
+            // d = [d1, d0, 0, 0].
+            acc = block_q::<K, DOT, 1>(pw, px, d, acc);
+            acc = block_q::<K, DOT, 0>(pw.add(wb), px.add(xb), d, acc);
+        }
+        pw = pw.add(2 * wb);
+        px = px.add(2 * xb);
+    }
+    if nb % 2 == 1 {
+        let d = pair_scales::<K>(pw, 0, px, 0);
+        if K == K_Q4_1 {
+            acc = block_q::<K, DOT, 2>(pw, px, d, acc);
+            accm = vaddq_f32(accm, d);
+        } else {
+            acc = block_q::<K, DOT, 1>(pw, px, d, acc);
+        }
+    }
+    let m = if K == K_Q4_1 { vgetq_lane_f32::<3>(accm) } else { 0.0 };
+    hsum8(acc) + m
+}
+
+/// [`dot_pairs`] at `neon` level.
+///
+/// # Safety
+/// As [`dot_pairs`].
+#[inline]
+unsafe fn pair_neon<const K: u8>(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    dot_pairs::<K, false>(w, x, nb)
+}
+
+/// [`dot_pairs`] with `sdot` (bit-identical results).
+///
+/// # Safety
+/// Needs dotprod; pointers as [`dot_pairs`].
+#[inline]
+#[target_feature(enable = "dotprod")]
+unsafe fn pair_dot<const K: u8>(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    dot_pairs::<K, true>(w, x, nb)
+}
+
 /// [`tile_q`] at `neon` level.
 ///
 /// # Safety
@@ -377,7 +522,7 @@ unsafe fn dot_tile_q<const K: u8, const R: usize, const T: usize, const DOT: boo
                 (true, true) => tile_pick::<K, R, T, DOT>(wp, ws, xp, xs, nb, op, n_rows),
                 (true, false) => tile_pick::<K, R, 1, DOT>(wp, ws, xp, xs, nb, op, n_rows),
                 (false, true) => tile_pick::<K, 1, T, DOT>(wp, ws, xp, xs, nb, op, n_rows),
-                (false, false) => tile_pick::<K, 1, 1, DOT>(wp, ws, xp, xs, nb, op, n_rows),
+                (false, false) => *op = dot_q::<K, DOT>(wp, xp, nb),
             }
             t += if tfull { T } else { 1 };
         }
@@ -385,14 +530,16 @@ unsafe fn dot_tile_q<const K: u8, const R: usize, const T: usize, const DOT: boo
     }
 }
 
-/// One dot product through the tile kernel (bit-identical to tiled results).
+/// One dot product: [`dot_pairs`] at the level `DOT` names (bit-identical to tiled results).
 ///
 /// # Safety
 /// Needs dotprod when `DOT`; `w` and `x` point at `nb` blocks each.
 unsafe fn dot_q<const K: u8, const DOT: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
-    let mut out = 0f32;
-    tile_pick::<K, 1, 1, DOT>(w, 0, x, 0, nb, &mut out, 0);
-    out
+    if DOT {
+        pair_dot::<K>(w, x, nb)
+    } else {
+        pair_neon::<K>(w, x, nb)
+    }
 }
 
 /// Loads 8 f16 values widened to f32.

@@ -14,7 +14,7 @@
 
 use std::arch::aarch64::*;
 
-use super::neon::{dot4, f16_to_f32, hsum8};
+use super::neon::{dot4, dot4_acc, f16_to_f32, hsum8};
 use super::DotTile;
 use crate::quant::blocks::{BlockQ4K, BlockQ6K, BlockQ8K};
 
@@ -40,24 +40,58 @@ impl KQuant {
 }
 
 /// One weight super-block ready for the token loop: `q[j]` the unsigned quants of weights
-/// `32j..32j+32` (Q4_K: 0..15; Q6_K: q + 32 in 0..63) as two 16-byte halves; `s[j]` the
-/// scales of those halves; `bias` the 8 per-lane factors of the bsum pairs (Q4_K: `m_k`
-/// for lane `k`) or, for Q6_K, the 16 scales as i16.
+/// `32j..32j+32` (Q4_K: 0..15; Q6_K: q + 32 in 0..63) as two 16-byte halves; `s` the scales
+/// as i32 lanes, slot `i` in lane `i % 4` of `s[i / 4]` (Q4_K: slot `j` for both halves of
+/// group `j`; Q6_K: slot `2j + h` for half `h`), so each half is scaled by a by-element
+/// `mla` (no scalar extraction, no `dup`); `bias` the per-lane factors of the bsum pairs
+/// (Q4_K: `m_k` for lane `k`) or, for Q6_K, the 16 scales as i16; `dd` = `[d, dmin, ..]`.
+/// `t`: the scale differences of [`accumulate`]'s `sdot` chains, in the slots of `s`: slot
+/// `i` holds `s_i − s_next(i)` (Q4_K: next `i + 1`; Q6_K: `i + 2`, the same half of the next
+/// group; `s` past the last group is 0).
 struct Unpacked {
     q: [[int8x16_t; 2]; 8],
-    s: [[i32; 2]; 8],
+    s: [int32x4_t; 4],
+    t: [int32x4_t; 4],
     bias_q4k: [int32x4_t; 2],
     bias_q6k: [int16x8_t; 2],
-    d: f32,
-    dmin: f32,
+    dd: float32x4_t,
+}
+
+/// `acc + v · s[lane]` (i32 lanes; `lane` is a constant after unrolling).
+#[inline(always)]
+unsafe fn mla_lane(acc: int32x4_t, v: int32x4_t, s: int32x4_t, lane: usize) -> int32x4_t {
+    match lane {
+        0 => vmlaq_laneq_s32::<0>(acc, v, s),
+        1 => vmlaq_laneq_s32::<1>(acc, v, s),
+        2 => vmlaq_laneq_s32::<2>(acc, v, s),
+        _ => vmlaq_laneq_s32::<3>(acc, v, s),
+    }
+}
+
+/// `v`, hidden from the optimizer (no instruction): LLVM would otherwise fold a by-element
+/// `mla` of a widened scale into a `dup` of the narrow lane and a widening per scale (two
+/// instructions per group instead of the two widenings of all eight).
+#[inline(always)]
+unsafe fn opaque(v: int32x4_t) -> int32x4_t {
+    let mut v = v;
+    std::arch::asm!("/* {0:v} */", inout(vreg) v, options(pure, nomem, nostack, preserves_flags));
+    v
+}
+
+/// 8 bytes widened to two vectors of 4 i32.
+#[inline(always)]
+unsafe fn widen_u8x8(v: uint8x8_t) -> [int32x4_t; 2] {
+    let h = vmovl_u8(v);
+    [
+        vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(h))),
+        vreinterpretq_s32_u32(vmovl_high_u16(h)),
+    ]
 }
 
 #[inline(always)]
 unsafe fn unpack_q4k(b: &BlockQ4K) -> Unpacked {
     let mask = vdupq_n_u8(0x0F);
-    let (sc, mn) = b.scales_mins();
     let mut q = [[vdupq_n_s8(0); 2]; 8];
-    let mut s = [[0i32; 2]; 8];
     for g in 0..4 {
         for h in 0..2 {
             let q4 = vld1q_u8(b.qs.as_ptr().add(32 * g + 16 * h));
@@ -65,17 +99,32 @@ unsafe fn unpack_q4k(b: &BlockQ4K) -> Unpacked {
             q[2 * g + 1][h] = vreinterpretq_s8_u8(vshrq_n_u8::<4>(q4));
         }
     }
-    for j in 0..8 {
-        s[j] = [sc[j] as i32; 2];
-    }
-    let m: [i32; 8] = std::array::from_fn(|k| mn[k] as i32);
+    // The first 16 bytes: d, dmin, then the 12 scale bytes a = 0..4, b = 4..8, c = 8..12.
+    // The 6-bit scales and mins of [`BlockQ4K::scales_mins`] in vector lanes:
+    // [sc 0..4, m 0..4] = [a, b] & 63 and
+    // [sc 4..8, m 4..8] = [c & 15, c >> 4] with bits 4..6 from [a, b] >> 6 (`sli`).
+    let head = vld1q_u8((b as *const BlockQ4K).cast());
+    let ab = vget_low_u8(vextq_u8::<4>(head, head));
+    let cc = vreinterpret_u8_u32(vdup_laneq_u32::<3>(vreinterpretq_u32_u8(head)));
+    let shifts = vcreate_s8(0xfcfc_fcfc_0000_0000);
+    let lo = vand_u8(ab, vdup_n_u8(63));
+    let hi = vsli_n_u8::<4>(vshl_u8(cc, shifts), vshr_n_u8::<6>(ab));
+    let (lo, hi) = (vreinterpret_u32_u8(lo), vreinterpret_u32_u8(hi));
+    let sc = widen_u8x8(vreinterpret_u8_u32(vzip1_u32(lo, hi)));
+    let mn = widen_u8x8(vreinterpret_u8_u32(vzip2_u32(lo, hi)));
+    let z = vdupq_n_s32(0);
+    let t = [
+        opaque(vsubq_s32(sc[0], vextq_s32::<1>(sc[0], sc[1]))),
+        opaque(vsubq_s32(sc[1], vextq_s32::<1>(sc[1], z))),
+    ];
     Unpacked {
         q,
-        s,
-        bias_q4k: [vld1q_s32(m.as_ptr()), vld1q_s32(m.as_ptr().add(4))],
+        s: [opaque(sc[0]), opaque(sc[1]), z, z],
+        t: [t[0], t[1], z, z],
+        bias_q4k: mn,
         bias_q6k: [vdupq_n_s16(0); 2],
-        d: f16_to_f32(b.d),
-        dmin: f16_to_f32(b.dmin),
+        // [d, dmin] (the f16 bits in lanes 0, 1; lanes 2, 3 unused).
+        dd: cvt_f16x4(vget_low_u16(vreinterpretq_u16_u8(head))),
     }
 }
 
@@ -101,34 +150,82 @@ unsafe fn unpack_q6k(b: &BlockQ6K) -> Unpacked {
             }
         }
     }
-    let s: [[i32; 2]; 8] =
-        std::array::from_fn(|j| [b.scales[2 * j] as i32, b.scales[2 * j + 1] as i32]);
     let sc = vld1q_s8(b.scales.as_ptr());
+    let sc16 = [vmovl_s8(vget_low_s8(sc)), vmovl_high_s8(sc)];
+    let s = [
+        vmovl_s16(vget_low_s16(sc16[0])),
+        vmovl_high_s16(sc16[0]),
+        vmovl_s16(vget_low_s16(sc16[1])),
+        vmovl_high_s16(sc16[1]),
+    ];
+    let z = vdupq_n_s32(0);
+    let t = [
+        vsubq_s32(s[0], vextq_s32::<2>(s[0], s[1])),
+        vsubq_s32(s[1], vextq_s32::<2>(s[1], s[2])),
+        vsubq_s32(s[2], vextq_s32::<2>(s[2], s[3])),
+        vsubq_s32(s[3], vextq_s32::<2>(s[3], z)),
+    ];
     Unpacked {
         q,
-        s,
+        s: s.map(|v| opaque(v)),
+        t: t.map(|v| opaque(v)),
         bias_q4k: [vdupq_n_s32(0); 2],
-        bias_q6k: [vmovl_s8(vget_low_s8(sc)), vmovl_high_s8(sc)],
-        d: f16_to_f32(b.d),
-        dmin: 0.0,
+        bias_q6k: sc16,
+        dd: vdupq_n_f32(f16_to_f32(b.d)),
     }
 }
 
-/// Adds one super-block product `w · x` to the 8-lane accumulator `acc`.
+/// 4 f16 (as bits) widened to f32 (`fcvtl`, exact).
+#[inline(always)]
+unsafe fn cvt_f16x4(h: uint16x4_t) -> float32x4_t {
+    let o: float32x4_t;
+    std::arch::asm!("fcvtl {0:v}.4s, {1:v}.4h", out(vreg) o, in(vreg) h,
+        options(pure, nomem, nostack, preserves_flags));
+    o
+}
+
+/// Adds one super-block product `w · x` to the 8-lane accumulator `acc` (`own_qs_reg`, a
+/// constant: code generation only, see below).
 ///
 /// # Safety
 /// Needs dotprod when `DOT`.
 #[inline(always)]
+#[allow(clippy::pointers_in_nomem_asm_block)]
 unsafe fn accumulate<const Q4K: bool, const DOT: bool>(
     u: &Unpacked,
     x: &BlockQ8K,
     acc: [float32x4_t; 2],
+    own_qs_reg: bool,
 ) -> [float32x4_t; 2] {
+    // Lane k of sumi[h] = Σ_j s_j · D_j with D_j the group's `dot4` lanes (exact i32). At
+    // dotprod level the `sdot`s run as one chain per half, P_j = D_0 + .. + D_j (no zeroed
+    // accumulator per group), and Σ_j s_j · D_j = Σ_j (s_j − s_{j+1}) · P_j (s_8 = 0; Abel
+    // summation): the same integers (i32 arithmetic wraps, the result fits), one `movi`
+    // less per half and group. At neon level (no accumulating dot) each D_j is scaled.
     let mut sumi = [vdupq_n_s32(0); 2];
+    let mut prefix = [vdupq_n_s32(0); 2];
+    // `own_qs_reg` (the single column): the quants' address in a register of its own (an
+    // empty asm hides it from the optimizer), so that their 16 loads pair into 8 `ldp`
+    // (offsets from the block start, 4 + 16k, are no multiples of 16; LLVM otherwise keeps
+    // the block pointer and 16 `ldur`s there). The token loop of a tile pairs them already,
+    // and the extra register costs it instructions.
+    let mut qs = x.qs.as_ptr();
+    if own_qs_reg {
+        // `nomem` is right (the asm touches no memory; hence the clippy allow on the fn):
+        // `readonly`, or passing the address as an integer, cost the loop 1 to 10 instructions.
+        std::arch::asm!("/* {0} */", inout(reg) qs, options(pure, nomem, nostack, preserves_flags));
+    }
     for j in 0..8 {
         for h in 0..2 {
-            let xv = vld1q_s8(x.qs.as_ptr().add(32 * j + 16 * h));
-            sumi[h] = vmlaq_n_s32(sumi[h], dot4::<DOT>(u.q[j][h], xv), u.s[j][h]);
+            let xv = vld1q_s8(qs.add(32 * j + 16 * h));
+            let slot = if Q4K { j } else { 2 * j + h };
+            if DOT {
+                prefix[h] = dot4_acc::<DOT>(prefix[h], u.q[j][h], xv);
+                sumi[h] = mla_lane(sumi[h], prefix[h], u.t[slot / 4], slot % 4);
+            } else {
+                let dot = dot4::<DOT>(u.q[j][h], xv);
+                sumi[h] = mla_lane(sumi[h], dot, u.s[slot / 4], slot % 4);
+            }
         }
     }
     let bs = [
@@ -146,19 +243,19 @@ unsafe fn accumulate<const Q4K: bool, const DOT: bool>(
             vpaddq_s32(lo, hi)
         };
     }
-    let d = vdupq_n_f32(x.d * u.d);
+    // [x.d · d, x.d · dmin, ..]: the scalar products, lane-wise.
+    let dd = vmulq_n_f32(u.dd, x.d);
     let mut out = acc;
     if Q4K {
-        let dm = vdupq_n_f32(x.d * u.dmin);
         for h in 0..2 {
-            out[h] = vfmaq_f32(out[h], d, vcvtq_f32_s32(sumi[h]));
-            out[h] = vfmsq_f32(out[h], dm, vcvtq_f32_s32(corr[h]));
+            out[h] = vfmaq_laneq_f32::<0>(out[h], vcvtq_f32_s32(sumi[h]), dd);
+            out[h] = vfmsq_laneq_f32::<1>(out[h], vcvtq_f32_s32(corr[h]), dd);
         }
     } else {
         for h in 0..2 {
             // The quants above are q + 32: remove 32 * Σ_k sc_k * bsum_k, exactly.
             let s = vsubq_s32(sumi[h], vshlq_n_s32::<5>(corr[h]));
-            out[h] = vfmaq_f32(out[h], d, vcvtq_f32_s32(s));
+            out[h] = vfmaq_laneq_f32::<0>(out[h], vcvtq_f32_s32(s), dd);
         }
     }
     out
@@ -203,7 +300,7 @@ unsafe fn sweep<const Q4K: bool, const NT: usize, const DOT: bool>(
                 let bx = &*x
                     .add(t * x_stride + ib * size_of::<BlockQ8K>())
                     .cast::<BlockQ8K>();
-                *a = accumulate::<Q4K, DOT>(&u, bx, *a);
+                *a = accumulate::<Q4K, DOT>(&u, bx, *a, NT == 1);
             }
         }
     }

@@ -1,0 +1,76 @@
+//! A fixed Q4_K product on the `neon-dotprod` backend, for `tools/aarch64/insn_dynamic.sh`,
+//! which runs it under `qemu-aarch64` with one instruction per translation block and counts
+//! the instructions executed inside a kernel function.
+//! Usage (aarch64 only): `neon_insn_driver single|tile4 SUPER_BLOCKS`:
+//! - `single`: one dot product (`vec_dot_q4_k_q8_k`, i.e. `neon_kquants::single_dot`);
+//! - `tile4`: one `dot_tile` of 1 weight row × 4 tokens (`neon_kquants::tile_dot`, the
+//!   multi-column verification tile).
+//!
+//! The data are quantized pseudo-random values; the kernels have no data-dependent branches,
+//! so the counts depend only on the shape.
+
+#[cfg(target_arch = "aarch64")]
+fn main() {
+    use dsp::backend::neon::{Level, Neon};
+    use dsp::backend::{DotTile, KernelBackend};
+    use dsp::quant::blocks::{blocks_as_bytes, BlockQ4K};
+    use dsp::quant::{quantize_row_q4_k_simple, GgmlType};
+    use dsp::ThreadPool;
+    use half::f16;
+
+    let args: Vec<String> = std::env::args().collect();
+    let mode = args.get(1).map(String::as_str).unwrap_or("single");
+    let nb: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(4);
+    let toks = match mode {
+        "single" => 1,
+        "tile4" => 4,
+        _ => {
+            eprintln!("usage: neon_insn_driver single|tile4 SUPER_BLOCKS");
+            std::process::exit(2)
+        }
+    };
+    let be = Neon::at(Level::DotProd).expect("this CPU (QEMU_CPU) has no dotprod");
+    let cols = 256 * nb;
+    let mut seed = 7u32;
+    let mut rnd = |k: usize| -> Vec<f32> {
+        (0..k)
+            .map(|_| {
+                seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (seed >> 8) as f32 / (1 << 24) as f32 - 0.5
+            })
+            .collect()
+    };
+    let z = BlockQ4K {
+        d: f16::ZERO,
+        dmin: f16::ZERO,
+        scales: [0; 12],
+        qs: [0; 128],
+    };
+    let mut w = vec![z; nb];
+    quantize_row_q4_k_simple(&rnd(cols), &mut w).expect("quantize");
+    let pool = ThreadPool::new(1).expect("pool");
+    let x = rnd(toks * cols);
+    let acts = dsp::matmul::quantize_activations(&pool, GgmlType::Q8_K, &x, toks, cols)
+        .expect("quantize activations");
+    let wb = blocks_as_bytes(&w);
+    let sum: f32 = if toks == 1 {
+        be.vec_dot_bytes(GgmlType::Q4_K, wb, acts.bytes())
+    } else {
+        let tile = DotTile {
+            ty: GgmlType::Q4_K,
+            w: wb,
+            w_row_bytes: wb.len(),
+            x: acts.bytes(),
+            x_row_bytes: acts.row_bytes,
+        };
+        let mut out = vec![0f32; toks];
+        be.dot_tile(&tile, &mut out);
+        out.iter().sum()
+    };
+    println!("{mode} nb={nb}: {sum}");
+}
+
+#[cfg(not(target_arch = "aarch64"))]
+fn main() {
+    eprintln!("neon_insn_driver: aarch64 only (run it under qemu-aarch64)");
+}

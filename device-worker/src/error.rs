@@ -41,6 +41,10 @@ pub enum WorkerError {
     PromptOverContext { at_least: usize, bytes_read: usize, n_bytes: usize, n_ctx: usize },
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// A field outside its rule ([`tandem_proto::limits`]): the message names the field and
+    /// the allowed values.
+    #[error("invalid request: {0}")]
+    InvalidField(#[from] tandem_proto::limits::FieldError),
     #[error("the request queue is full; retry later")]
     QueueFull,
     #[error("the model is still loading")]
@@ -83,6 +87,7 @@ impl WorkerError {
             | Self::PromptTextTooLong { .. }
             | Self::PromptOverContext { .. }
             | Self::InvalidRequest(_)
+            | Self::InvalidField(_)
             | Self::Tokenizer(_)
             | Self::Template(_) => ErrorClass::InvalidArgument,
             Self::Constraint(ConstraintError::InvalidSchema(_)) => ErrorClass::InvalidArgument,

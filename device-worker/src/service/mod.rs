@@ -54,6 +54,8 @@ impl StepService for StepServiceImpl {
         let span = tracing::info_span!("request", session = tracing::field::Empty);
         tandem_telemetry::otel::set_remote_parent(&span, request.metadata());
         let req = request.into_inner();
+        // Bounded before it is logged or bound to a slot (a refusal names a prefix only).
+        tandem_proto::limits::check_id("session_id", &req.session_id).map_err(WorkerError::from)?;
         span.record("session", req.session_id.as_str());
         // Tokenizing and compiling a schema take milliseconds: keep them off the async workers.
         let engine_req = tokio::task::spawn_blocking(move || admission.admit(req, tx))

@@ -78,6 +78,22 @@ pub enum ErrorClass {
     Internal,
 }
 
+impl ErrorClass {
+    /// Every class, for zero-initialising series.
+    pub const ALL: [ErrorClass; 4] = [Self::InvalidArgument, Self::ResourceExhausted, Self::Unavailable, Self::Internal];
+
+    /// The gRPC code in snake case: `"invalid_argument"`, `"resource_exhausted"`,
+    /// `"unavailable"`, `"internal"` (the `reason` label of refused requests).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidArgument => "invalid_argument",
+            Self::ResourceExhausted => "resource_exhausted",
+            Self::Unavailable => "unavailable",
+            Self::Internal => "internal",
+        }
+    }
+}
+
 impl WorkerError {
     /// The gRPC class of this error.
     pub fn grpc_class(&self) -> ErrorClass {

@@ -148,3 +148,52 @@ fn serve_on_a_unix_socket_is_private_and_cleans_up() {
     assert!(status.success(), "a clean exit after SIGTERM: {status}");
     assert!(!path.exists(), "the socket file is removed on exit");
 }
+
+/// `request` and `power` reach a worker that requires a bearer token with
+/// `--worker-token-file` (or `TANDEM_WORKER_TOKEN_FILE`), the gateway's flag for the same
+/// token; without it the worker answers UNAUTHENTICATED and the command fails.
+#[test]
+fn request_and_power_send_the_worker_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("worker-token");
+    std::fs::write(&token_file, "cli-test-token-0123456789abcdef\n").unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (addr, _stop) = rt.block_on(async {
+        let cfg = device_worker::config::EngineOptions {
+            model: Some(test_support::model_path()),
+            threads: Some(1),
+            ctx_size: 512,
+            slots: 1,
+            ..Default::default()
+        };
+        let engine = device_worker::engine::EngineHandle::spawn(cfg.settings().unwrap()).unwrap();
+        let mut state = engine.state();
+        state.wait_for(|s| !matches!(s, device_worker::engine::EngineState::Loading)).await.unwrap();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = format!("http://{}", l.local_addr().unwrap());
+        let layer = tandem_auth::AuthLayer::grpc(Some(tandem_auth::Authenticator::from_file(&token_file).unwrap()), false);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(device_worker::service::serve_with_auth(engine, l, async { let _ = stopped.await; }, layer));
+        (addr, stop)
+    });
+    let run = |args: &[&str], env_token: bool| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_device-worker"));
+        cmd.args(args).env_remove("TANDEM_WORKER_TOKEN_FILE").env_remove("RUST_BACKTRACE").env_remove("RUST_LIB_BACKTRACE");
+        if env_token {
+            cmd.env("TANDEM_WORKER_TOKEN_FILE", &token_file);
+        }
+        let out = cmd.output().expect("device-worker runs");
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let file = token_file.to_str().unwrap();
+    let (ok, _, stderr) = run(&["power", "--addr", &addr], false);
+    assert!(!ok && stderr.contains("Unauthenticated"), "{stderr}");
+    let (ok, _, stderr) = run(&["request", "--addr", &addr, "--text", "hi", "--max-tokens", "1"], false);
+    assert!(!ok && stderr.contains("Unauthenticated"), "{stderr}");
+    let (ok, stdout, stderr) = run(&["power", "--addr", &addr, "--worker-token-file", file], false);
+    assert!(ok, "{stderr}");
+    assert!(serde_json::from_str::<serde_json::Value>(stdout.trim()).unwrap()["state"].is_string(), "{stdout}");
+    let (ok, stdout, stderr) = run(&["request", "--addr", &addr, "--text", "hi", "--max-tokens", "1"], true);
+    assert!(ok, "{stderr}");
+    assert_eq!(serde_json::from_str::<serde_json::Value>(stdout.trim()).unwrap()["decode_tokens"], 1, "{stdout}");
+}

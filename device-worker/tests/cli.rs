@@ -197,3 +197,38 @@ fn request_and_power_send_the_worker_token() {
     assert!(ok, "{stderr}");
     assert_eq!(serde_json::from_str::<serde_json::Value>(stdout.trim()).unwrap()["decode_tokens"], 1, "{stdout}");
 }
+
+/// `serve --ctx-size` below the minimum (64) stops the start with one line naming the
+/// option; one over the model's trained context starts with a WARN naming both numbers.
+#[test]
+fn ctx_size_too_small_is_refused_and_over_the_trained_context_is_warned() {
+    let (ok, stderr) = serve_fails(&["--ctx-size", "10"]);
+    assert!(!ok);
+    let error = stderr.split_once("Error: ").map(|(_, e)| e.trim_end());
+    assert!(error.is_some_and(|e| !e.contains('\n') && e.contains("--ctx-size = 10: must be at least 64 tokens")), "{stderr}");
+
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_device-worker"))
+        .args(["serve", "--model", TINY, "--listen", "127.0.0.1:0", "--ctx-size", "1000000"])
+        .env_remove("TANDEM_AUTH_TOKEN_FILE")
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("device-worker runs");
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    // Not a time bound on the check: only a guard so a missing line cannot hang the test.
+    let pid = child.id().to_string();
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(300));
+        let _ = Command::new("kill").args(["-KILL", &pid]).status();
+    });
+    let mut seen = Vec::new();
+    let warned = stderr.lines().map_while(Result::ok).find(|l| {
+        seen.push(l.clone());
+        l.contains("WARN") && l.contains("--ctx-size 1000000 is over the model's trained context of")
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(warned.is_some(), "no clamping warning in:\n{}", seen.join("\n"));
+}

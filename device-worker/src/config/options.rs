@@ -40,7 +40,8 @@ pub struct EngineOptions {
     #[command(flatten)]
     #[serde(flatten)]
     pub kernels: KernelArgs,
-    /// Context length per slot, in tokens (prompt + output).
+    /// Context length per slot, in tokens (prompt + output); at least 64. Over the model's
+    /// trained context it is lowered to that, with a warning.
     #[arg(long, default_value_t = d::CTX_SIZE, value_parser = at_least_one)]
     pub ctx_size: usize,
     /// Slots (sequences with their own KV cache). Episodes are pinned to slots.

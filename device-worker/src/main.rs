@@ -55,7 +55,9 @@ enum Command {
         power_state_file: Option<std::path::PathBuf>,
     },
     /// Render chat messages (JSON `{"messages":[{"role","content"}]}` on stdin) with the
-    /// model's chat template and print the prompt text, as the worker would tokenize it.
+    /// model's chat template and print the prompt text, as the worker would tokenize it:
+    /// special-token texts inside contents (e.g. `<|im_start|>`) are escaped with a zero-width
+    /// space after their first character, so they stay plain text.
     Render {
         /// GGUF model file whose template is used.
         #[arg(long, env = "TANDEM_MODEL")]
@@ -264,6 +266,7 @@ fn run_tool(command: Command) -> anyhow::Result<()> {
             let path = model.unwrap_or_else(device_worker::config::default_model_path);
             let file = gguf::reader::GgufFile::open(&path)?;
             let template = gguf::chat_template::ChatTemplate::from_gguf(&file)?;
+            let tokenizer = gguf::tokenizer::Tokenizer::from_gguf(&file)?;
             let mut input = String::new();
             std::io::stdin().read_to_string(&mut input)?;
             #[derive(serde::Deserialize)]
@@ -272,7 +275,8 @@ fn run_tool(command: Command) -> anyhow::Result<()> {
             }
             let m: Messages = serde_json::from_str(&input)
                 .context("stdin must be {\"messages\": [{\"role\": .., \"content\": ..}]}")?;
-            print!("{}", template.render(&m.messages, true)?);
+            // The serving path's text: special-token texts in contents escaped (they stay text).
+            print!("{}", device_worker::prompt::render_chat(&tokenizer, &template, &m.messages)?);
             Ok(())
         }
     }

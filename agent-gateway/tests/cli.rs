@@ -128,3 +128,32 @@ fn health_accepts_a_unix_socket_address() {
     let _ = stop.send(());
     rt.block_on(server).unwrap().unwrap();
 }
+
+/// The `--config` help of `serve` gives this program's own keys as examples (not the other
+/// program's): every example, written into a file, is accepted by `serve --config FILE
+/// --print-config` and printed back.
+#[test]
+fn serve_config_help_examples_are_this_programs_keys() {
+    let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway")).args(["serve", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout).into_owned();
+    let para = help.split("--config <FILE>").nth(1).and_then(|s| s.split("--print-config").next()).expect("a --config paragraph");
+    let examples: Vec<&str> = para.split('`').skip(1).step_by(2).filter(|e| e.contains(" = ")).collect();
+    assert!(examples.len() >= 2, "{para}");
+    for foreign in ["micro-batch", "ctx-size", "model = "] {
+        assert!(!para.contains(foreign), "{foreign} is the other program's key: {para}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.toml");
+    std::fs::write(&file, examples.join("\n")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
+        .args(["serve", "--config", file.to_str().unwrap(), "--print-config"])
+        .env_remove("TANDEM_AUTH_TOKEN_FILE")
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for e in examples {
+        let key = e.split(" = ").next().unwrap();
+        assert!(printed.lines().any(|l| l.starts_with(&format!("{key} = "))), "{key} not printed:\n{printed}");
+    }
+}

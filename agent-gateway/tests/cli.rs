@@ -157,3 +157,16 @@ fn serve_config_help_examples_are_this_programs_keys() {
         assert!(printed.lines().any(|l| l.starts_with(&format!("{key} = "))), "{key} not printed:\n{printed}");
     }
 }
+
+/// `--worker-tls-ca`'s help says what rustls accepts: a separate CA (deploy/README.md's
+/// recipe), not a plain self-signed certificate as its own CA.
+#[test]
+fn worker_tls_ca_help_matches_what_rustls_accepts() {
+    let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway")).args(["serve", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout).into_owned();
+    let para = help.split("--worker-tls-ca <WORKER_TLS_CA>").nth(1).and_then(|s| s.split("\n      --").next()).expect("a --worker-tls-ca paragraph");
+    assert!(!para.contains("works for a self-signed"), "{para}");
+    for want in ["signed the worker's certificate", "deploy/README.md", "CaUsedAsEndEntity", "basicConstraints=CA:FALSE"] {
+        assert!(para.contains(want), "{want}: {para}");
+    }
+}

@@ -121,7 +121,8 @@ fn serve_help_explains_tls_unix_sockets_and_reflection() {
 }
 
 /// `serve --listen unix:PATH` without a token starts (a Unix socket counts as local), makes
-/// the socket with mode 0600, and removes it on SIGTERM.
+/// the socket with mode 0600, says at INFO that the file mode limits access (no missing-token
+/// WARN), and removes it on SIGTERM.
 #[test]
 fn serve_on_a_unix_socket_is_private_and_cleans_up() {
     use std::os::unix::fs::PermissionsExt;
@@ -130,7 +131,8 @@ fn serve_on_a_unix_socket_is_private_and_cleans_up() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_device-worker"))
         .args(["serve", "--model", TINY, "--listen", &format!("unix:{}", path.display())])
         .env_remove("TANDEM_AUTH_TOKEN_FILE")
-        .stderr(std::process::Stdio::null())
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("device-worker runs");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -144,9 +146,44 @@ fn serve_on_a_unix_socket_is_private_and_cleans_up() {
     std::os::unix::net::UnixStream::connect(&path).expect("it accepts");
     let term = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     assert!(term.success());
-    let status = child.wait().unwrap();
-    assert!(status.success(), "a clean exit after SIGTERM: {status}");
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "a clean exit after SIGTERM: {}", out.status);
     assert!(!path.exists(), "the socket file is removed on exit");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.lines().any(|l| l.contains("INFO") && l.contains("access is limited by the Unix socket's file mode")),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("any process on this device can use this server"), "{stderr}");
+}
+
+/// On TCP without a token the start still warns that any local process can use the worker.
+#[test]
+fn serve_on_tcp_without_a_token_warns() {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_device-worker"))
+        .args(["serve", "--model", TINY, "--listen", "127.0.0.1:0"])
+        .env_remove("TANDEM_AUTH_TOKEN_FILE")
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("device-worker runs");
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    // Only a guard so a missing line cannot hang the test, not a time bound on the check.
+    let pid = child.id().to_string();
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(300));
+        let _ = Command::new("kill").args(["-KILL", &pid]).status();
+    });
+    let mut seen = Vec::new();
+    let warned = stderr.lines().map_while(Result::ok).find(|l| {
+        seen.push(l.clone());
+        l.contains("WARN") && l.contains("no --auth-token-file: any process on this device can use this server")
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(warned.is_some(), "no missing-token warning in:\n{}", seen.join("\n"));
 }
 
 /// `request` and `power` reach a worker that requires a bearer token with

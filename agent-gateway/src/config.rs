@@ -7,9 +7,13 @@ use std::str::FromStr;
 
 use tandem_auth::https::HttpLimits;
 
+/// `serve --config`'s help, with this program's keys as examples.
+const CONFIG_HELP: &str = "TOML file of options: its keys are this command's long flags (`worker = [\"http://127.0.0.1:50051\"]`, `listen = \"127.0.0.1:50052\"`, `max-controls = 60`); flags and environment variables override it. `--print-config` writes one";
+
 /// The `serve` command's options.
 #[derive(Clone, Debug, clap::Args, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[command(mut_arg("config", |a| a.help(CONFIG_HELP)))]
 pub struct ServeOptions {
     #[command(flatten)]
     #[serde(skip)]

@@ -175,6 +175,12 @@ pub enum ApiError {
     NoWorker(String),
 }
 
+impl From<tandem_proto::limits::FieldError> for ApiError {
+    fn from(e: tandem_proto::limits::FieldError) -> Self {
+        ApiError::InvalidParam { param: e.field, expected: e.expected, found: e.found }
+    }
+}
+
 impl ApiError {
     /// The HTTP status code of this error.
     pub fn http_status(&self) -> u16 {

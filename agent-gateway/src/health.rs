@@ -11,7 +11,9 @@ use crate::error::GatewayError;
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct HealthArgs {
-    /// Address of the gateway or worker (default: a local worker; a local gateway is :50052).
+    /// Address of the gateway or worker: `http://HOST:PORT`, `HOST:PORT`, `https://...` (with
+    /// `--tls-ca`) or `unix:PATH` (a `--listen unix:PATH` server). Default: a local worker; a
+    /// local gateway is :50052.
     #[arg(long, default_value = "http://127.0.0.1:50051")]
     pub addr: String,
     /// Service name to check ("" = the whole server).
@@ -44,18 +46,14 @@ pub async fn run(args: &HealthArgs) -> Result<(), GatewayError> {
 }
 
 async fn check(addr: &str, service: &str, tls: Option<&tandem_auth::ClientTls>) -> Result<ServingStatus, String> {
-    // `--listen` takes host:port, so accept the same here (http:// implied).
-    let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-    let endpoint = tonic::transport::Endpoint::from_shared(uri.clone()).map_err(|e| format!("invalid address: {e}"))?;
-    let channel = tandem_auth::ClientTls::for_endpoint(tls, &uri, endpoint, "--tls-ca")?
-        .connect()
-        .await
-        .map_err(|e| format!("cannot connect: {}", error_chain(&e)))?;
+    // The addresses `--listen` and `serve --worker` take (host:port, unix:PATH), dialled the
+    // one way every client does.
+    let (_, channel) = tandem_auth::client::channel(addr, tls, "--tls-ca")?;
     let mut client = HealthClient::new(channel);
     let resp = client
         .check(HealthCheckRequest { service: service.to_string() })
         .await
-        .map_err(|s| format!("health check failed: {}", s.message()))?;
+        .map_err(|s| format!("health check failed: {:?}: {}", s.code(), s.message()))?;
     Ok(ServingStatus::try_from(resp.into_inner().status).unwrap_or(ServingStatus::Unknown))
 }
 

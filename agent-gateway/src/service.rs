@@ -4,6 +4,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use tandem_proto::agent::v1 as apb;
+use tandem_proto::limits::{brief, check_id};
 use tandem_proto::agent::v1::agent_service_server::{AgentService, AgentServiceServer};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -60,10 +61,15 @@ impl AgentService for AgentServiceImpl {
                 };
                 match input.input {
                     Some(apb::episode_input::Input::Start(mut start)) => {
+                        if let Err(e) = check_id("episode_id", &start.episode_id) {
+                            tracing::warn!(error = %e, "episode refused");
+                            let _ = tx.send(Err(Status::invalid_argument(e.to_string()))).await;
+                            break;
+                        }
                         if start.episode_id.is_empty() {
                             start.episode_id = new_episode_id();
                         }
-                        tracing::info!(episode = %start.episode_id, task = %start.task, "episode started");
+                        tracing::info!(episode = %start.episode_id, task = %brief(&start.task), "episode started");
                         episode = Some(start);
                     }
                     Some(apb::episode_input::Input::Observation(obs)) => {
@@ -112,6 +118,10 @@ impl AgentService for AgentServiceImpl {
 
     async fn step(&self, request: Request<apb::StepRequest>) -> Result<Response<Self::StepStream>, Status> {
         let req = request.into_inner();
+        check_id("episode_id", &req.episode_id).map_err(|e| {
+            tracing::warn!(error = %e, "step refused");
+            Status::invalid_argument(e.to_string())
+        })?;
         let obs = req.observation.ok_or_else(|| Status::invalid_argument("observation is missing"))?;
         let has_image = !obs.screenshot_png.is_empty();
         let screen = parse_observation(&obs).map_err(|e| {

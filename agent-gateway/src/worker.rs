@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tandem_auth::{BearerInterceptor, ClientTls};
 use tandem_proto::step::v1::step_service_client::StepServiceClient;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::error::GatewayError;
 
@@ -28,30 +28,10 @@ pub struct Worker {
 /// A StepService client that sends the gateway's bearer token (`--worker-token-file`), if any.
 pub type WorkerClient = StepServiceClient<InterceptedService<Channel, BearerInterceptor>>;
 
-/// How long the gateway waits for a worker's connection (TCP and TLS handshakes).
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// A lazily connecting channel to the worker at `a` and the address as [`Worker::addr`]
-/// (`http://` added to a bare `HOST:PORT`).
+/// ([`tandem_auth::client::channel`]).
 fn channel(a: &str, tls: Option<&ClientTls>) -> Result<(String, Channel), GatewayError> {
-    let invalid = |e: &dyn std::fmt::Display| GatewayError::Config(format!("invalid worker address {a:?}: {e}"));
-    if let Some(path) = a.strip_prefix("unix:") {
-        if path.is_empty() {
-            return Err(invalid(&"unix: needs a socket path (a worker's --listen unix:PATH)"));
-        }
-        let path = std::path::PathBuf::from(path);
-        // The URI is only the `:authority` sent; the connector dials the socket.
-        let ep = Endpoint::from_static("http://localhost").connect_timeout(CONNECT_TIMEOUT);
-        let connector = tower::service_fn(move |_: tonic::transport::Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
-        });
-        return Ok((a.to_string(), ep.connect_with_connector_lazy(connector)));
-    }
-    let uri = if a.contains("://") { a.to_string() } else { format!("http://{a}") };
-    let ep = Endpoint::from_shared(uri.clone()).map_err(|e| invalid(&e))?.connect_timeout(CONNECT_TIMEOUT).tcp_nodelay(true);
-    let ep = ClientTls::for_endpoint(tls, &uri, ep, "--worker-tls-ca").map_err(|e| GatewayError::Config(format!("worker {e}")))?;
-    Ok((uri, ep.connect_lazy()))
+    tandem_auth::client::channel(a, tls, "--worker-tls-ca").map_err(|e| GatewayError::Config(format!("worker {e}")))
 }
 
 /// How long a worker that answered UNAVAILABLE is skipped by [`Router::route`].

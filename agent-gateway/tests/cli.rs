@@ -1,6 +1,7 @@
 //! The `agent-gateway` binary's start-up checks, run for real: `serve --help` explains the
 //! TLS, Unix-socket and reflection flags; an https:// worker without `--worker-tls-ca` and a
-//! certificate file that is not PEM stop the start with one line.
+//! certificate file that is not PEM stop the start with one line; `health` reaches a
+//! `unix:PATH` server.
 
 use std::process::Command;
 
@@ -84,4 +85,88 @@ fn bad_tls_setups_stop_the_start_with_one_line() {
     let (ok, stderr) = serve(&["--tls-key", not_pem.to_str().unwrap()]);
     assert!(!ok);
     assert_one_line_error(&stderr, "--tls-key needs --tls-cert");
+}
+
+/// `agent-gateway health --addr unix:PATH` reaches a server listening on a Unix socket (as
+/// `serve --worker unix:PATH` and `device-worker request --addr unix:PATH` do), here a gateway
+/// served in this process; a missing socket is an error naming the address.
+#[test]
+fn health_accepts_a_unix_socket_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("gw.sock");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = rt.block_on(async {
+        let listener = tandem_auth::Listener::bind(&tandem_auth::ListenAddr::Unix(sock.clone())).await.unwrap();
+        let router = agent_gateway::worker::Router::new(&["http://127.0.0.1:1".to_string()]).unwrap();
+        let runner = std::sync::Arc::new(agent_gateway::step::StepRunner::new(router));
+        let security = tandem_auth::GrpcSecurity::auth(tandem_auth::AuthLayer::grpc(None, false));
+        tokio::spawn(agent_gateway::service::serve_secured(runner, listener, async { let _ = stopped.await; }, security))
+    });
+    let health = |addr: &str| {
+        Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
+            .args(["health", "--addr", addr, "--wait", "30"])
+            .env_remove("RUST_BACKTRACE")
+            .env_remove("RUST_LIB_BACKTRACE")
+            .output()
+            .expect("agent-gateway runs")
+    };
+    let addr = format!("unix:{}", sock.display());
+    let out = health(&addr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("SERVING"), "{stdout}");
+    let missing = format!("unix:{}", dir.path().join("none.sock").display());
+    let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
+        .args(["health", "--addr", &missing])
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert_one_line_error(&String::from_utf8_lossy(&out.stderr), &missing);
+    let _ = stop.send(());
+    rt.block_on(server).unwrap().unwrap();
+}
+
+/// The `--config` help of `serve` gives this program's own keys as examples (not the other
+/// program's): every example, written into a file, is accepted by `serve --config FILE
+/// --print-config` and printed back.
+#[test]
+fn serve_config_help_examples_are_this_programs_keys() {
+    let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway")).args(["serve", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout).into_owned();
+    let para = help.split("--config <FILE>").nth(1).and_then(|s| s.split("--print-config").next()).expect("a --config paragraph");
+    let examples: Vec<&str> = para.split('`').skip(1).step_by(2).filter(|e| e.contains(" = ")).collect();
+    assert!(examples.len() >= 2, "{para}");
+    for foreign in ["micro-batch", "ctx-size", "model = "] {
+        assert!(!para.contains(foreign), "{foreign} is the other program's key: {para}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.toml");
+    std::fs::write(&file, examples.join("\n")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
+        .args(["serve", "--config", file.to_str().unwrap(), "--print-config"])
+        .env_remove("TANDEM_AUTH_TOKEN_FILE")
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for e in examples {
+        let key = e.split(" = ").next().unwrap();
+        assert!(printed.lines().any(|l| l.starts_with(&format!("{key} = "))), "{key} not printed:\n{printed}");
+    }
+}
+
+/// `--worker-tls-ca`'s help says what rustls accepts: a separate CA (deploy/README.md's
+/// recipe), not a plain self-signed certificate as its own CA.
+#[test]
+fn worker_tls_ca_help_matches_what_rustls_accepts() {
+    let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway")).args(["serve", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout).into_owned();
+    let para = help.split("--worker-tls-ca <WORKER_TLS_CA>").nth(1).and_then(|s| s.split("\n      --").next()).expect("a --worker-tls-ca paragraph");
+    assert!(!para.contains("works for a self-signed"), "{para}");
+    for want in ["signed the worker's certificate", "deploy/README.md", "CaUsedAsEndEntity", "basicConstraints=CA:FALSE"] {
+        assert!(para.contains(want), "{want}: {para}");
+    }
 }

@@ -56,8 +56,10 @@ impl Default for AuthArgs {
 impl AuthArgs {
     /// The authenticator for a server listening on `listen` (every address the server binds),
     /// after the bind policy: with a token file, its tokens; without one, `None` (auth off),
-    /// logged as a warning, on loopback addresses (and Unix sockets, which callers leave out of
-    /// `listen`: only the socket file's owner can connect) or with `--insecure`.
+    /// on loopback addresses (logged as a warning) or with `--insecure` (a warning too). Callers
+    /// leave Unix sockets out of `listen`, so an empty `listen` means every listener is a Unix
+    /// socket, which [`crate::Listener::bind`] makes 0600 (only this user can connect): that is
+    /// logged at INFO, not as a warning.
     ///
     /// Errors: [`AuthError::InsecureBind`] for a non-loopback address without a token file
     /// and without `--insecure`; as [`Authenticator::from_file`].
@@ -72,6 +74,8 @@ impl AuthArgs {
                 });
             }
             tracing::warn!(addr = %open, "no --auth-token-file and --insecure: anyone who can reach this address can drive the agent");
+        } else if listen.is_empty() {
+            tracing::info!("no --auth-token-file: access is limited by the Unix socket's file mode (0600: only this user can connect)");
         } else {
             tracing::warn!("no --auth-token-file: any process on this device can use this server (fine for local development; pass a token file on a phone)");
         }

@@ -1,6 +1,11 @@
-//! The client side: a tonic interceptor that sends `authorization: Bearer <token>`.
+//! The client side: a tonic interceptor that sends `authorization: Bearer <token>`, and the
+//! one way every tandem client dials a server address ([`channel`]: `unix:PATH`,
+//! `HOST:PORT`, `http://`, `https://` with TLS).
 
 use std::path::Path;
+use std::time::Duration;
+
+use tonic::transport::{Channel, Endpoint};
 
 use tonic::metadata::MetadataValue;
 
@@ -50,4 +55,36 @@ impl tonic::service::Interceptor for BearerInterceptor {
         }
         Ok(req)
     }
+}
+
+/// How long a client waits for a connection (TCP and TLS handshakes).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A lazily connecting channel to `addr` and the address as shown (`http://` added to a bare
+/// `HOST:PORT`): `unix:PATH` dials a Unix socket (a server's `--listen unix:PATH`), `https://`
+/// needs `tls` (`ca_flag` names the flag that gives it, for the error), anything else is
+/// plain HTTP/2. Used by the gateway's workers, `agent-gateway health` and `device-worker
+/// request` / `power`.
+///
+/// Errors: a message naming `addr` for an empty socket path, an invalid URI, or `https://`
+/// without `tls`.
+pub fn channel(addr: &str, tls: Option<&crate::ClientTls>, ca_flag: &str) -> Result<(String, Channel), String> {
+    let invalid = |e: &dyn std::fmt::Display| format!("invalid address {addr:?}: {e}");
+    if let Some(path) = addr.strip_prefix("unix:") {
+        if path.is_empty() {
+            return Err(invalid(&"unix: needs a socket path (a server's --listen unix:PATH)"));
+        }
+        let path = std::path::PathBuf::from(path);
+        // The URI is only the `:authority` sent; the connector dials the socket.
+        let ep = Endpoint::from_static("http://localhost").connect_timeout(CONNECT_TIMEOUT);
+        let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+        });
+        return Ok((addr.to_string(), ep.connect_with_connector_lazy(connector)));
+    }
+    let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+    let ep = Endpoint::from_shared(uri.clone()).map_err(|e| invalid(&e))?.connect_timeout(CONNECT_TIMEOUT).tcp_nodelay(true);
+    let ep = crate::ClientTls::for_endpoint(tls, &uri, ep, ca_flag)?;
+    Ok((uri, ep.connect_lazy()))
 }

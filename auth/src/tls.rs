@@ -152,8 +152,10 @@ impl ServerTls {
 #[derive(Clone, Debug, Default, clap::Args, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct WorkerTlsArgs {
-    /// Verify the certificates of https:// workers against these CA certificates (PEM; the
-    /// worker's own certificate works for a self-signed one). Needed for any https:// --worker.
+    /// Verify the certificates of https:// workers against these CA certificates (PEM): the
+    /// CA that signed the worker's certificate (deploy/README.md's openssl recipe). A plain
+    /// self-signed certificate given as its own CA is refused (rustls: CaUsedAsEndEntity);
+    /// one works only with basicConstraints=CA:FALSE. Needed for any https:// --worker.
     #[arg(long, env = "TANDEM_WORKER_TLS_CA")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub worker_tls_ca: Option<PathBuf>,

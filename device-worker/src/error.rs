@@ -41,6 +41,10 @@ pub enum WorkerError {
     PromptOverContext { at_least: usize, bytes_read: usize, n_bytes: usize, n_ctx: usize },
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// A field outside its rule ([`tandem_proto::limits`]): the message names the field and
+    /// the allowed values.
+    #[error("invalid request: {0}")]
+    InvalidField(#[from] tandem_proto::limits::FieldError),
     #[error("the request queue is full; retry later")]
     QueueFull,
     #[error("the model is still loading")]
@@ -74,6 +78,22 @@ pub enum ErrorClass {
     Internal,
 }
 
+impl ErrorClass {
+    /// Every class, for zero-initialising series.
+    pub const ALL: [ErrorClass; 4] = [Self::InvalidArgument, Self::ResourceExhausted, Self::Unavailable, Self::Internal];
+
+    /// The gRPC code in snake case: `"invalid_argument"`, `"resource_exhausted"`,
+    /// `"unavailable"`, `"internal"` (the `reason` label of refused requests).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidArgument => "invalid_argument",
+            Self::ResourceExhausted => "resource_exhausted",
+            Self::Unavailable => "unavailable",
+            Self::Internal => "internal",
+        }
+    }
+}
+
 impl WorkerError {
     /// The gRPC class of this error.
     pub fn grpc_class(&self) -> ErrorClass {
@@ -83,6 +103,7 @@ impl WorkerError {
             | Self::PromptTextTooLong { .. }
             | Self::PromptOverContext { .. }
             | Self::InvalidRequest(_)
+            | Self::InvalidField(_)
             | Self::Tokenizer(_)
             | Self::Template(_) => ErrorClass::InvalidArgument,
             Self::Constraint(ConstraintError::InvalidSchema(_)) => ErrorClass::InvalidArgument,

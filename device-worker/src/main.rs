@@ -27,9 +27,8 @@ enum Command {
     /// client-side and server-reported times (for bench/idle_power.sh) and the output token
     /// ids and text (tools/aarch64/worker_test.sh compares them across builds).
     Request {
-        /// Worker address.
-        #[arg(long, default_value = "http://127.0.0.1:50051")]
-        addr: String,
+        #[command(flatten)]
+        worker: WorkerClientArgs,
         /// Prompt text (tokenized as is).
         #[arg(long)]
         text: String,
@@ -40,8 +39,8 @@ enum Command {
     },
     /// Print a running worker's power figures as one JSON line.
     Power {
-        #[arg(long, default_value = "http://127.0.0.1:50051")]
-        addr: String,
+        #[command(flatten)]
+        worker: WorkerClientArgs,
     },
     /// Write back the host power settings (cpufreq floors) that a `--power-backend linux`
     /// worker saved at start, after it was killed without restoring them (SIGKILL, OOM
@@ -56,12 +55,45 @@ enum Command {
         power_state_file: Option<std::path::PathBuf>,
     },
     /// Render chat messages (JSON `{"messages":[{"role","content"}]}` on stdin) with the
-    /// model's chat template and print the prompt text, as the worker would tokenize it.
+    /// model's chat template and print the prompt text, as the worker would tokenize it:
+    /// special-token texts inside contents (e.g. `<|im_start|>`) are escaped with a zero-width
+    /// space after their first character, so they stay plain text.
     Render {
         /// GGUF model file whose template is used.
         #[arg(long, env = "TANDEM_MODEL")]
         model: Option<std::path::PathBuf>,
     },
+}
+
+/// How `request` and `power` reach a running worker: its address and, for a worker started
+/// with `--auth-token-file`, the token to send (the gateway's `--worker-token-file`).
+#[derive(Clone, Debug, clap::Args)]
+struct WorkerClientArgs {
+    /// Worker address: `http://HOST:PORT`, `HOST:PORT` or `unix:PATH`.
+    #[arg(long, default_value = "http://127.0.0.1:50051")]
+    addr: String,
+    /// Bearer token for a worker that requires one: the first token of this file (the
+    /// worker's `--auth-token-file` format; as `agent-gateway serve --worker-token-file`).
+    #[arg(long, env = "TANDEM_WORKER_TOKEN_FILE")]
+    worker_token_file: Option<std::path::PathBuf>,
+}
+
+type WorkerClient = tandem_proto::step::v1::step_service_client::StepServiceClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, tandem_auth::BearerInterceptor>,
+>;
+
+impl WorkerClientArgs {
+    /// A client of the worker (lazily connected, [`tandem_auth::client::channel`]) sending
+    /// the token, if any.
+    fn client(&self) -> anyhow::Result<WorkerClient> {
+        let token = match &self.worker_token_file {
+            Some(p) => tandem_auth::BearerInterceptor::from_file(p)?,
+            None => tandem_auth::BearerInterceptor::none(),
+        };
+        let (_, channel) = tandem_auth::client::channel(&self.addr, None, "--tls-ca (not available here: use http:// or unix:)")
+            .map_err(anyhow::Error::msg)?;
+        Ok(tandem_proto::step::v1::step_service_client::StepServiceClient::with_interceptor(channel, token))
+    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -208,12 +240,12 @@ fn run_tool(command: Command) -> anyhow::Result<()> {
         Command::Serve(_) => anyhow::bail!("serve is run by main, not as a tool"),
         Command::Bench(cfg) => device_worker::bench::run(&cfg),
         Command::Request {
-            addr,
+            worker,
             text,
             max_tokens,
             session,
-        } => client_runtime()?.block_on(request(addr, text, max_tokens, session)),
-        Command::Power { addr } => client_runtime()?.block_on(power(addr)),
+        } => client_runtime()?.block_on(request(worker, text, max_tokens, session)),
+        Command::Power { worker } => client_runtime()?.block_on(power(worker)),
         Command::PowerRestore {
             power_root,
             power_state_file,
@@ -234,6 +266,7 @@ fn run_tool(command: Command) -> anyhow::Result<()> {
             let path = model.unwrap_or_else(device_worker::config::default_model_path);
             let file = gguf::reader::GgufFile::open(&path)?;
             let template = gguf::chat_template::ChatTemplate::from_gguf(&file)?;
+            let tokenizer = gguf::tokenizer::Tokenizer::from_gguf(&file)?;
             let mut input = String::new();
             std::io::stdin().read_to_string(&mut input)?;
             #[derive(serde::Deserialize)]
@@ -242,7 +275,8 @@ fn run_tool(command: Command) -> anyhow::Result<()> {
             }
             let m: Messages = serde_json::from_str(&input)
                 .context("stdin must be {\"messages\": [{\"role\": .., \"content\": ..}]}")?;
-            print!("{}", template.render(&m.messages, true)?);
+            // The serving path's text: special-token texts in contents escaped (they stay text).
+            print!("{}", device_worker::prompt::render_chat(&tokenizer, &template, &m.messages)?);
             Ok(())
         }
     }
@@ -255,16 +289,14 @@ fn client_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 async fn request(
-    addr: String,
+    worker: WorkerClientArgs,
     text: String,
     max_tokens: u32,
     session: String,
 ) -> anyhow::Result<()> {
     use tandem_proto::step::v1 as pb;
     use tokio_stream::StreamExt;
-    let mut client = pb::step_service_client::StepServiceClient::connect(addr.clone())
-        .await
-        .with_context(|| format!("cannot connect to {addr}"))?;
+    let mut client = worker.client()?;
     let t0 = std::time::Instant::now();
     let mut stream = client
         .generate(pb::GenerateRequest {
@@ -273,7 +305,8 @@ async fn request(
             max_tokens,
             ..Default::default()
         })
-        .await?
+        .await
+        .map_err(|s| anyhow::anyhow!("{}: {:?}: {}", worker.addr, s.code(), s.message()))?
         .into_inner();
     let mut first_token_ms = None;
     let mut done = None;
@@ -307,12 +340,14 @@ async fn request(
     Ok(())
 }
 
-async fn power(addr: String) -> anyhow::Result<()> {
+async fn power(worker: WorkerClientArgs) -> anyhow::Result<()> {
     use tandem_proto::step::v1 as pb;
-    let mut client = pb::step_service_client::StepServiceClient::connect(addr.clone())
+    let mut client = worker.client()?;
+    let s = client
+        .status(pb::StatusRequest {})
         .await
-        .with_context(|| format!("cannot connect to {addr}"))?;
-    let s = client.status(pb::StatusRequest {}).await?.into_inner();
+        .map_err(|s| anyhow::anyhow!("{}: {:?}: {}", worker.addr, s.code(), s.message()))?
+        .into_inner();
     let p = s.power.unwrap_or_default();
     let wl = p.wake_latency.unwrap_or_default();
     println!(

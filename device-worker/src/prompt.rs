@@ -33,6 +33,26 @@ pub fn chat_tokens(
     chat_tokens_within(tokenizer, template, messages, usize::MAX)
 }
 
+/// The prompt text the worker tokenizes for `messages` (generation prompt on): the contents
+/// with special-token texts escaped ([`Tokenizer::escape_special`]), rendered with
+/// `template`. What `device-worker render` prints; [`chat_tokens_within`] tokenizes the same.
+///
+/// Errors: [`WorkerError::Template`].
+pub fn render_chat(tokenizer: &Tokenizer, template: &ChatTemplate, messages: &[ChatMessage]) -> Result<String, WorkerError> {
+    Ok(template.render(&escape_contents(tokenizer, messages), true)?)
+}
+
+/// `messages` with special-token texts in their contents escaped (they stay text).
+fn escape_contents(tokenizer: &Tokenizer, messages: &[ChatMessage]) -> Vec<ChatMessage> {
+    messages
+        .iter()
+        .map(|m| ChatMessage {
+            role: m.role.clone(),
+            content: tokenizer.escape_special(&m.content).into_owned(),
+        })
+        .collect()
+}
+
 /// [`chat_tokens`] that stops tokenizing once the rendered prompt holds more than
 /// `max_tokens` tokens ([`Tokenizer::encode_bounded`]: work and memory of about `max_tokens`
 /// tokens, whatever the prompt's length).
@@ -45,13 +65,8 @@ pub fn chat_tokens_within(
     messages: &[ChatMessage],
     max_tokens: usize,
 ) -> Result<ChatTokens, WorkerError> {
-    let msgs: Vec<ChatMessage> = messages
-        .iter()
-        .map(|m| ChatMessage {
-            role: m.role.clone(),
-            content: tokenizer.escape_special(&m.content).into_owned(),
-        })
-        .collect();
+    let msgs = escape_contents(tokenizer, messages);
+    // The text of [`render_chat`].
     let tokens = encode_within(tokenizer, &template.render(&msgs, true)?, max_tokens)?;
     let last_user_start = match msgs.iter().rposition(|m| m.role == "user") {
         Some(i) if i > 0 => {

@@ -57,9 +57,9 @@ pub enum OptionsError {
 /// `--print-config`.
 #[derive(Clone, Debug, Default, clap::Args)]
 pub struct ConfigArgs {
-    /// TOML file of options: its keys are this command's long flags (`micro-batch = 256`,
-    /// `worker = ["http://127.0.0.1:50051"]`); flags and environment variables override it.
-    /// `--print-config` writes one.
+    /// TOML file of options: its keys are this command's long flags; flags and environment
+    /// variables override it. `--print-config` writes one. (A command shows its own keys as
+    /// examples with `#[command(mut_arg("config", |a| a.help(..)))]`.)
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Print the effective options (defaults, file, environment and flags merged) as a

@@ -4,6 +4,9 @@
 //! - [`step::v1`]: `StepService`, served by the device-worker.
 //! - [`agent::v1`]: `AgentService`, served by the agent-gateway.
 //! - [`FILE_DESCRIPTOR_SET`]: for gRPC reflection (`grpcurl list`).
+//! - [`limits`]: the fields' value rules, one function each, checked by both servers.
+
+pub mod limits;
 
 pub mod step {
     pub mod v1 {

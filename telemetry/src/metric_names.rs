@@ -54,7 +54,9 @@ pub const WORKER_QUEUE_WAIT_SECONDS: &str = "worker_queue_wait_seconds";
 pub const WORKER_TIME_TO_FIRST_TOKEN_SECONDS: &str = "worker_time_to_first_token_seconds";
 /// Gauge: requests admitted and not finished.
 pub const WORKER_REQUESTS_IN_FLIGHT: &str = "worker_requests_in_flight";
-/// Counter: finished requests. Label [`LABEL_OUTCOME`] (`"ok"`, `"error"`, `"cancelled"`).
+/// Counter: requests by how they ended. Label [`LABEL_OUTCOME`]: `"ok"`, `"error"` (the engine
+/// failed it), `"cancelled"` (the client left), or `"refused"` (never admitted: bad input, a
+/// full queue, loading), which also carries [`LABEL_REASON`].
 pub const WORKER_REQUESTS_TOTAL: &str = "worker_requests_total";
 /// Counter, tokens: prompt tokens. Label [`LABEL_KIND`]: `"new"` or `"reused"`.
 pub const WORKER_PREFILL_TOKENS_TOTAL: &str = "worker_prefill_tokens_total";
@@ -112,6 +114,9 @@ pub const LABEL_KIND: &str = "kind";
 pub const LABEL_HAS_IMAGE: &str = "has_image";
 /// Label: how something ended.
 pub const LABEL_OUTCOME: &str = "outcome";
+/// Label: why a request was refused, its gRPC code in snake case (`"invalid_argument"`,
+/// `"resource_exhausted"`, `"unavailable"`, `"internal"`: four values).
+pub const LABEL_REASON: &str = "reason";
 /// Label: the drafter of speculative tokens.
 pub const LABEL_DRAFTER: &str = "drafter";
 /// Label: a checkpoint event.

@@ -44,15 +44,20 @@ pub async fn chat_completions(
     }
 }
 
-/// The episode a request belongs to: the `X-Episode-Id` header, else the `user` field.
-pub fn episode_of(headers: &HeaderMap, user: Option<&str>) -> Option<String> {
-    headers
-        .get(EPISODE_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .or(user)
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
+/// The episode a request belongs to: the `X-Episode-Id` header, else the `user` field (each
+/// trimmed; empty: none).
+///
+/// Errors: [`ApiError::InvalidParam`] (`X-Episode-Id` or `user`) for an id outside
+/// [`tandem_proto::limits::check_id`]'s rule (too long, control characters).
+pub fn episode_of(headers: &HeaderMap, user: Option<&str>) -> Result<Option<String>, ApiError> {
+    let header = headers.get(EPISODE_HEADER).and_then(|v| v.to_str().ok());
+    let (param, id) = match header {
+        Some(h) => ("X-Episode-Id", h),
+        None => ("user", user.unwrap_or("")),
+    };
+    let id = id.trim();
+    tandem_proto::limits::check_id(param, id)?;
+    Ok(Some(id.to_string()).filter(|s| !s.is_empty()))
 }
 
 fn worker_error(worker: &str, s: tonic::Status) -> ApiError {
@@ -68,7 +73,7 @@ struct Reply {
 
 async fn run(state: HttpState, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let req = ChatCompletionRequest::from_body(&body)?;
-    let episode = episode_of(&headers, req.user.as_deref());
+    let episode = episode_of(&headers, req.user.as_deref())?;
     // Without an episode: a fresh routing key and no session (no slot affinity).
     let (route_key, session_id) = match episode {
         Some(e) => (e.clone(), e),

@@ -169,7 +169,8 @@ impl ChatCompletionRequest {
     /// `seed` (or `fallback_seed`), `top_p` (absent: 1, off) and `top_k` (absent: 0, off).
     ///
     /// Errors: [`ApiError::InvalidParam`] for `temperature` outside [0, 2] or `top_p` outside
-    /// (0, 1].
+    /// (0, 1] (absent means off here; the seeded parameters then pass the worker's own rule,
+    /// [`tandem_proto::limits::check_seeded`], checked here with the same function).
     pub fn sampling(&self, fallback_seed: u64) -> Result<spb::Sampling, ApiError> {
         let t = self.temperature.unwrap_or(0.0);
         if !(0.0..=2.0).contains(&t) {
@@ -182,12 +183,14 @@ impl ChatCompletionRequest {
         let mode = if t == 0.0 {
             spb::sampling::Mode::Greedy(spb::Greedy {})
         } else {
-            spb::sampling::Mode::Seeded(spb::Seeded {
+            let seeded = spb::Seeded {
                 seed: self.seed.unwrap_or(fallback_seed),
                 temperature: t,
                 top_p,
                 top_k: self.top_k.unwrap_or(0),
-            })
+            };
+            tandem_proto::limits::check_seeded(&seeded)?;
+            spb::sampling::Mode::Seeded(seeded)
         };
         Ok(spb::Sampling { mode: Some(mode) })
     }

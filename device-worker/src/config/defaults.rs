@@ -4,6 +4,9 @@
 
 /// Context length per slot, tokens (prompt + output).
 pub const CTX_SIZE: usize = 4096;
+/// The smallest `--ctx-size` a worker starts with, tokens: room for a chat template's
+/// markers, a short prompt and some output (a smaller context refuses every chat request).
+pub const MIN_CTX_SIZE: usize = 64;
 /// Slots (sequences with their own KV cache).
 pub const SLOTS: usize = 2;
 /// Prefill micro-batch, tokens (llama.cpp's `n_batch`/`n_ubatch` 512).

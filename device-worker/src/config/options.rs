@@ -40,7 +40,8 @@ pub struct EngineOptions {
     #[command(flatten)]
     #[serde(flatten)]
     pub kernels: KernelArgs,
-    /// Context length per slot, in tokens (prompt + output).
+    /// Context length per slot, in tokens (prompt + output); at least 64. Over the model's
+    /// trained context it is lowered to that, with a warning.
     #[arg(long, default_value_t = d::CTX_SIZE, value_parser = at_least_one)]
     pub ctx_size: usize,
     /// Slots (sequences with their own KV cache). Episodes are pinned to slots.
@@ -280,9 +281,13 @@ impl EngineOptions {
     }
 }
 
+/// `serve --config`'s help, with this program's keys as examples.
+const CONFIG_HELP: &str = "TOML file of options: its keys are this command's long flags (`model = \"/data/local/tmp/model.gguf\"`, `ctx-size = 4096`, `micro-batch = 256`, `listen = \"unix:/data/local/tmp/worker.sock\"`); flags and environment variables override it. `--print-config` writes one";
+
 /// The `serve` command's options.
 #[derive(Clone, Debug, clap::Args, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[command(mut_arg("config", |a| a.help(CONFIG_HELP)))]
 pub struct ServeOptions {
     #[command(flatten)]
     #[serde(skip)]

@@ -21,6 +21,20 @@ pub struct ConfigError {
     pub reason: &'static str,
 }
 
+/// `ctx_size` if it is at least [`d::MIN_CTX_SIZE`].
+///
+/// Errors: [`ConfigError`] (`ctx-size`) for a smaller one.
+fn at_least_min_ctx(ctx_size: usize) -> Result<usize, ConfigError> {
+    if ctx_size < d::MIN_CTX_SIZE {
+        return Err(ConfigError {
+            option: "ctx-size",
+            value: ctx_size.to_string(),
+            reason: "must be at least 64 tokens (a prompt with its template and some output)",
+        });
+    }
+    Ok(ctx_size)
+}
+
 /// The projector file and the image-token budget (`--mmproj`, `--image-min-tokens`,
 /// `--image-max-tokens`).
 #[derive(Clone, Debug)]
@@ -177,7 +191,7 @@ impl EngineOptions {
             model: self.model_path(),
             vision,
             threads,
-            ctx_size: positive("ctx-size", self.ctx_size)?,
+            ctx_size: at_least_min_ctx(self.ctx_size)?,
             slots: positive("slots", self.slots)?,
             micro_batch: positive("micro-batch", self.micro_batch)?,
             max_queue: positive("max-queue", self.max_queue)?,

@@ -62,8 +62,9 @@ impl Admission {
     ///
     /// Errors (all map to INVALID_ARGUMENT): [`WorkerError::EmptyPrompt`],
     /// [`WorkerError::PromptTooLong`] (token ids), [`WorkerError::PromptTextTooLong`],
-    /// [`WorkerError::PromptOverContext`], [`WorkerError::InvalidRequest`] (unknown token ids,
-    /// bad sampling), constraint errors for an invalid schema, template errors.
+    /// [`WorkerError::PromptOverContext`], [`WorkerError::InvalidRequest`] (unknown token ids),
+    /// [`WorkerError::InvalidField`] (sampling out of range, [`tandem_proto::limits`]),
+    /// constraint errors for an invalid schema, template errors.
     pub fn admit(
         &self,
         req: pb::GenerateRequest,
@@ -119,12 +120,7 @@ impl Admission {
         let sampling = match req.sampling.and_then(|s| s.mode) {
             None | Some(pb::sampling::Mode::Greedy(_)) => SamplingMode::Greedy,
             Some(pb::sampling::Mode::Seeded(s)) => {
-                if !(s.temperature.is_finite() && s.temperature > 0.0) {
-                    return Err(WorkerError::InvalidRequest(format!(
-                        "seeded sampling needs temperature > 0, got {}",
-                        s.temperature
-                    )));
-                }
+                tandem_proto::limits::check_seeded(&s)?;
                 SamplingMode::Seeded {
                     seed: s.seed,
                     temperature: s.temperature,

@@ -54,6 +54,16 @@ impl Compute {
             None => None,
         };
         let n_ctx = cfg.ctx_size.min(model.n_ctx_train()).max(16);
+        if n_ctx < cfg.ctx_size {
+            tracing::warn!(
+                requested = cfg.ctx_size,
+                trained = model.n_ctx_train(),
+                used = n_ctx,
+                "--ctx-size {} is over the model's trained context of {} tokens; slots hold {n_ctx}",
+                cfg.ctx_size,
+                model.n_ctx_train()
+            );
+        }
         let pool = ThreadPool::new(cfg.threads)
             .map_err(|e| WorkerError::Internal(format!("thread pool: {e}")))?;
         // MTP drafters: each slot keeps the MTP block's KV cache beside its sequence, and

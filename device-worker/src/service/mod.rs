@@ -15,7 +15,7 @@ use tonic::{Request, Response, Status};
 
 use crate::engine::{EngineEvent, EngineHandle, EngineState};
 use crate::error::WorkerError;
-use crate::telemetry::request::RequestObserver;
+use crate::telemetry::request::{record_refusal, RequestObserver};
 
 /// Events buffered per stream before the engine waits for the client.
 const STREAM_BUFFER: usize = 64;
@@ -27,6 +27,32 @@ pub struct StepServiceImpl {
 impl StepServiceImpl {
     pub fn new(engine: EngineHandle) -> Self {
         Self { engine }
+    }
+
+    /// Admits `request` (ids, template, tokenization, limits, schema) and enqueues it; returns
+    /// its event stream and its `request` span.
+    ///
+    /// Errors: what admission refuses ([`crate::engine::Admission::admit`]), the session id's
+    /// rule ([`tandem_proto::limits::check_id`]), loading, a full queue.
+    async fn admit(
+        &self,
+        request: Request<pb::GenerateRequest>,
+    ) -> Result<(mpsc::Receiver<EngineEvent>, tracing::Span), WorkerError> {
+        let admission = self.engine.admission()?;
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        // The request's span: a child of the caller's (W3C traceparent in the metadata).
+        let span = tracing::info_span!("request", session = tracing::field::Empty);
+        tandem_telemetry::otel::set_remote_parent(&span, request.metadata());
+        let req = request.into_inner();
+        // Bounded before it is logged or bound to a slot (a refusal names a prefix only).
+        tandem_proto::limits::check_id("session_id", &req.session_id)?;
+        span.record("session", req.session_id.as_str());
+        // Tokenizing and compiling a schema take milliseconds: keep them off the async workers.
+        let engine_req = tokio::task::spawn_blocking(move || admission.admit(req, tx))
+            .await
+            .map_err(|e| WorkerError::Internal(format!("admission task failed: {e}")))??;
+        self.engine.submit(engine_req)?;
+        Ok((rx, span))
     }
 
     /// The tonic service, decoding requests up to `max_message_bytes` (the path's budget,
@@ -48,19 +74,12 @@ impl StepService for StepServiceImpl {
         &self,
         request: Request<pb::GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
-        let admission = self.engine.admission()?;
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        // The request's span: a child of the caller's (W3C traceparent in the metadata).
-        let span = tracing::info_span!("request", session = tracing::field::Empty);
-        tandem_telemetry::otel::set_remote_parent(&span, request.metadata());
-        let req = request.into_inner();
-        span.record("session", req.session_id.as_str());
-        // Tokenizing and compiling a schema take milliseconds: keep them off the async workers.
-        let engine_req = tokio::task::spawn_blocking(move || admission.admit(req, tx))
-            .await
-            .map_err(|e| Status::internal(format!("admission task failed: {e}")))??;
+        // A refusal is counted (outcome "refused", reason its gRPC code) and logged once.
+        let (rx, span) = self.admit(request).await.map_err(|e| {
+            record_refusal(e.grpc_class().as_str(), &e);
+            Status::from(e)
+        })?;
         // Metrics and spans of the request from here to its last event (or its cancellation).
-        self.engine.submit(engine_req)?;
         let mut observer = RequestObserver::new(span);
         let stream = ReceiverStream::new(rx).map(move |ev| match ev {
             EngineEvent::Prefill(p) => {

@@ -129,6 +129,23 @@ impl Drop for RequestObserver {
     }
 }
 
+/// The longest error text a refusal's log line carries, in characters.
+pub const REFUSAL_LOG_CHARS: usize = 300;
+
+/// A request refused before it was admitted (bad input, a full queue, a loading model):
+/// counts it in [`m::WORKER_REQUESTS_TOTAL`] with outcome `"refused"` and `reason` (a gRPC
+/// code in snake case, one of four), and logs one WARN line with the reason and the error's
+/// first [`REFUSAL_LOG_CHARS`] characters.
+pub fn record_refusal(reason: &'static str, error: &dyn std::fmt::Display) {
+    ::metrics::counter!(m::WORKER_REQUESTS_TOTAL, m::LABEL_OUTCOME => "refused", m::LABEL_REASON => reason).increment(1);
+    let text = error.to_string();
+    let shown = match text.char_indices().nth(REFUSAL_LOG_CHARS) {
+        Some((cut, _)) => format!("{}… ({} bytes)", &text[..cut], text.len()),
+        None => text,
+    };
+    tracing::warn!(reason, error = %shown.escape_debug(), "request refused");
+}
+
 /// Records a finished request's figures from its [`pb::FinalStats`]: duration (`server_ms`),
 /// prefill and decode seconds, prompt tokens new/reused, KV bound, output tokens, wake-up
 /// latency (when it paid one, `wake_ms > 0`), checkpoint events and bytes held, decode
@@ -246,6 +263,21 @@ pub(crate) mod tests {
             ("worker_draft_tokens_total{drafter=\"prompt-lookup\",outcome=\"accepted\"}", 5.0),
             ("worker_requests_total{outcome=\"ok\"}", 1.0),
             ("worker_requests_in_flight", 0.0),
+        ] {
+            assert_eq!(sample(&text, series), Some(want), "{series}\n{text}");
+        }
+    }
+
+    #[test]
+    fn a_refusal_is_counted_with_its_reason() {
+        let text = with_recorder(|| {
+            record_refusal("invalid_argument", &"top_p: expected a number in [0, 1]");
+            record_refusal("invalid_argument", &"x".repeat(100_000));
+            record_refusal("resource_exhausted", &"the request queue is full");
+        });
+        for (series, want) in [
+            ("worker_requests_total{outcome=\"refused\",reason=\"invalid_argument\"}", 2.0),
+            ("worker_requests_total{outcome=\"refused\",reason=\"resource_exhausted\"}", 1.0),
         ] {
             assert_eq!(sample(&text, series), Some(want), "{series}\n{text}");
         }

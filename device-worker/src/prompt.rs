@@ -37,20 +37,40 @@ pub fn chat_tokens(
 /// with special-token texts escaped ([`Tokenizer::escape_special`]), rendered with
 /// `template`. What `device-worker render` prints; [`chat_tokens_within`] tokenizes the same.
 ///
-/// Errors: [`WorkerError::Template`].
+/// Errors: [`WorkerError::InvalidRequest`] for a role outside [`CHAT_ROLES`];
+/// [`WorkerError::Template`].
 pub fn render_chat(tokenizer: &Tokenizer, template: &ChatTemplate, messages: &[ChatMessage]) -> Result<String, WorkerError> {
-    Ok(template.render(&escape_contents(tokenizer, messages), true)?)
+    Ok(template.render(&escape_contents(tokenizer, messages)?, true)?)
 }
 
-/// `messages` with special-token texts in their contents escaped (they stay text).
-fn escape_contents(tokenizer: &Tokenizer, messages: &[ChatMessage]) -> Vec<ChatMessage> {
-    messages
+/// The chat roles a request may carry (step.proto `ChatMessage.role`). A role is rendered by
+/// the template as is, so any other text (e.g. `user<|im_end|>`) could forge turn markers.
+pub const CHAT_ROLES: [&str; 3] = ["system", "user", "assistant"];
+
+/// Errors: [`WorkerError::InvalidRequest`] naming the message and its role (first 32
+/// characters) when a role is not one of [`CHAT_ROLES`].
+fn check_roles(messages: &[ChatMessage]) -> Result<(), WorkerError> {
+    match messages.iter().position(|m| !CHAT_ROLES.contains(&m.role.as_str())) {
+        None => Ok(()),
+        Some(i) => Err(WorkerError::InvalidRequest(format!(
+            "messages[{i}].role = {:?}: expected one of {}",
+            messages[i].role.chars().take(32).collect::<String>(),
+            CHAT_ROLES.join(", ")
+        ))),
+    }
+}
+
+/// `messages` with special-token texts in their contents escaped (they stay text), after
+/// [`check_roles`].
+fn escape_contents(tokenizer: &Tokenizer, messages: &[ChatMessage]) -> Result<Vec<ChatMessage>, WorkerError> {
+    check_roles(messages)?;
+    Ok(messages
         .iter()
         .map(|m| ChatMessage {
             role: m.role.clone(),
             content: tokenizer.escape_special(&m.content).into_owned(),
         })
-        .collect()
+        .collect())
 }
 
 /// [`chat_tokens`] that stops tokenizing once the rendered prompt holds more than
@@ -65,7 +85,7 @@ pub fn chat_tokens_within(
     messages: &[ChatMessage],
     max_tokens: usize,
 ) -> Result<ChatTokens, WorkerError> {
-    let msgs = escape_contents(tokenizer, messages);
+    let msgs = escape_contents(tokenizer, messages)?;
     // The text of [`render_chat`].
     let tokens = encode_within(tokenizer, &template.render(&msgs, true)?, max_tokens)?;
     let last_user_start = match msgs.iter().rposition(|m| m.role == "user") {

@@ -103,6 +103,17 @@ fn build_tok_env(tok: &Tokenizer) -> Result<TokEnv, ConstraintError> {
 /// llguidance's `whitespace_pattern` regex syntax.
 pub const JSON_WHITESPACE: &str = r"\x20|\n{1,2}[\x20\t]{0,20}";
 
+/// Adds [`JSON_WHITESPACE`] to a schema's `x-guidance` options unless they already choose the
+/// whitespace (`whitespace_pattern`, or `whitespace_flexible`: llguidance's compact/any
+/// switch). A block that is not an object is left for llguidance to refuse.
+fn bound_whitespace(options: &mut serde_json::Value) {
+    if let Some(o) = options.as_object_mut() {
+        if !o.contains_key("whitespace_pattern") && !o.contains_key("whitespace_flexible") {
+            o.insert("whitespace_pattern".into(), JSON_WHITESPACE.into());
+        }
+    }
+}
+
 /// Compiles grammars for one model's tokenizer. Build once per model; cheap to share (`Arc`
 /// inside) across requests.
 pub struct ConstraintFactory {
@@ -142,7 +153,9 @@ impl ConstraintFactory {
     /// bounds it (`space ::= | " " | "\n"{1,2} [ \t]{0,20}`, common/json-schema-to-grammar.cpp
     /// `SPACE_RULE`): compact and pretty-printed JSON pass, but a model cannot fill its token
     /// budget with blank lines inside the document (llguidance's default allows any run of
-    /// whitespace). A schema that carries its own `x-guidance` options keeps them.
+    /// whitespace). A schema's own `x-guidance` options are kept; the bound is added to them
+    /// unless they already say how whitespace goes (`whitespace_pattern` or
+    /// `whitespace_flexible`).
     ///
     /// Errors: [`ConstraintError::InvalidSchema`] with serde's or llguidance's message when the
     /// text is not JSON or not a schema llguidance can compile.
@@ -150,8 +163,7 @@ impl ConstraintFactory {
         let mut schema: serde_json::Value = serde_json::from_str(schema_json)
             .map_err(|e| ConstraintError::InvalidSchema(format!("not JSON: {e}")))?;
         if let Some(obj) = schema.as_object_mut() {
-            obj.entry("x-guidance")
-                .or_insert_with(|| serde_json::json!({ "whitespace_pattern": JSON_WHITESPACE }));
+            bound_whitespace(obj.entry("x-guidance").or_insert_with(|| serde_json::json!({})));
         }
         self.grammar(TopLevelGrammar::from_json_schema(schema))
             .map_err(|e| match e {

@@ -311,3 +311,26 @@ fn whitespace_between_json_tokens_is_bounded() {
     check_click(&text);
     assert!(text.chars().filter(|c| c.is_whitespace()).count() > 10, "the drive took whitespace: {text:?}");
 }
+
+/// A schema's own `x-guidance` block keeps the whitespace bound unless it chooses the
+/// whitespace itself: an unrelated option (`lenient`) still refuses three newlines, while
+/// `whitespace_flexible: true` (llguidance's "any whitespace") accepts them.
+#[test]
+fn x_guidance_options_keep_the_whitespace_bound_unless_they_choose_whitespace() {
+    let (tok, f) = setup();
+    let with_options = |options: serde_json::Value| -> String {
+        let mut schema: serde_json::Value = serde_json::from_str(CLICK_SCHEMA).expect("schema JSON");
+        schema["x-guidance"] = options;
+        schema.to_string()
+    };
+    let accepts = |schema: &str, text: &str| -> bool {
+        let mut c = f.json_schema(schema).expect("schema compiles");
+        tok.encode(text, false).expect("enc").into_iter().all(|id| c.commit(id).is_ok()) && c.is_accepting()
+    };
+    let three_newlines = "{\n\n\n\"action_type\": \"click\", \"index\": 3}";
+    let lenient = with_options(serde_json::json!({ "lenient": true }));
+    assert!(accepts(&lenient, r#"{"action_type": "click", "index": 3}"#));
+    assert!(!accepts(&lenient, three_newlines), "an unrelated option dropped the bound");
+    let flexible = with_options(serde_json::json!({ "whitespace_flexible": true }));
+    assert!(accepts(&flexible, three_newlines), "the schema's own whitespace choice is kept");
+}

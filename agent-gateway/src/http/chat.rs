@@ -45,17 +45,26 @@ pub async fn chat_completions(
 }
 
 /// The episode a request belongs to: the `X-Episode-Id` header, else the `user` field (each
-/// trimmed; empty: none).
+/// trimmed; empty: none). A header that is empty after trimming counts as absent, so a
+/// client's blank header does not hide its `user`. The header's value is UTF-8: non-ASCII ids
+/// (e.g. `épisode-7`) are kept as they are, as `user` would keep them.
 ///
 /// Errors: [`ApiError::InvalidParam`] (`X-Episode-Id` or `user`) for an id outside
-/// [`tandem_proto::limits::check_id`]'s rule (too long, control characters).
+/// [`tandem_proto::limits::check_id`]'s rule (too long, control characters), and
+/// (`X-Episode-Id`) for a header value that is not UTF-8.
 pub fn episode_of(headers: &HeaderMap, user: Option<&str>) -> Result<Option<String>, ApiError> {
-    let header = headers.get(EPISODE_HEADER).and_then(|v| v.to_str().ok());
-    let (param, id) = match header {
-        Some(h) => ("X-Episode-Id", h),
-        None => ("user", user.unwrap_or("")),
+    let header = match headers.get(EPISODE_HEADER) {
+        None => None,
+        Some(v) => Some(std::str::from_utf8(v.as_bytes()).map_err(|_| ApiError::InvalidParam {
+            param: "X-Episode-Id",
+            expected: "UTF-8 text",
+            found: format!("{} bytes that are not UTF-8", v.as_bytes().len()),
+        })?),
     };
-    let id = id.trim();
+    let (param, id) = match header.map(str::trim).filter(|h| !h.is_empty()) {
+        Some(h) => ("X-Episode-Id", h),
+        None => ("user", user.unwrap_or("").trim()),
+    };
     tandem_proto::limits::check_id(param, id)?;
     Ok(Some(id.to_string()).filter(|s| !s.is_empty()))
 }
@@ -207,5 +216,41 @@ async fn forward(
             }
             None => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::{HeaderMap, HeaderValue};
+
+    use super::*;
+
+    fn headers(value: &[u8]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(EPISODE_HEADER, HeaderValue::from_bytes(value).unwrap());
+        h
+    }
+
+    #[test]
+    fn a_non_ascii_episode_header_is_kept() {
+        let id = episode_of(&headers("épisode-7 ✓".as_bytes()), Some("alice")).unwrap();
+        assert_eq!(id.as_deref(), Some("épisode-7 ✓"));
+    }
+
+    #[test]
+    fn a_non_utf8_episode_header_is_refused_naming_the_header() {
+        let e = episode_of(&headers(b"ep-\xff\xfe"), None).unwrap_err();
+        match e {
+            ApiError::InvalidParam { param, .. } => assert_eq!(param, "X-Episode-Id"),
+            e => panic!("expected InvalidParam, got {e:?}"),
+        }
+    }
+
+    #[test]
+    fn a_blank_episode_header_falls_back_to_user() {
+        assert_eq!(episode_of(&headers(b"  "), Some(" bob ")).unwrap().as_deref(), Some("bob"));
+        assert_eq!(episode_of(&headers(b""), None).unwrap(), None);
+        assert_eq!(episode_of(&HeaderMap::new(), Some("carol")).unwrap().as_deref(), Some("carol"));
+        assert_eq!(episode_of(&headers(b" ep-1 "), Some("carol")).unwrap().as_deref(), Some("ep-1"));
     }
 }

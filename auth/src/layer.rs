@@ -36,6 +36,7 @@ impl Rejection {
 }
 
 type Reject<B> = Arc<dyn Fn(Rejection) -> http::Response<B> + Send + Sync>;
+type OnRefusal = Arc<dyn Fn(Rejection) + Send + Sync>;
 
 /// Requires `authorization: Bearer <token>` with a token the [`Authenticator`] accepts on
 /// every request whose path does not start with one of the open prefixes. Without an
@@ -44,6 +45,7 @@ pub struct AuthLayer<B> {
     auth: Option<Authenticator>,
     open_prefixes: Arc<[&'static str]>,
     reject: Reject<B>,
+    on_refusal: Option<OnRefusal>,
 }
 
 impl<B> Clone for AuthLayer<B> {
@@ -52,6 +54,7 @@ impl<B> Clone for AuthLayer<B> {
             auth: self.auth.clone(),
             open_prefixes: self.open_prefixes.clone(),
             reject: self.reject.clone(),
+            on_refusal: self.on_refusal.clone(),
         }
     }
 }
@@ -68,7 +71,15 @@ impl<B> AuthLayer<B> {
             auth,
             open_prefixes: open_prefixes.into(),
             reject: Arc::new(reject),
+            on_refusal: None,
         }
+    }
+
+    /// Calls `f` once for every refused request, before the refusal is sent (the server's
+    /// metrics count it: the layer runs before any handler, so handlers never see these).
+    pub fn on_refusal(mut self, f: impl Fn(Rejection) + Send + Sync + 'static) -> Self {
+        self.on_refusal = Some(Arc::new(f));
+        self
     }
 
     /// Whether `req` may pass: `Err` says why not.
@@ -183,6 +194,9 @@ where
             Ok(()) => Box::pin(self.inner.call(req)),
             Err(r) => {
                 tracing::warn!(path = req.uri().path(), reason = ?r, "request refused: not authenticated");
+                if let Some(f) = &self.layer.on_refusal {
+                    f(r);
+                }
                 let resp = (self.layer.reject)(r);
                 Box::pin(async move { Ok(resp) })
             }

@@ -56,7 +56,9 @@ pub const WORKER_TIME_TO_FIRST_TOKEN_SECONDS: &str = "worker_time_to_first_token
 pub const WORKER_REQUESTS_IN_FLIGHT: &str = "worker_requests_in_flight";
 /// Counter: requests by how they ended. Label [`LABEL_OUTCOME`]: `"ok"`, `"error"` (the engine
 /// failed it), `"cancelled"` (the client left), or `"refused"` (never admitted: bad input, a
-/// full queue, loading), which also carries [`LABEL_REASON`].
+/// full queue, loading, or no valid bearer token), which also carries [`LABEL_REASON`] (a gRPC
+/// code in snake case: `invalid_argument`, `resource_exhausted`, `unavailable`, `internal`,
+/// `unauthenticated`).
 pub const WORKER_REQUESTS_TOTAL: &str = "worker_requests_total";
 /// Counter, tokens: prompt tokens. Label [`LABEL_KIND`]: `"new"` or `"reused"`.
 pub const WORKER_PREFILL_TOKENS_TOTAL: &str = "worker_prefill_tokens_total";

@@ -163,15 +163,18 @@ pub async fn serve_with_auth(
 
 /// [`serve`] on a TCP or Unix-socket `listener` with `security`: the bearer-token layer,
 /// TLS (mutual with a client CA), if asked reflection (v1 and v1alpha), the per-connection
-/// stream limit and the message budget.
+/// stream limit and the message budget. Calls the layer refuses for their token are counted
+/// as `worker_requests_total{outcome="refused",reason="unauthenticated"}`.
 ///
 /// Errors: [`WorkerError::Internal`] when the server cannot start or fails.
 pub async fn serve_secured(
     engine: EngineHandle,
     listener: tandem_auth::Listener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    security: tandem_auth::GrpcSecurity,
+    mut security: tandem_auth::GrpcSecurity,
 ) -> Result<(), WorkerError> {
+    // Calls refused for their token never reach `generate`: the layer counts them.
+    security.auth = security.auth.on_refusal(|_| crate::telemetry::request::record_unauthenticated());
     let health = health_following(&engine).await;
     let router = tandem_auth::grpc::server(&security)
         .map_err(|e| WorkerError::Internal(format!("gRPC server TLS: {e}")))?

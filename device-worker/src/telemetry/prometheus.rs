@@ -26,6 +26,7 @@ pub fn install_worker() -> Result<PrometheusHandle, TelemetryError> {
         for class in crate::error::ErrorClass::ALL {
             ::metrics::counter!(m::WORKER_REQUESTS_TOTAL, m::LABEL_OUTCOME => "refused", m::LABEL_REASON => class.as_str()).increment(0);
         }
+        ::metrics::counter!(m::WORKER_REQUESTS_TOTAL, m::LABEL_OUTCOME => "refused", m::LABEL_REASON => super::request::UNAUTHENTICATED_REASON).increment(0);
         for event in ["save", "restore", "evict"] {
             ::metrics::counter!(m::WORKER_CHECKPOINT_EVENTS_TOTAL, m::LABEL_EVENT => event).increment(0);
         }
@@ -45,7 +46,7 @@ fn describe_worker() {
     describe_histogram!(m::WORKER_WAKEUP_DURATION_SECONDS, Unit::Seconds, "Wake-up latency a request paid after a power release.");
     describe_histogram!(m::WORKER_STEP_ENERGY_JOULES, "Energy of one request above idle power, joules.");
     describe_gauge!(m::WORKER_REQUESTS_IN_FLIGHT, "Requests admitted and not finished.");
-    describe_counter!(m::WORKER_REQUESTS_TOTAL, "Requests by outcome (ok, error, cancelled; refused at admission, by reason).");
+    describe_counter!(m::WORKER_REQUESTS_TOTAL, "Requests by outcome (ok, error, cancelled; refused at admission or for their token, by reason).");
     describe_counter!(m::WORKER_PREFILL_TOKENS_TOTAL, "Prompt tokens, new (prefilled) or reused (KV cache).");
     describe_counter!(m::WORKER_KV_BOUND_TOKENS_TOTAL, "Prompt tokens an ideal LCP KV cache would reuse.");
     describe_counter!(m::WORKER_DECODE_TOKENS_TOTAL, "Output tokens.");

@@ -146,6 +146,16 @@ pub fn record_refusal(reason: &'static str, error: &dyn std::fmt::Display) {
     tracing::warn!(reason, error = %shown.escape_debug(), "request refused");
 }
 
+/// The reason label of a call refused by the bearer-token layer (see [`record_unauthenticated`]).
+pub const UNAUTHENTICATED_REASON: &str = "unauthenticated";
+
+/// A call the bearer-token layer refused (no token, a malformed header or a wrong token):
+/// counts it in [`m::WORKER_REQUESTS_TOTAL`] with outcome `"refused"` and reason
+/// [`UNAUTHENTICATED_REASON`]. The layer itself logs the WARN line.
+pub fn record_unauthenticated() {
+    ::metrics::counter!(m::WORKER_REQUESTS_TOTAL, m::LABEL_OUTCOME => "refused", m::LABEL_REASON => UNAUTHENTICATED_REASON).increment(1);
+}
+
 /// Records a finished request's figures from its [`pb::FinalStats`]: duration (`server_ms`),
 /// prefill and decode seconds, prompt tokens new/reused, KV bound, output tokens, wake-up
 /// latency (when it paid one, `wake_ms > 0`), checkpoint events and bytes held, decode

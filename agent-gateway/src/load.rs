@@ -160,8 +160,9 @@ pub struct PhaseReport {
     pub gateway_rss_kib: Option<(u64, u64)>,
     /// Largest worker VmRSS seen during the phase (sampled every 5 s).
     pub worker_rss_max_kib: Option<u64>,
+    /// Every output of the phase: (corpus episode and step, or burst prompt; text).
     #[serde(skip)]
-    outputs: HashMap<String, String>,
+    outputs: Vec<(String, String)>,
     #[serde(skip)]
     step_ms: Vec<f64>,
     #[serde(skip)]
@@ -329,17 +330,17 @@ pub async fn run(cfg: &LoadConfig) -> Result<Vec<PhaseReport>, GatewayError> {
     Ok(reports)
 }
 
-/// Compares `r`'s outputs with the baseline's (keys both have).
+/// Compares every output of `r` with the baseline's output for the same key (the same corpus
+/// episode and step, or the same burst prompt).
 fn compare(base: &PhaseReport, r: &mut PhaseReport) {
-    let mut keys: Vec<&String> = r.outputs.keys().collect();
-    keys.sort();
+    let base: HashMap<&str, &str> = base.outputs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let mut mismatches = Vec::new();
     let mut compared = 0;
-    for k in keys {
-        if let Some(b) = base.outputs.get(k) {
+    for (k, out) in &r.outputs {
+        if let Some(&b) = base.get(k.as_str()) {
             compared += 1;
-            if b != &r.outputs[k] {
-                mismatches.push((k.clone(), b.clone(), r.outputs[k].clone()));
+            if b != out {
+                mismatches.push((k.clone(), b.to_string(), out.clone()));
             }
         }
     }
@@ -515,7 +516,7 @@ async fn run_episode(s: &Shared, i: usize, id: &str) -> bool {
                         if !r.error.is_empty() {
                             rep.invalid_actions += 1;
                         }
-                        rep.outputs.insert(key, r.raw_output);
+                        rep.outputs.push((key, r.raw_output));
                     });
                     break;
                 }
@@ -620,7 +621,7 @@ async fn burst_request(s: &Shared, i: usize) {
                     Some(c) => s.note(|r| {
                         r.bursts_ok += 1;
                         r.burst_ms.push(ms);
-                        r.outputs.insert(format!("burst {i}"), c);
+                        r.outputs.push((format!("burst {i}"), c));
                     }),
                     None => {
                         s.note(|r| r.burst_errors += 1);

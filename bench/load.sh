@@ -10,7 +10,7 @@
 #
 # Environment: TANDEM_MODEL (default: tools/fetch_model.sh), TANDEM_CORPUS, CONCURRENCY
 # (4,8,16), STEPS (3), MAX_TOKENS (48), SOAK_S (600), SLOTS (16), THREADS (2), OUT (load-out),
-# LOAD_ARGS (more `agent-gateway load` flags), PROFILE (release; `debug` runs the dev-profile
+# LOAD_ARGS (more `agent-gateway load` flags), WORKER_ARGS (more `device-worker serve` flags), PROFILE (release; `debug` runs the dev-profile
 # binaries already built, without building).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +25,8 @@ port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0));
 wport=$(port); gport=$(port); hport=$(port)
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true' EXIT
-worker_flags=(--listen "127.0.0.1:$wport" --model "$model" --slots "${SLOTS:-16}" --threads "${THREADS:-2}")
+# shellcheck disable=SC2206
+worker_flags=(--listen "127.0.0.1:$wport" --model "$model" --slots "${SLOTS:-16}" --threads "${THREADS:-2}" ${WORKER_ARGS:-})
 gateway_flags=(--listen "127.0.0.1:$gport" --http-listen "127.0.0.1:$hport" --worker "http://127.0.0.1:$wport")
 echo "load.sh: device-worker serve ${worker_flags[*]}"
 echo "load.sh: agent-gateway serve ${gateway_flags[*]}"

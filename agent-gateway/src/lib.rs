@@ -6,7 +6,7 @@
 //! - [`action`]: AndroidWorld-compatible JSON actions, their schema and validation.
 //! - [`step`], [`episode`], [`worker`]: running a step on a worker.
 //! - [`metrics`]: Prometheus metrics (`GET /metrics`); [`telemetry`]: spans and trace context.
-//! - [`service`]: the gRPC AgentService. [`http`]: the OpenAI-compatible HTTP endpoint. [`replay`]: corpus replay client. [`corpus`]: episodes.
+//! - [`service`]: the gRPC AgentService. [`http`]: the OpenAI-compatible HTTP endpoint. [`replay`]: corpus replay client. [`load`]: the bounded load generator. [`corpus`]: episodes.
 pub mod action;
 pub mod config;
 pub mod corpus;
@@ -14,6 +14,7 @@ pub mod episode;
 pub mod error;
 pub mod health;
 pub mod http;
+pub mod load;
 pub mod metrics;
 pub mod observation;
 pub mod prompt;

@@ -19,6 +19,11 @@ enum Command {
     Serve(agent_gateway::config::ServeOptions),
     /// Replay real corpus episodes through a running gateway and print a per-step table.
     Replay(agent_gateway::replay::ReplayConfig),
+    /// Load a running gateway on loopback: N concurrent corpus episodes (RunEpisode) plus
+    /// bursts of short OpenAI chat requests, per N; prints p50/p99 step latency, throughput,
+    /// shed/error/lost counts and whether outputs equal a sequential baseline's. Bounded by
+    /// --duration-s and --max-requests; exits non-zero when a request was lost.
+    Load(agent_gateway::load::LoadConfig),
     /// Check (or wait for) a gateway's or worker's gRPC health.
     Health(agent_gateway::health::HealthArgs),
     /// Print the chat messages the gateway would send for one step of a corpus episode, as
@@ -103,6 +108,13 @@ fn main() -> anyhow::Result<()> {
                 agent_gateway::service::serve_secured(runner, listener, stopped(stop_rx), security).await?;
                 if let Some(h) = http {
                     h.await.context("HTTP server task")??;
+                }
+            }
+            Command::Load(cfg) => {
+                let reports = agent_gateway::load::run(&cfg).await?;
+                let lost: usize = reports.iter().map(|r| r.steps_lost + r.bursts_lost).sum();
+                if lost > 0 {
+                    anyhow::bail!("{lost} request(s) lost (neither a result nor a status within --request-timeout-s)");
                 }
             }
             Command::Health(args) => agent_gateway::health::run(&args).await?,

@@ -292,7 +292,7 @@ impl StepRunner {
             .await
             .map_err(|s| {
                 Attempt::from_status(
-                    format!("worker {worker}: {} ({:?})", s.message(), s.code()),
+                    format!("worker {worker}: {} ({:?})", s.message(), effective_code(&s)),
                     &s,
                 )
             })?
@@ -314,7 +314,7 @@ impl StepRunner {
             };
             let ev = ev.map_err(|s| {
                 Attempt::from_status(
-                    format!("worker stream: {} ({:?})", s.message(), s.code()),
+                    format!("worker stream: {} ({:?})", s.message(), effective_code(&s)),
                     &s,
                 )
             })?;
@@ -399,9 +399,22 @@ enum Attempt {
     Failed(String),
 }
 
+/// The code a worker call failed with, as the gateway treats it: a status tonic made here
+/// from a broken connection (the worker process died mid-stream: "h2 protocol error: error
+/// reading a body from connection", `Unknown` or `Internal`, carrying the transport error as
+/// its source) is `Unavailable`, like a worker that cannot be reached; a status the worker
+/// sent (no source) keeps its code.
+fn effective_code(s: &Status) -> tonic::Code {
+    let local = std::error::Error::source(s).is_some();
+    match s.code() {
+        tonic::Code::Unknown | tonic::Code::Internal if local => tonic::Code::Unavailable,
+        code => code,
+    }
+}
+
 impl Attempt {
     fn from_status(msg: String, s: &Status) -> Self {
-        if s.code() == tonic::Code::Unavailable {
+        if effective_code(s) == tonic::Code::Unavailable {
             Self::Unavailable(msg)
         } else {
             Self::Failed(msg)

@@ -8,7 +8,7 @@ use common::{
     assert_random_tile_equals_single_dots, dequantize_matrix, dot_tile_outputs, quantize_matrix, rand_q4_0, rand_q4_1, rand_q4_k, rand_q6_k, rand_q8_0,
     rand_q8_1, rand_q8_k, Aligned, Rng, WEIGHT_TYPES,
 };
-use dsp::backend::{self, DotTile, KernelBackend};
+use dsp::backend::{self, KernelBackend};
 use dsp::matmul::{matmul_with, QMatRef};
 use dsp::ops;
 use dsp::quant::blocks::blocks_as_bytes;
@@ -580,27 +580,16 @@ fn required_backends_are_available() {
 fn neon_levels_are_bit_identical() {
     let levels = backend::neon::Neon::all();
     let mut rng = Rng(23);
-    let pool = ThreadPool::new(1).expect("pool");
     for ty in WEIGHT_TYPES {
         let cols = 1024;
         for (rows, toks) in [(1, 1), (5, 3), (4, 9)] {
             let w: Vec<f32> = rng.vec(rows * cols).iter().map(|v| v * 40.0).collect();
             let w = quantize_matrix(ty, &w, rows, cols);
             let x = rng.vec(toks * cols);
-            let acts = dsp::matmul::quantize_activations(&pool, ty.vec_dot_type(), &x, toks, cols)
-                .expect("quantize");
-            let tile = DotTile {
-                ty,
-                w: w.bytes(),
-                w_row_bytes: ty.row_bytes(cols).expect("rb"),
-                x: acts.bytes(),
-                x_row_bytes: acts.row_bytes,
-            };
             let outs: Vec<Vec<u32>> = levels
                 .iter()
                 .map(|b| {
-                    let mut o = vec![0f32; rows * toks];
-                    b.dot_tile(&tile, &mut o);
+                    let (o, _) = dot_tile_outputs(*b, ty, w.bytes(), &x, (rows, toks, cols));
                     o.iter().map(|v| v.to_bits()).collect()
                 })
                 .collect();

@@ -10,8 +10,7 @@
 mod common;
 
 use common::{dot_tile_outputs, quantize_matrix, Rng, WEIGHT_TYPES};
-use dsp::backend::{self, DotTile, KernelBackend};
-use dsp::ThreadPool;
+use dsp::backend::{self, KernelBackend};
 use half::{bf16, f16};
 
 const GOLDEN: &str = concat!(
@@ -28,7 +27,6 @@ fn outputs(be: &dyn KernelBackend) -> Vec<String> {
         }
     };
     let mut rng = Rng(2026);
-    let pool = ThreadPool::new(1).expect("pool");
     for ty in WEIGHT_TYPES {
         let cols = 1536;
         for (rows, toks) in [(1, 1), (5, 3)] {

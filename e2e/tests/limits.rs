@@ -327,19 +327,20 @@ async fn read_until_closed(rd: &mut tokio::net::tcp::OwnedReadHalf) -> Vec<u8> {
 
 /// [`serve_http`] with the header-read and idle timeouts given and 8 connections at most,
 /// routed to a port nothing listens on: no worker is needed, the requests of these tests never
-/// reach a handler that calls one.
+/// reach a handler that calls one. Returns the address, the stop handle and the limits.
 async fn serve_http_without_worker(
     header_read_timeout: Duration,
     idle_timeout: Duration,
-) -> (String, tokio::sync::oneshot::Sender<()>) {
+) -> (String, tokio::sync::oneshot::Sender<()>, agent_gateway::http::HttpLimits) {
     let limits = agent_gateway::http::HttpLimits { header_read_timeout, idle_timeout, max_connections: 8 };
-    serve_http("http://127.0.0.1:1", limits).await
+    let (addr, stop) = serve_http("http://127.0.0.1:1", limits).await;
+    (addr, stop, limits)
 }
 
 /// Header-read timeout and connection cap, set short by their flags' fields.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_silent_and_surplus_connections_are_cut() {
-    let (http, _stop) = serve_http_without_worker(Duration::from_secs(2), Duration::from_secs(30)).await;
+    let (http, _stop, limits) = serve_http_without_worker(Duration::from_secs(2), Duration::from_secs(30)).await;
 
     // One byte a second: 60 bytes of head would take a minute; the server cuts it at ~2 s.
     let head = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: aaaaaaaaaaaaaaa\r\n\r\n";
@@ -413,7 +414,7 @@ async fn slow_silent_and_surplus_connections_are_cut() {
 /// A connection that sends nothing after its request is closed after the idle timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_connection_is_closed_after_the_idle_timeout() {
-    let (http, _stop) = serve_http_without_worker(Duration::from_secs(60), Duration::from_secs(1)).await;
+    let (http, _stop, limits) = serve_http_without_worker(Duration::from_secs(60), Duration::from_secs(1)).await;
     let s = tokio::net::TcpStream::connect(&http).await.unwrap();
     let (mut rd, mut wr) = s.into_split();
     let started = Instant::now();

@@ -21,19 +21,8 @@ GT=64
 REPS=3
 DEPTH=0
 OURS="$ROOT/target/release/device-worker"
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --model) MODEL="$2"; shift 2 ;;
-    --threads) THREADS="$2"; shift 2 ;;
-    --prompt-tokens) PT="$2"; shift 2 ;;
-    --gen-tokens) GT="$2"; shift 2 ;;
-    --reps) REPS="$2"; shift 2 ;;
-    --depth) DEPTH="$2"; shift 2 ;;
-    --ours) OURS="$2"; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
-    *) echo "compare: unknown argument $1" >&2; exit 2 ;;
-  esac
-done
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+parse_options compare 15 --model:MODEL --threads:THREADS --prompt-tokens:PT --gen-tokens:GT --reps:REPS --depth:DEPTH --ours:OURS -- "$@"
 
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT

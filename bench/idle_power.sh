@@ -21,16 +21,8 @@ MODEL="${TANDEM_MODEL:-$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 OURS="$ROOT/target/release/device-worker"
 PEER="$CACHE/peer/llama-cpp-python-0.3.36/vendor/llama.cpp/build/bin/llama-server"
 THREADS=2
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --ours) OURS="$2"; shift 2 ;;
-    --peer) PEER="$2"; shift 2 ;;
-    --model) MODEL="$2"; shift 2 ;;
-    --threads) THREADS="$2"; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
-    *) echo "idle_power: unknown argument $1" >&2; exit 2 ;;
-  esac
-done
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+parse_options idle_power 16 --ours:OURS --peer:PEER --model:MODEL --threads:THREADS -- "$@"
 for f in "$OURS" "$PEER" "$MODEL"; do
   [[ -e "$f" ]] || { echo "idle_power: $f not found (cargo build --release -p device-worker?)" >&2; exit 1; }
 done

@@ -24,19 +24,8 @@ GEN=64
 REPS=3
 JSON_OUT=""
 D=0
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --model) MODEL="$2"; shift 2 ;;
-    --threads) THREADS="$2"; shift 2 ;;
-    --prompt-sizes) PROMPTS="$2"; shift 2 ;;
-    --gen) GEN="$2"; shift 2 ;;
-    --reps) REPS="$2"; shift 2 ;;
-    --depth) D="$2"; shift 2 ;;
-    --json-out) JSON_OUT="$2"; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
-    *) echo "peer_bench: unknown argument $1" >&2; exit 2 ;;
-  esac
-done
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+parse_options peer_bench 17 --model:MODEL --threads:THREADS --prompt-sizes:PROMPTS --gen:GEN --reps:REPS --depth:D --json-out:JSON_OUT -- "$@"
 [[ -x "$BIN" ]] || { echo "peer_bench: $BIN missing; run tools/peer/build_llama_cpp.sh" >&2; exit 1; }
 [[ -f "$MODEL" ]] || { echo "peer_bench: model $MODEL missing" >&2; exit 1; }
 DEPTH="${PROMPTS%%,*}"

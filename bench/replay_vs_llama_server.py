@@ -28,11 +28,12 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import child_procs  # noqa: E402  (tools/child_procs.py)
 CACHE = Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache/tandem"))
 PEER_BIN = CACHE / "peer/llama-cpp-python-0.3.36/vendor/llama.cpp/build/bin/llama-server"
 CONFIGS = {
@@ -56,18 +57,10 @@ def post(url, body, headers=None, timeout=600):
 
 
 def wait_http(url, proc, what, timeout=300):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if proc.poll() is not None:
-            sys.exit(f"{what} exited with {proc.returncode}; see its log")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except Exception:
-            pass
-        time.sleep(0.5)
-    sys.exit(f"{what} not ready after {timeout} s")
+    try:
+        child_procs.wait_http_ok(url, proc, timeout, what, poll=0.5, request_timeout=2)
+    except RuntimeError as e:
+        sys.exit(f"{e}; see its log")
 
 
 def steps(gateway_bin, corpus, n):

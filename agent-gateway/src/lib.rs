@@ -24,3 +24,17 @@ pub mod service;
 pub mod step;
 pub mod telemetry;
 pub mod worker;
+
+/// The kind of a JSON value as error messages name it: "null", "a boolean", "a number",
+/// "a string", "an array" or "an object".
+pub(crate) fn json_kind(v: &serde_json::Value) -> &'static str {
+    use serde_json::Value;
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}

@@ -4,6 +4,7 @@
 //! `unix:PATH` server.
 
 use std::process::Command;
+use test_support::cli::{assert_one_line_error, serve_help};
 
 /// `agent-gateway serve` with `args` (ephemeral ports): (success, stderr).
 fn serve(args: &[&str]) -> (bool, String) {
@@ -21,22 +22,9 @@ fn serve(args: &[&str]) -> (bool, String) {
     )
 }
 
-/// The text after `Error: `: one line containing `want`.
-fn assert_one_line_error(stderr: &str, want: &str) {
-    let error = stderr.split_once("Error: ").map(|(_, e)| e.trim_end());
-    assert!(
-        error.is_some_and(|e| !e.contains('\n') && e.contains(want)),
-        "want one line with {want:?}, got {stderr}"
-    );
-}
-
 #[test]
 fn serve_help_explains_tls_workers_and_reflection() {
-    let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
-        .args(["serve", "--help"])
-        .output()
-        .unwrap();
-    let help = String::from_utf8_lossy(&out.stdout);
+    let help = serve_help(env!("CARGO_BIN_EXE_agent-gateway"));
     for want in [
         "--tls-cert",
         "--tls-key",
@@ -134,37 +122,14 @@ fn health_accepts_a_unix_socket_address() {
 /// --print-config` and printed back.
 #[test]
 fn serve_config_help_examples_are_this_programs_keys() {
-    let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway")).args(["serve", "--help"]).output().unwrap();
-    let help = String::from_utf8_lossy(&out.stdout).into_owned();
-    let para = help.split("--config <FILE>").nth(1).and_then(|s| s.split("--print-config").next()).expect("a --config paragraph");
-    let examples: Vec<&str> = para.split('`').skip(1).step_by(2).filter(|e| e.contains(" = ")).collect();
-    assert!(examples.len() >= 2, "{para}");
-    for foreign in ["micro-batch", "ctx-size", "model = "] {
-        assert!(!para.contains(foreign), "{foreign} is the other program's key: {para}");
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("c.toml");
-    std::fs::write(&file, examples.join("\n")).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
-        .args(["serve", "--config", file.to_str().unwrap(), "--print-config"])
-        .env_remove("TANDEM_AUTH_TOKEN_FILE")
-        .output()
-        .unwrap();
-    let printed = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    for e in examples {
-        let key = e.split(" = ").next().unwrap();
-        assert!(printed.lines().any(|l| l.starts_with(&format!("{key} = "))), "{key} not printed:\n{printed}");
-    }
+    test_support::cli::check_serve_config_help_examples(env!("CARGO_BIN_EXE_agent-gateway"), &["micro-batch", "ctx-size", "model = "]);
 }
 
 /// `--worker-tls-ca`'s help says what rustls accepts: a separate CA (deploy/README.md's
 /// recipe), not a plain self-signed certificate as its own CA.
 #[test]
 fn worker_tls_ca_help_matches_what_rustls_accepts() {
-    let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway")).args(["serve", "--help"]).output().unwrap();
-    let help = String::from_utf8_lossy(&out.stdout).into_owned();
-    let para = help.split("--worker-tls-ca <WORKER_TLS_CA>").nth(1).and_then(|s| s.split("\n      --").next()).expect("a --worker-tls-ca paragraph");
+    let para = test_support::cli::serve_help_paragraph(env!("CARGO_BIN_EXE_agent-gateway"), "--worker-tls-ca <WORKER_TLS_CA>", "\n      --");
     assert!(!para.contains("works for a self-signed"), "{para}");
     for want in ["signed the worker's certificate", "deploy/README.md", "CaUsedAsEndEntity", "basicConstraints=CA:FALSE"] {
         assert!(para.contains(want), "{want}: {para}");

@@ -263,6 +263,18 @@ impl<I> IdleIo<I> {
         self.deadline.as_mut().reset(next);
     }
 
+    /// The result of polling `io`: a ready one restarts the idle clock, a pending one is
+    /// [`IdleIo::idle`].
+    fn observe<T>(&mut self, cx: &mut Context<'_>, polled: Poll<std::io::Result<T>>) -> Poll<std::io::Result<T>> {
+        match polled {
+            Poll::Ready(r) => {
+                self.progressed();
+                Poll::Ready(r)
+            }
+            Poll::Pending => self.idle(cx),
+        }
+    }
+
     /// `Pending`, or the time-out error once the deadline has passed. While a handler works
     /// the clock restarts instead (once it answers, hyper writes, and the clock runs again).
     fn idle<T>(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<T>> {
@@ -283,26 +295,16 @@ impl<I> IdleIo<I> {
 impl<I: AsyncRead + Unpin> AsyncRead for IdleIo<I> {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.io).poll_read(cx, buf) {
-            Poll::Ready(r) => {
-                this.progressed();
-                Poll::Ready(r)
-            }
-            Poll::Pending => this.idle(cx),
-        }
+        let polled = Pin::new(&mut this.io).poll_read(cx, buf);
+        this.observe(cx, polled)
     }
 }
 
 impl<I: AsyncWrite + Unpin> AsyncWrite for IdleIo<I> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.io).poll_write(cx, buf) {
-            Poll::Ready(r) => {
-                this.progressed();
-                Poll::Ready(r)
-            }
-            Poll::Pending => this.idle(cx),
-        }
+        let polled = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.observe(cx, polled)
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -319,13 +321,8 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for IdleIo<I> {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.io).poll_write_vectored(cx, bufs) {
-            Poll::Ready(r) => {
-                this.progressed();
-                Poll::Ready(r)
-            }
-            Poll::Pending => this.idle(cx),
-        }
+        let polled = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.observe(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {

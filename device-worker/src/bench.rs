@@ -162,15 +162,15 @@ pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
         true,
     )?;
 
+    let mut b = Bench { model: &mut model, pool: &pool, n_batch, reps, profile: Vec::new() };
     if cfg.rollback_ablation {
-        return rollback_ablation(cfg, &mut model, &pool, &mut seq, &prompt, n_batch);
+        return rollback_ablation(&mut b, cfg, &mut seq, &prompt);
     }
     if cfg.mtp_overhead {
-        return mtp_overhead(cfg, &mut model, &pool, &mut seq, &prompt, n_batch);
+        return mtp_overhead(&mut b, cfg, &mut seq, &prompt);
     }
     let depth_prefix: Vec<u32> = (0..cfg.depth).map(|_| next_id()).collect();
     let first_id = next_id();
-    let mut b = Bench { model: &mut model, pool: &pool, n_batch, reps, profile: Vec::new() };
     let empty = b.filled(&mut seq, &[])?;
     let at_depth = (cfg.depth > 0).then(|| b.filled(&mut seq, &depth_prefix)).transpose()?;
     let mut rates = Rates {
@@ -324,14 +324,8 @@ fn print_speed(
 }
 
 /// `--rollback-ablation`: plain vs rollback-aware vs per-token prefill of `prompt`.
-fn rollback_ablation(
-    cfg: &BenchOptions,
-    model: &mut Model,
-    pool: &ThreadPool,
-    seq: &mut crate::state::sequence::SequenceState,
-    prompt: &[u32],
-    n_batch: usize,
-) -> anyhow::Result<()> {
+fn rollback_ablation(b: &mut Bench, cfg: &BenchOptions, seq: &mut SequenceState, prompt: &[u32]) -> anyhow::Result<()> {
+    let (model, pool, n_batch) = (&mut *b.model, b.pool, b.n_batch);
     use crate::state::rollback::RollbackPrefill;
     let rollback_k = cfg.rollback_k.unwrap_or(pass_tokens(cfg.n_draft));
     if !model.is_recurrent() {
@@ -410,14 +404,8 @@ fn rollback_ablation(
 /// `--mtp-overhead`: what the MTP drafters cost (Tandem §3.3, §4.3): prefill with and
 /// without filling the MTP KV cache, a verification pass vs a decode pass, and the time per
 /// MTP draft token (full and trimmed heads).
-fn mtp_overhead(
-    cfg: &BenchOptions,
-    model: &mut Model,
-    pool: &ThreadPool,
-    seq: &mut crate::state::sequence::SequenceState,
-    prompt: &[u32],
-    n_batch: usize,
-) -> anyhow::Result<()> {
+fn mtp_overhead(b: &mut Bench, cfg: &BenchOptions, seq: &mut SequenceState, prompt: &[u32]) -> anyhow::Result<()> {
+    let (model, pool, n_batch) = (&mut *b.model, b.pool, b.n_batch);
     use crate::speculative::mtp::{fill_with_model as mtp_fill, ModelMtp};
     use crate::model::MtpHead;
     use crate::state::rollback::RollbackPrefill;

@@ -78,7 +78,8 @@ impl Rng {
         Self(seed)
     }
 
-    fn next_u64(&mut self) -> u64 {
+    /// The next 64 uniformly distributed bits.
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

@@ -4,6 +4,7 @@
 //! loopback only; a Unix socket counts as local), TLS files checked at start, `serve --help`.
 
 use std::process::Command;
+use test_support::cli::{assert_one_line_error, serve_help};
 
 const TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/qwen35/tiny-qwen35-f16.gguf");
 
@@ -100,21 +101,13 @@ fn bad_tls_files_stop_the_start_with_one_line() {
         let (ok, stderr) = serve_fails(&args);
         assert!(!ok, "{args:?} must not serve");
         // The error is the last thing printed, on one line (no "Caused by" block).
-        let error = stderr.split_once("Error: ").map(|(_, e)| e.trim_end());
-        assert!(
-            error.is_some_and(|e| !e.contains('\n') && e.contains(want)),
-            "{args:?}: want one line with {want:?}, got {stderr}"
-        );
+        assert_one_line_error(&stderr, want);
     }
 }
 
 #[test]
 fn serve_help_explains_tls_unix_sockets_and_reflection() {
-    let out = Command::new(env!("CARGO_BIN_EXE_device-worker"))
-        .args(["serve", "--help"])
-        .output()
-        .expect("device-worker runs");
-    let help = String::from_utf8_lossy(&out.stdout);
+    let help = serve_help(env!("CARGO_BIN_EXE_device-worker"));
     for want in ["--tls-cert", "--tls-key", "--tls-client-ca", "Mutual TLS", "unix:PATH", "mode 0600", "--reflection", "Off by default", "--grpc-max-concurrent-streams <GRPC_MAX_CONCURRENT_STREAMS>", "[default: 64]"] {
         assert!(help.contains(want), "{want} missing from serve --help:\n{help}");
     }
@@ -157,12 +150,14 @@ fn serve_on_a_unix_socket_is_private_and_cleans_up() {
     assert!(!stderr.contains("any process on this device can use this server"), "{stderr}");
 }
 
-/// On TCP without a token the start still warns that any local process can use the worker.
-#[test]
-fn serve_on_tcp_without_a_token_warns() {
+/// Runs `device-worker serve --model TINY args` (RUST_LOG=info, no token file) until a WARN
+/// line containing `warning` is printed, then kills it; returns whether one was and the
+/// stderr read until then.
+fn serve_until_warn(args: &[&str], warning: &str) -> (bool, String) {
     use std::io::BufRead;
     let mut child = Command::new(env!("CARGO_BIN_EXE_device-worker"))
-        .args(["serve", "--model", TINY, "--listen", "127.0.0.1:0"])
+        .args(["serve", "--model", TINY])
+        .args(args)
         .env_remove("TANDEM_AUTH_TOKEN_FILE")
         .env("RUST_LOG", "info")
         .stdout(std::process::Stdio::null())
@@ -179,11 +174,18 @@ fn serve_on_tcp_without_a_token_warns() {
     let mut seen = Vec::new();
     let warned = stderr.lines().map_while(Result::ok).find(|l| {
         seen.push(l.clone());
-        l.contains("WARN") && l.contains("no --auth-token-file: any process on this device can use this server")
+        l.contains("WARN") && l.contains(warning)
     });
     let _ = child.kill();
     let _ = child.wait();
-    assert!(warned.is_some(), "no missing-token warning in:\n{}", seen.join("\n"));
+    (warned.is_some(), seen.join("\n"))
+}
+
+/// On TCP without a token the start still warns that any local process can use the worker.
+#[test]
+fn serve_on_tcp_without_a_token_warns() {
+    let (warned, seen) = serve_until_warn(&["--listen", "127.0.0.1:0"], "no --auth-token-file: any process on this device can use this server");
+    assert!(warned, "no missing-token warning in:\n{seen}");
 }
 
 /// `request` and `power` reach a worker that requires a bearer token with
@@ -241,33 +243,10 @@ fn request_and_power_send_the_worker_token() {
 fn ctx_size_too_small_is_refused_and_over_the_trained_context_is_warned() {
     let (ok, stderr) = serve_fails(&["--ctx-size", "10"]);
     assert!(!ok);
-    let error = stderr.split_once("Error: ").map(|(_, e)| e.trim_end());
-    assert!(error.is_some_and(|e| !e.contains('\n') && e.contains("--ctx-size = 10: must be at least 64 tokens")), "{stderr}");
+    assert_one_line_error(&stderr, "--ctx-size = 10: must be at least 64 tokens");
 
-    use std::io::BufRead;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_device-worker"))
-        .args(["serve", "--model", TINY, "--listen", "127.0.0.1:0", "--ctx-size", "1000000"])
-        .env_remove("TANDEM_AUTH_TOKEN_FILE")
-        .env("RUST_LOG", "info")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("device-worker runs");
-    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-    // Not a time bound on the check: only a guard so a missing line cannot hang the test.
-    let pid = child.id().to_string();
-    std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_secs(300));
-        let _ = Command::new("kill").args(["-KILL", &pid]).status();
-    });
-    let mut seen = Vec::new();
-    let warned = stderr.lines().map_while(Result::ok).find(|l| {
-        seen.push(l.clone());
-        l.contains("WARN") && l.contains("--ctx-size 1000000 is over the model's trained context of")
-    });
-    let _ = child.kill();
-    let _ = child.wait();
-    assert!(warned.is_some(), "no clamping warning in:\n{}", seen.join("\n"));
+    let (warned, seen) = serve_until_warn(&["--listen", "127.0.0.1:0", "--ctx-size", "1000000"], "--ctx-size 1000000 is over the model's trained context of");
+    assert!(warned, "no clamping warning in:\n{seen}");
 }
 
 /// `render` prints the text the serving path tokenizes: a user content holding
@@ -307,26 +286,5 @@ fn render_escapes_special_tokens_in_contents_as_serving_does() {
 /// --print-config` and printed back.
 #[test]
 fn serve_config_help_examples_are_this_programs_keys() {
-    let out = Command::new(env!("CARGO_BIN_EXE_device-worker")).args(["serve", "--help"]).output().unwrap();
-    let help = String::from_utf8_lossy(&out.stdout).into_owned();
-    let para = help.split("--config <FILE>").nth(1).and_then(|s| s.split("--print-config").next()).expect("a --config paragraph");
-    let examples: Vec<&str> = para.split('`').skip(1).step_by(2).filter(|e| e.contains(" = ")).collect();
-    assert!(examples.len() >= 2, "{para}");
-    for foreign in ["worker = ", "max-controls"] {
-        assert!(!para.contains(foreign), "{foreign} is the other program's key: {para}");
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("c.toml");
-    std::fs::write(&file, examples.join("\n")).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_device-worker"))
-        .args(["serve", "--config", file.to_str().unwrap(), "--print-config"])
-        .env_remove("TANDEM_AUTH_TOKEN_FILE")
-        .output()
-        .unwrap();
-    let printed = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    for e in examples {
-        let key = e.split(" = ").next().unwrap();
-        assert!(printed.lines().any(|l| l.starts_with(&format!("{key} = "))), "{key} not printed:\n{printed}");
-    }
+    test_support::cli::check_serve_config_help_examples(env!("CARGO_BIN_EXE_device-worker"), &["worker = ", "max-controls"]);
 }

@@ -172,13 +172,20 @@ impl Served {
     }
 }
 
+/// A worker serving on a fresh [`fake_root`] after one request: its floors are raised (checked)
+/// while it holds the votes.
+async fn served_after_a_request() -> (tempfile::TempDir, Served) {
+    let tmp = fake_root();
+    let w = Served::start(tmp.path());
+    w.request().await;
+    assert_eq!(floors(tmp.path()), turbo(), "the floors are raised while the votes are held");
+    (tmp, w)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_logs_what_it_changes_and_restores_it_after_sigterm() {
-    let tmp = fake_root();
+    let (tmp, w) = served_after_a_request().await;
     let root = tmp.path();
-    let w = Served::start(root);
-    w.request().await;
-    assert_eq!(floors(root), turbo(), "the floors are raised while the votes are held");
     assert!(
         holds_open(w.child.id(), &root.join(CPU_DMA_LATENCY)),
         "the PM QoS request is held open"
@@ -240,11 +247,8 @@ async fn a_forced_exit_during_the_drain_restores_too() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_sigkill_power_restore_writes_the_saved_originals_back() {
-    let tmp = fake_root();
+    let (tmp, w) = served_after_a_request().await;
     let root = tmp.path();
-    let w = Served::start(root);
-    w.request().await;
-    assert_eq!(floors(root), turbo());
     let (status, _) = w.signal_and_wait("KILL");
     assert!(!status.success());
     // Nothing can run on SIGKILL: the floors stay raised, the state file stays.
@@ -306,13 +310,20 @@ async fn floors_during_a_request(
     seen.expect("at least one token")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn votes_released_between_bursts_restore_the_floors_and_the_next_burst_raises_them() {
+/// A fresh [`fake_root`] and the test worker's options ([`config`]) with the Linux power
+/// backend on it.
+fn linux_power_config() -> (tempfile::TempDir, device_worker::config::EngineOptions) {
     let tmp = fake_root();
-    let root = tmp.path();
     let mut cfg = config(model_path());
     cfg.power_backend = PowerBackendKind::Linux;
-    cfg.power_root = root.to_path_buf();
+    cfg.power_root = tmp.path().to_path_buf();
+    (tmp, cfg)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn votes_released_between_bursts_restore_the_floors_and_the_next_burst_raises_them() {
+    let (tmp, mut cfg) = linux_power_config();
+    let root = tmp.path();
     cfg.idle_release_ms = 200;
     let engine = EngineHandle::spawn(cfg.settings().expect("valid options")).unwrap();
     let idle = engine.idle();
@@ -326,11 +337,8 @@ async fn votes_released_between_bursts_restore_the_floors_and_the_next_burst_rai
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watchdog_restart_restores_the_floors_until_the_fresh_engine_computes() {
-    let tmp = fake_root();
+    let (tmp, mut cfg) = linux_power_config();
     let root = tmp.path();
-    let mut cfg = config(model_path());
-    cfg.power_backend = PowerBackendKind::Linux;
-    cfg.power_root = root.to_path_buf();
     cfg.idle_release_ms = 600_000;
     cfg.watchdog_ms = 1500;
     cfg.fault_hang_after_batches = Some(3);

@@ -18,6 +18,7 @@ mod support;
 
 
 use device_worker::error::CheckpointError;
+use device_worker::sampling::Rng;
 use support::prefill::{micro_batches, prefill_with_checkpoints, PrefillError};
 use device_worker::state::checkpoint::Checkpoint;
 use device_worker::state::kv::KvCache;
@@ -55,22 +56,10 @@ fn tiny_runner() -> Runner {
     Runner::new("tiny-qwen35-f32.gguf", N_BATCH)
 }
 
-/// SplitMix64 (Steele, Lea & Flood 2014): a fixed-seed source of test positions.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `lo..hi`.
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next() % (hi - lo) as u64) as usize
-    }
+/// A position in `lo..hi` drawn from `rng` (the sampler's SplitMix64: fixed-seed test
+/// positions).
+fn range(rng: &mut Rng, lo: usize, hi: usize) -> usize {
+    lo + (rng.next_u64() % (hi - lo) as u64) as usize
 }
 
 /// Greedy tokens and the logits each was chosen from.
@@ -163,9 +152,9 @@ fn restore_at_20_random_positions_continues_bit_identically() {
         &micro_batches(0, unrelated.len(), N_BATCH, &[]).unwrap(),
     );
 
-    let mut rng = SplitMix(0x5EED_0003);
+    let mut rng = Rng::new(0x5EED_0003);
     for _ in 0..N_POSITIONS {
-        let p = rng.range(1, n);
+        let p = range(&mut rng, 1, n);
 
         // A: prefill saving at p, continue to the end, decode.
         let mut a = run.seq();

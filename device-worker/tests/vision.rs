@@ -21,7 +21,7 @@ use sha2::{Digest, Sha256};
 use test_support::{corpus_dir, max_abs_diff, GgufBuilder, Val};
 
 mod support;
-use support::vision::{file, json, png};
+use support::vision::{file, grid_thw, json, png, usizes};
 
 /// Largest difference, in 8-bit levels, allowed between our bicubic (= Pillow's) and the
 /// Hugging Face processor's default (torchvision) resize of the same image.
@@ -483,13 +483,7 @@ fn preprocessing_matches_the_hf_processor() {
         let name = img_ref["image"].as_str().unwrap();
         let src = png(&file(name));
         let ours = preprocess_rgb(&src, &cfg, &opts).unwrap();
-        let grid: Vec<usize> = img_ref["grid_thw"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as usize)
-            .collect();
-        assert_eq!(ours.grid_thw, (grid[0], grid[1], grid[2]), "{name}");
+        assert_eq!(ours.grid_thw, grid_thw(img_ref), "{name}");
         assert_eq!(
             ours.n_tokens,
             img_ref["n_tokens"].as_u64().unwrap() as usize,
@@ -518,12 +512,7 @@ fn preprocessing_matches_the_hf_processor() {
         // HF's patches of its own resized pixels: our normalisation + layout must give them.
         let hf_patches = patchify(&hf, &cfg);
         let pv = &img_ref["pixel_values"];
-        let shape: Vec<usize> = pv["shape"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as usize)
-            .collect();
+        let shape = usizes(&pv["shape"]);
         assert_eq!(hf_patches.len(), shape[0] * shape[1]);
         assert_eq!(ours.pixels.len(), hf_patches.len());
         let bytes: Vec<u8> = hf_patches.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -652,12 +641,7 @@ fn hf_embedding_references_have_their_declared_shapes() {
     let reference = json("reference.json");
     for img in reference["images"].as_array().unwrap() {
         let bytes = std::fs::read(file(img["embeddings_bin"].as_str().unwrap())).unwrap();
-        let shape: Vec<usize> = img["embeddings_shape"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as usize)
-            .collect();
+        let shape = usizes(&img["embeddings_shape"]);
         assert_eq!(shape, vec![img["n_tokens"].as_u64().unwrap() as usize, 64]);
         assert_eq!(bytes.len(), shape[0] * shape[1] * 4);
         let vals: Vec<f32> = bytes

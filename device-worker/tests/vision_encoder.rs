@@ -18,7 +18,7 @@ use serde_json::Value;
 use test_support::{assert_close, max_abs_diff, max_rel_diff};
 
 mod support;
-use support::vision::{file, json};
+use support::vision::{file, grid_thw, json};
 
 /// F32 projector vs HF (f32 PyTorch), per element `|Δ| / (1 + |ref|)`: the same f32 graph
 /// summed in other orders (f64-accumulated dots on the scalar backend, SIMD lanes here,
@@ -73,16 +73,15 @@ fn pool() -> ThreadPool {
     ThreadPool::new(2).unwrap()
 }
 
+/// The embeddings of `pre` by `p` on a pool of `threads` threads with `opts`.
+fn encoded(p: &Projector, pre: &Preprocessed, threads: usize, opts: &EncodeOptions) -> Vec<f32> {
+    p.encode(&ThreadPool::new(threads).unwrap(), pre, opts).unwrap()
+}
+
 /// Checks `pre` against the image's entry of `reference.json` and returns the HF embeddings.
 fn checked_reference(img: &Value, pre: &Preprocessed) -> Vec<f32> {
     let name = img["image"].as_str().unwrap();
-    let g: Vec<usize> = img["grid_thw"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as usize)
-        .collect();
-    assert_eq!(pre.grid_thw, (g[0], g[1], g[2]), "{name} grid");
+    assert_eq!(pre.grid_thw, grid_thw(img), "{name} grid");
     let n_tokens = img["n_tokens"].as_u64().unwrap() as usize;
     assert_eq!(pre.n_tokens, n_tokens, "{name} tokens");
     let want = hf_embeddings(img["embeddings_bin"].as_str().unwrap());
@@ -176,12 +175,7 @@ fn f16_attention_handles_a_partial_last_tile() {
         ..EncodeOptions::default()
     };
     let exact = p.encode(&pool(), &pre, &exact_opts).unwrap();
-    let one = p
-        .encode(&ThreadPool::new(1).unwrap(), &pre, &EncodeOptions::default())
-        .unwrap();
-    let three = p
-        .encode(&ThreadPool::new(3).unwrap(), &pre, &EncodeOptions::default())
-        .unwrap();
+    let (one, three) = (encoded(&p, &pre, 1, &EncodeOptions::default()), encoded(&p, &pre, 3, &EncodeOptions::default()));
     let rel = max_rel_diff(&one, &exact);
     eprintln!("10x10 grid: f16 vs f32 attention max rel = {rel:.3e}");
     assert!(rel > 0.0 && rel <= F16_ATTENTION_REL_TOL, "f16 vs f32 attention: rel {rel}");
@@ -274,19 +268,11 @@ fn embeddings_do_not_depend_on_the_thread_count() {
     assert_eq!(EncodeOptions::default().attention, AttnPrecision::F16);
     let p = projector("q8_0");
     let pre = prepared(&p, "screenshot-270x600.hf-resized.png");
-    let one = p
-        .encode(&ThreadPool::new(1).unwrap(), &pre, &EncodeOptions::default())
-        .unwrap();
-    let three = p
-        .encode(&ThreadPool::new(3).unwrap(), &pre, &EncodeOptions::default())
-        .unwrap();
+    let (one, three) = (encoded(&p, &pre, 1, &EncodeOptions::default()), encoded(&p, &pre, 3, &EncodeOptions::default()));
     assert_eq!(one.len(), pre.n_tokens * 64);
     assert!(one.iter().all(|v| v.is_finite()));
     assert_close(&three, &one, 0.0, "1 vs 3 threads");
-    let hf = |threads| {
-        p.encode(&ThreadPool::new(threads).unwrap(), &pre, &EncodeOptions::HUGGING_FACE)
-            .unwrap()
-    };
+    let hf = |threads| encoded(&p, &pre, threads, &EncodeOptions::HUGGING_FACE);
     assert_close(&hf(3), &hf(1), 0.0, "HF mode: 1 vs 3 threads");
 }
 

@@ -6,6 +6,8 @@
 //! Prints multiply-accumulates performed (MAC/cycle = printed / perf's cycles) and the
 //! minimum and median wall time of one product.
 
+mod common;
+
 use dsp::matmul::{matmul_with, QMatRef};
 use dsp::quant::blocks::{blocks_as_bytes, BlockQ4K, BlockQ6K};
 use dsp::quant::{quantize_row_q4_k_simple, quantize_row_q6_k_simple, GgmlType};
@@ -20,15 +22,8 @@ fn main() {
     let rows: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(3584);
     let threads: usize = args.get(5).and_then(|s| s.parse().ok()).unwrap_or(1);
     let cols = 1024;
-    let mut seed = 7u32;
-    let mut rnd = |k: usize| -> Vec<f32> {
-        (0..k)
-            .map(|_| {
-                seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                (seed >> 8) as f32 / (1 << 24) as f32 - 0.5
-            })
-            .collect()
-    };
+    let mut lcg = common::Lcg(7);
+    let mut rnd = |k: usize| lcg.vec(k);
     let wf = rnd(rows * cols);
     let (gty, data) = if ty == "q6_K" {
         let z = BlockQ6K { ql: [0; 128], qh: [0; 64], scales: [0; 16], d: f16::ZERO };

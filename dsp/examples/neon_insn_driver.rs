@@ -10,6 +10,9 @@
 //! so the counts depend only on the shape.
 
 #[cfg(target_arch = "aarch64")]
+mod common;
+
+#[cfg(target_arch = "aarch64")]
 fn main() {
     use dsp::backend::neon::{Level, Neon};
     use dsp::backend::{DotTile, KernelBackend};
@@ -31,15 +34,8 @@ fn main() {
     };
     let be = Neon::at(Level::DotProd).expect("this CPU (QEMU_CPU) has no dotprod");
     let cols = 256 * nb;
-    let mut seed = 7u32;
-    let mut rnd = |k: usize| -> Vec<f32> {
-        (0..k)
-            .map(|_| {
-                seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                (seed >> 8) as f32 / (1 << 24) as f32 - 0.5
-            })
-            .collect()
-    };
+    let mut lcg = common::Lcg(7);
+    let mut rnd = |k: usize| lcg.vec(k);
     let z = BlockQ4K {
         d: f16::ZERO,
         dmin: f16::ZERO,

@@ -35,17 +35,7 @@ pub fn layer_norm(
     const OP: &str = "layer_norm";
     let d = w.len();
     DspError::check_len(OP, "b", d, b.len())?;
-    DspError::check_len(OP, "out", x.len(), out.len())?;
-    if d == 0 {
-        return DspError::check_len(OP, "x", 0, x.len());
-    }
-    DspError::check_len(
-        OP,
-        "x (multiple of w.len())",
-        x.len().next_multiple_of(d),
-        x.len(),
-    )?;
-    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+    for (xr, or) in crate::ops::row_pairs(OP, x, d, out)? {
         let mean = (xr.iter().map(|&v| f64::from(v)).sum::<f64>() / d as f64) as f32;
         let var: f64 = xr
             .iter()
@@ -144,13 +134,7 @@ pub fn rope_neox_angles(
     DspError::check_len(OP, "x", n_heads * head_dim, x.len())?;
     let half = head_dim / 2;
     DspError::check_len(OP, "cs", half, cs.len())?;
-    for head in x.chunks_exact_mut(head_dim) {
-        for (i, &(c, s)) in cs.iter().enumerate() {
-            let (x0, x1) = (head[i], head[i + half]);
-            head[i] = x0 * c - x1 * s;
-            head[i + half] = x0 * s + x1 * c;
-        }
-    }
+    crate::ops::rotate_pairs(x, head_dim, cs, |i| (i, i + half));
     Ok(())
 }
 

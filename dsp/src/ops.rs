@@ -35,22 +35,31 @@ pub fn rms_norm_with(
     eps: f32,
     out: &mut [f32],
 ) -> Result<(), DspError> {
-    const OP: &str = "rms_norm";
-    let d = w.len();
-    DspError::check_len(OP, "out", x.len(), out.len())?;
-    if d == 0 {
-        return DspError::check_len(OP, "x", 0, x.len());
-    }
-    DspError::check_len(
-        OP,
-        "x (multiple of w.len())",
-        x.len().next_multiple_of(d),
-        x.len(),
-    )?;
-    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+    for (xr, or) in row_pairs("rms_norm", x, w.len(), out)? {
         be.rms_norm_row(xr, w, eps, or);
     }
     Ok(())
+}
+
+/// The rows of a row-wise op `op` (a norm): pairs of `d`-value rows of `x` and of `out`.
+///
+/// # Errors
+/// `LengthMismatch` naming `op` if `out.len() != x.len()` or `x.len()` is not a multiple of
+/// `d` (with `d == 0`, unless `x` is empty: then there are no rows).
+pub(crate) fn row_pairs<'a>(
+    op: &'static str,
+    x: &'a [f32],
+    d: usize,
+    out: &'a mut [f32],
+) -> Result<impl Iterator<Item = (&'a [f32], &'a mut [f32])>, DspError> {
+    DspError::check_len(op, "out", x.len(), out.len())?;
+    if d == 0 {
+        DspError::check_len(op, "x", 0, x.len())?;
+    } else {
+        DspError::check_len(op, "x (multiple of w.len())", x.len().next_multiple_of(d), x.len())?;
+    }
+    // `max(1)`: with `d == 0` both are empty here, and no rows come out.
+    Ok(x.chunks_exact(d.max(1)).zip(out.chunks_exact_mut(d.max(1))))
 }
 
 /// Rotation angles `(cos θ_i, sin θ_i)` for `i in 0..n_rot/2` with `θ_i = pos * base^(-2i/n_rot)`,
@@ -100,13 +109,7 @@ pub fn rope_norm(
 ) -> Result<(), DspError> {
     check_rope(x, n_heads, head_dim, n_rot_dims)?;
     let cs = rope_angles(n_rot_dims, pos, freq_base);
-    for head in x.chunks_exact_mut(head_dim) {
-        for (i, &(c, s)) in cs.iter().enumerate() {
-            let (x0, x1) = (head[2 * i], head[2 * i + 1]);
-            head[2 * i] = x0 * c - x1 * s;
-            head[2 * i + 1] = x0 * s + x1 * c;
-        }
-    }
+    rotate_pairs(x, head_dim, &cs, |i| (2 * i, 2 * i + 1));
     Ok(())
 }
 
@@ -129,14 +132,22 @@ pub fn rope_neox(
     check_rope(x, n_heads, head_dim, n_rot_dims)?;
     let cs = rope_angles(n_rot_dims, pos, freq_base);
     let half = n_rot_dims / 2;
+    rotate_pairs(x, head_dim, &cs, |i| (i, i + half));
+    Ok(())
+}
+
+/// RoPE's rotation: in each `head_dim`-value head of `x`, the pair `(x[a], x[b])` with
+/// `(a, b) = pair(i)` is rotated by `θ_i` for each `(cos θ_i, sin θ_i)` of `cs`:
+/// `(x_a·cos − x_b·sin, x_a·sin + x_b·cos)` in f32.
+pub(crate) fn rotate_pairs(x: &mut [f32], head_dim: usize, cs: &[(f32, f32)], pair: impl Fn(usize) -> (usize, usize)) {
     for head in x.chunks_exact_mut(head_dim) {
         for (i, &(c, s)) in cs.iter().enumerate() {
-            let (x0, x1) = (head[i], head[i + half]);
-            head[i] = x0 * c - x1 * s;
-            head[i + half] = x0 * s + x1 * c;
+            let (a, b) = pair(i);
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * c - x1 * s;
+            head[b] = x0 * s + x1 * c;
         }
     }
-    Ok(())
 }
 
 /// In-place softmax: `x_i = exp(x_i - max) / sum_j exp(x_j - max)`, the sum in f64 and the

@@ -5,10 +5,10 @@
 mod common;
 
 use common::{
-    dequantize_matrix, quantize_matrix, rand_q4_0, rand_q4_1, rand_q4_k, rand_q6_k, rand_q8_0,
+    assert_random_tile_equals_single_dots, dequantize_matrix, dot_tile_outputs, quantize_matrix, rand_q4_0, rand_q4_1, rand_q4_k, rand_q6_k, rand_q8_0,
     rand_q8_1, rand_q8_k, Aligned, Rng, WEIGHT_TYPES,
 };
-use dsp::backend::{self, DotTile, KernelBackend};
+use dsp::backend::{self, KernelBackend};
 use dsp::matmul::{matmul_with, QMatRef};
 use dsp::ops;
 use dsp::quant::blocks::blocks_as_bytes;
@@ -111,6 +111,19 @@ fn random_pair(
         GgmlType::F32 => pack(ty, rng.vec(nb), ty, rng.vec(nb)),
         other => panic!("not a weight type: {other}"),
     }
+}
+
+/// Checks `be.attention_queries` of `tile` gives the bits of the per-pair composition
+/// (`backend::attention_queries_by_pairs`), in the outputs and in the scores, which start as
+/// `scores` (the backend's, the composition's); `what` names the case.
+fn assert_queries_equal_pairs(be: &dyn KernelBackend, tile: &backend::AttnTile, scores: (Vec<f32>, Vec<f32>), what: &str) {
+    let (mut s_got, mut s_want) = scores;
+    let n_out = tile.n_ctx.len() * tile.head_dim;
+    let (mut o_got, mut o_want) = (vec![f32::NAN; n_out], vec![f32::NAN; n_out]);
+    be.attention_queries(tile, &mut s_got, &mut o_got);
+    backend::attention_queries_by_pairs(be, tile, &mut s_want, &mut o_want);
+    test_support::compare::assert_close(&o_got, &o_want, 0.0, &format!("out: {what}"));
+    test_support::compare::assert_close(&s_got, &s_want, 0.0, &format!("scores: {what}"));
 }
 
 fn pool2() -> ThreadPool {
@@ -276,13 +289,8 @@ macro_rules! backend_conformance {
                     let tile = backend::AttnTile { q16: &q16, n_ctx: &n_ctx, head_dim: hd, k: &k, v: &v, scale: 1.0 / (hd as f32).sqrt() };
                     // Entries a query does not see keep the initial garbage in both.
                     let garbage: Vec<f32> = rng.vec(n_q * max_ctx + 3);
-                    let (mut s_got, mut s_want) = (garbage.clone(), garbage);
-                    let (mut o_got, mut o_want) = (vec![f32::NAN; n_q * hd], vec![f32::NAN; n_q * hd]);
-                    be.attention_queries(&tile, &mut s_got, &mut o_got);
-                    backend::attention_queries_by_pairs(be, &tile, &mut s_want, &mut o_want);
                     let what = format!("{} hd {hd} n_q {n_q} n_ctx {n_ctx:?}", be.name());
-                    test_support::compare::assert_close(&o_got, &o_want, 0.0, &format!("out: {what}"));
-                    test_support::compare::assert_close(&s_got, &s_want, 0.0, &format!("scores: {what}"));
+                    assert_queries_equal_pairs(be, &tile, (garbage.clone(), garbage), &what);
                 }
             }
 
@@ -299,13 +307,8 @@ macro_rules! backend_conformance {
                         let f16s = |rng: &mut Rng, len: usize| -> Vec<f16> { rng.vec(len).iter().map(|&x| f16::from_f32(x * 2.0)).collect() };
                         let (q16, k, v) = (f16s(&mut rng, n_q * hd), f16s(&mut rng, n * hd), f16s(&mut rng, n * hd));
                         let tile = backend::AttnTile { q16: &q16, n_ctx: &n_ctx, head_dim: hd, k: &k, v: &v, scale: 1.0 / (hd as f32).sqrt() };
-                        let (mut s_got, mut s_want) = (vec![f32::NAN; n_q * n], vec![0f32; n_q * n]);
-                        let (mut o_got, mut o_want) = (vec![f32::NAN; n_q * hd], vec![f32::NAN; n_q * hd]);
-                        be.attention_queries(&tile, &mut s_got, &mut o_got);
-                        backend::attention_queries_by_pairs(be, &tile, &mut s_want, &mut o_want);
                         let what = format!("{} full attention hd {hd} n_q {n_q} n {n}", be.name());
-                        test_support::compare::assert_close(&o_got, &o_want, 0.0, &format!("out: {what}"));
-                        test_support::compare::assert_close(&s_got, &s_want, 0.0, &format!("scores: {what}"));
+                        assert_queries_equal_pairs(be, &tile, (vec![f32::NAN; n_q * n], vec![0f32; n_q * n]), &what);
                     }
                 }
             }
@@ -319,7 +322,6 @@ macro_rules! backend_conformance {
             fn one_and_odd_block_counts_match_scalar_and_tiles() {
                 let Some(be) = be() else { return };
                 let mut rng = Rng(11);
-                let pool = ThreadPool::new(1).expect("pool");
                 for ty in WEIGHT_TYPES.into_iter().filter(|t| t.block_size() > 1) {
                     for nb in [1usize, 2, 3, 4, 5, 7] {
                         let (w, x, dw, dx, _) = random_pair(ty, nb, &mut rng);
@@ -329,29 +331,7 @@ macro_rules! backend_conformance {
 
                         let cols = nb * ty.block_size();
                         let (rows, toks) = (5, 3);
-                        let wq = quantize_matrix(ty, &rng.vec(rows * cols), rows, cols);
-                        let xf = rng.vec(toks * cols);
-                        let acts = dsp::matmul::quantize_activations(&pool, ty.vec_dot_type(), &xf, toks, cols)
-                            .expect("quantize");
-                        let tile = DotTile {
-                            ty,
-                            w: wq.bytes(),
-                            w_row_bytes: ty.row_bytes(cols).expect("rb"),
-                            x: acts.bytes(),
-                            x_row_bytes: acts.row_bytes,
-                        };
-                        let mut out = vec![0f32; rows * toks];
-                        be.dot_tile(&tile, &mut out);
-                        for t in 0..toks {
-                            for r in 0..rows {
-                                let single = be.vec_dot_bytes(
-                                    ty,
-                                    &tile.w[r * tile.w_row_bytes..(r + 1) * tile.w_row_bytes],
-                                    &tile.x[t * tile.x_row_bytes..(t + 1) * tile.x_row_bytes],
-                                );
-                                assert_eq!(out[t * rows + r].to_bits(), single.to_bits(), "{ty} nb={nb} r{r} t{t}");
-                            }
-                        }
+                        assert_random_tile_equals_single_dots(be, ty, &mut rng, (rows, toks, cols), &format!("{ty} nb={nb}"));
                     }
                 }
             }
@@ -366,30 +346,7 @@ macro_rules! backend_conformance {
                     // partial 4-token groups, and more than one 64-token block.
                     let cols = 1536;
                     for (rows, toks) in [(1, 1), (3, 2), (4, 2), (5, 3), (9, 5), (2, 8), (3, 11), (5, 9), (6, 70)] {
-                        let w = quantize_matrix(ty, &rng.vec(rows * cols), rows, cols);
-                        let x = rng.vec(toks * cols);
-                        let pool = ThreadPool::new(1).expect("pool");
-                        let acts = dsp::matmul::quantize_activations(&pool, ty.vec_dot_type(), &x, toks, cols)
-                            .expect("quantize");
-                        let tile = DotTile {
-                            ty,
-                            w: w.bytes(),
-                            w_row_bytes: ty.row_bytes(cols).expect("rb"),
-                            x: acts.bytes(),
-                            x_row_bytes: acts.row_bytes,
-                        };
-                        let mut out = vec![0f32; rows * toks];
-                        be.dot_tile(&tile, &mut out);
-                        for t in 0..toks {
-                            for r in 0..rows {
-                                let single = be.vec_dot_bytes(
-                                    ty,
-                                    &tile.w[r * tile.w_row_bytes..(r + 1) * tile.w_row_bytes],
-                                    &tile.x[t * tile.x_row_bytes..(t + 1) * tile.x_row_bytes],
-                                );
-                                assert_eq!(out[t * rows + r].to_bits(), single.to_bits(), "{ty} r{r} t{t}");
-                            }
-                        }
+                        assert_random_tile_equals_single_dots(be, ty, &mut rng, (rows, toks, cols), &format!("{ty}"));
                     }
                 }
             }
@@ -573,7 +530,6 @@ fn avx512_q4_0_q4_1_q8_0_products_equal_avx2_bitwise() {
         return;
     };
     let mut rng = Rng(19);
-    let pool = ThreadPool::new(1).expect("pool");
     for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
         let cols = 1024;
         for (rows, toks) in [(1, 1), (3, 2), (4, 4), (5, 5), (9, 8), (4, 9), (7, 70)] {
@@ -581,18 +537,8 @@ fn avx512_q4_0_q4_1_q8_0_products_equal_avx2_bitwise() {
             let w: Vec<f32> = rng.vec(rows * cols).iter().map(|v| v * 40.0).collect();
             let w = quantize_matrix(ty, &w, rows, cols);
             let x = rng.vec(toks * cols);
-            let acts = dsp::matmul::quantize_activations(&pool, ty.vec_dot_type(), &x, toks, cols)
-                .expect("quantize");
-            let tile = DotTile {
-                ty,
-                w: w.bytes(),
-                w_row_bytes: ty.row_bytes(cols).expect("rb"),
-                x: acts.bytes(),
-                x_row_bytes: acts.row_bytes,
-            };
-            let (mut o2, mut o5) = (vec![0f32; rows * toks], vec![0f32; rows * toks]);
-            a2.dot_tile(&tile, &mut o2);
-            a5.dot_tile(&tile, &mut o5);
+            let (o2, acts) = dot_tile_outputs(a2, ty, w.bytes(), &x, (rows, toks, cols));
+            let (o5, _) = dot_tile_outputs(a5, ty, w.bytes(), &x, (rows, toks, cols));
             for (i, (p, q)) in o2.iter().zip(&o5).enumerate() {
                 assert_eq!(
                     p.to_bits(),
@@ -600,8 +546,8 @@ fn avx512_q4_0_q4_1_q8_0_products_equal_avx2_bitwise() {
                     "{ty} {rows}x{toks} output {i}: {p} vs {q}"
                 );
             }
-            let single =
-                a5.vec_dot_bytes(ty, &tile.w[..tile.w_row_bytes], &tile.x[..tile.x_row_bytes]);
+            let w_row_bytes = ty.row_bytes(cols).expect("rb");
+            let single = a5.vec_dot_bytes(ty, &w.bytes()[..w_row_bytes], &acts.bytes()[..acts.row_bytes]);
             assert_eq!(single.to_bits(), o2[0].to_bits(), "{ty} single dot");
         }
     }
@@ -634,27 +580,16 @@ fn required_backends_are_available() {
 fn neon_levels_are_bit_identical() {
     let levels = backend::neon::Neon::all();
     let mut rng = Rng(23);
-    let pool = ThreadPool::new(1).expect("pool");
     for ty in WEIGHT_TYPES {
         let cols = 1024;
         for (rows, toks) in [(1, 1), (5, 3), (4, 9)] {
             let w: Vec<f32> = rng.vec(rows * cols).iter().map(|v| v * 40.0).collect();
             let w = quantize_matrix(ty, &w, rows, cols);
             let x = rng.vec(toks * cols);
-            let acts = dsp::matmul::quantize_activations(&pool, ty.vec_dot_type(), &x, toks, cols)
-                .expect("quantize");
-            let tile = DotTile {
-                ty,
-                w: w.bytes(),
-                w_row_bytes: ty.row_bytes(cols).expect("rb"),
-                x: acts.bytes(),
-                x_row_bytes: acts.row_bytes,
-            };
             let outs: Vec<Vec<u32>> = levels
                 .iter()
                 .map(|b| {
-                    let mut o = vec![0f32; rows * toks];
-                    b.dot_tile(&tile, &mut o);
+                    let (o, _) = dot_tile_outputs(*b, ty, w.bytes(), &x, (rows, toks, cols));
                     o.iter().map(|v| v.to_bits()).collect()
                 })
                 .collect();

@@ -9,9 +9,8 @@
 
 mod common;
 
-use common::{quantize_matrix, Rng, WEIGHT_TYPES};
-use dsp::backend::{self, DotTile, KernelBackend};
-use dsp::ThreadPool;
+use common::{dot_tile_outputs, quantize_matrix, Rng, WEIGHT_TYPES};
+use dsp::backend::{self, KernelBackend};
 use half::{bf16, f16};
 
 const GOLDEN: &str = concat!(
@@ -28,24 +27,13 @@ fn outputs(be: &dyn KernelBackend) -> Vec<String> {
         }
     };
     let mut rng = Rng(2026);
-    let pool = ThreadPool::new(1).expect("pool");
     for ty in WEIGHT_TYPES {
         let cols = 1536;
         for (rows, toks) in [(1, 1), (5, 3)] {
             let w: Vec<f32> = rng.vec(rows * cols).iter().map(|v| v * 3.0).collect();
             let w = quantize_matrix(ty, &w, rows, cols);
             let x = rng.vec(toks * cols);
-            let acts = dsp::matmul::quantize_activations(&pool, ty.vec_dot_type(), &x, toks, cols)
-                .expect("quantize");
-            let tile = DotTile {
-                ty,
-                w: w.bytes(),
-                w_row_bytes: ty.row_bytes(cols).expect("rb"),
-                x: acts.bytes(),
-                x_row_bytes: acts.row_bytes,
-            };
-            let mut out = vec![0f32; rows * toks];
-            be.dot_tile(&tile, &mut out);
+            let (out, _) = dot_tile_outputs(be, ty, w.bytes(), &x, (rows, toks, cols));
             put(format!("tile_{ty}_{rows}x{toks}"), &out);
         }
     }

@@ -19,17 +19,10 @@ const GATEWAY_TOKEN: &str = "gateway-token-0123456789abcdef";
 
 /// `GET path` with `authorization: Bearer token`: (status, body).
 async fn http_get_with_token(addr: &str, path: &str, token: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     let req = format!(
         "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
     );
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.unwrap();
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    (head.split_whitespace().nth(1).unwrap().parse().unwrap(), body.to_string())
+    common::http_exchange(addr, req, "").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -42,18 +35,7 @@ async fn every_endpoint_needs_its_token_and_the_chain_passes_with_them() {
     let mut stops = Vec::new();
 
     // The worker, behind its token.
-    let cfg = device_worker::config::EngineOptions {
-        model: Some(model),
-        threads: Some(2),
-        ctx_size: 4096,
-        ..Default::default()
-    };
-    let engine = device_worker::engine::EngineHandle::spawn(cfg.settings().unwrap()).unwrap();
-    engine
-        .state()
-        .wait_for(|s| !matches!(s, device_worker::engine::EngineState::Loading))
-        .await
-        .unwrap();
+    let engine = common::ready_engine(common::engine_options(model)).await;
     let wl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let worker = format!("http://{}", wl.local_addr().unwrap());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

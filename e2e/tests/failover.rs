@@ -4,7 +4,6 @@
 
 mod common;
 
-use device_worker::config::EngineOptions;
 use tandem_proto::agent::v1 as apb;
 use tandem_proto::agent::v1::agent_service_client::AgentServiceClient;
 
@@ -12,9 +11,7 @@ const EPISODE: &str = "androidworld/ContactsAddContact_base_o4-mini_trial1";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn steps_for_a_dead_worker_are_served_by_the_live_one() {
-    let model = common::model_path();
-    let cfg = EngineOptions { model: Some(model), threads: Some(2), ctx_size: 4096, slots: 2, ..Default::default() };
-    let (_engine, live, _s1) = common::serve_worker(cfg).await;
+    let (_engine, live, _s1) = common::serve_worker(common::engine_options(common::model_path())).await;
     // A port nothing listens on (bound then released).
     let dead = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -8,54 +8,14 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
 use tandem_proto::agent::v1 as apb;
 use tandem_proto::step::v1 as pb;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_stream::StreamExt;
-
-/// Every log line of this test binary (the only subscriber of the process, at TRACE).
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn capture_logs() -> Captured {
-    let logs = Captured::default();
-    let w = logs.clone();
-    tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_ansi(false)
-        .with_writer(move || w.clone())
-        .init();
-    logs
-}
 
 /// `POST /v1/chat/completions` with `body` and extra header lines; status and body.
 async fn post_chat(addr: &str, extra_headers: &str, body: String) -> (u16, serde_json::Value) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra_headers}Connection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).await.unwrap();
-    s.write_all(body.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw).await;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no HTTP head in {text:?}"));
-    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).expect("a status line");
-    (status, serde_json::from_str(body).unwrap_or(serde_json::Value::Null))
+    let (status, body) = common::http_post_with_headers(addr, "/v1/chat/completions", extra_headers, &body).await;
+    (status, serde_json::from_str(&body).unwrap_or(serde_json::Value::Null))
 }
 
 fn assert_invalid(s: &tonic::Status, field: &str) {
@@ -66,7 +26,8 @@ fn assert_invalid(s: &tonic::Status, field: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_long_or_control_character_ids_are_refused_everywhere_and_never_logged_whole() {
-    let logs = capture_logs();
+    // Every log line of this test binary (the only subscriber of the process, at TRACE).
+    let logs = common::capture_logs(tracing::Level::TRACE);
     let mut servers = common::start(common::model_path()).await;
     let http = common::start_http(&mut servers).await;
     // A 1 MiB id of a pattern no other text has.

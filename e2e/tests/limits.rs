@@ -106,6 +106,21 @@ async fn serve_http(worker: &str, limits: agent_gateway::http::HttpLimits) -> (S
     (addr, tx)
 }
 
+/// The worker's refusal of a 4-token `Generate` of the text `prompt` (over the context);
+/// panics when it is served.
+async fn refused_text_prompt(
+    grpc: &mut pb::step_service_client::StepServiceClient<tonic::transport::Channel>,
+    prompt: &str,
+) -> tonic::Status {
+    grpc.generate(pb::GenerateRequest {
+        prompt: Some(pb::generate_request::Prompt::Text(prompt.to_string())),
+        max_tokens: 4,
+        ..Default::default()
+    })
+    .await
+    .expect_err("over the context")
+}
+
 fn worker_options() -> device_worker::config::EngineOptions {
     device_worker::config::EngineOptions {
         model: Some(model_path()),
@@ -214,14 +229,7 @@ async fn over_long_prompts_are_refused_with_bounded_work() {
     let msg = e["message"].as_str().unwrap();
     assert!(msg.contains(&format!("the context holds {N_CTX}")), "{msg}");
     assert!(msg.contains("at least") && msg.contains("tokens"), "{msg}");
-    let err = grpc
-        .generate(pb::GenerateRequest {
-            prompt: Some(pb::generate_request::Prompt::Text(huge.clone())),
-            max_tokens: 4,
-            ..Default::default()
-        })
-        .await
-        .expect_err("over the context");
+    let err = refused_text_prompt(&mut grpc, &huge).await;
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
     assert!(err.message().contains(&format!("the context holds {N_CTX}")), "{}", err.message());
 
@@ -238,14 +246,7 @@ async fn over_long_prompts_are_refused_with_bounded_work() {
     for text_prompt in [false, true] {
         let t0 = Instant::now();
         let (code, msg) = if text_prompt {
-            let err = grpc
-                .generate(pb::GenerateRequest {
-                    prompt: Some(pb::generate_request::Prompt::Text(long.to_string())),
-                    max_tokens: 4,
-                    ..Default::default()
-                })
-                .await
-                .expect_err("over the context");
+            let err = refused_text_prompt(&mut grpc, long).await;
             (err.code(), err.message().to_string())
         } else {
             let r = post(&http, "/v1/chat/completions", chat_body(long, 4)).await;
@@ -324,16 +325,22 @@ async fn read_until_closed(rd: &mut tokio::net::tcp::OwnedReadHalf) -> Vec<u8> {
     }
 }
 
+/// [`serve_http`] with the header-read and idle timeouts given and 8 connections at most,
+/// routed to a port nothing listens on: no worker is needed, the requests of these tests never
+/// reach a handler that calls one. Returns the address, the stop handle and the limits.
+async fn serve_http_without_worker(
+    header_read_timeout: Duration,
+    idle_timeout: Duration,
+) -> (String, tokio::sync::oneshot::Sender<()>, agent_gateway::http::HttpLimits) {
+    let limits = agent_gateway::http::HttpLimits { header_read_timeout, idle_timeout, max_connections: 8 };
+    let (addr, stop) = serve_http("http://127.0.0.1:1", limits).await;
+    (addr, stop, limits)
+}
+
 /// Header-read timeout and connection cap, set short by their flags' fields.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_silent_and_surplus_connections_are_cut() {
-    // No worker is needed: the requests here never reach a handler that calls one.
-    let limits = agent_gateway::http::HttpLimits {
-        header_read_timeout: Duration::from_secs(2),
-        idle_timeout: Duration::from_secs(30),
-        max_connections: 8,
-    };
-    let (http, _stop) = serve_http("http://127.0.0.1:1", limits).await;
+    let (http, _stop, limits) = serve_http_without_worker(Duration::from_secs(2), Duration::from_secs(30)).await;
 
     // One byte a second: 60 bytes of head would take a minute; the server cuts it at ~2 s.
     let head = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: aaaaaaaaaaaaaaa\r\n\r\n";
@@ -407,12 +414,7 @@ async fn slow_silent_and_surplus_connections_are_cut() {
 /// A connection that sends nothing after its request is closed after the idle timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_connection_is_closed_after_the_idle_timeout() {
-    let limits = agent_gateway::http::HttpLimits {
-        header_read_timeout: Duration::from_secs(60),
-        idle_timeout: Duration::from_secs(1),
-        max_connections: 8,
-    };
-    let (http, _stop) = serve_http("http://127.0.0.1:1", limits).await;
+    let (http, _stop, limits) = serve_http_without_worker(Duration::from_secs(60), Duration::from_secs(1)).await;
     let s = tokio::net::TcpStream::connect(&http).await.unwrap();
     let (mut rd, mut wr) = s.into_split();
     let started = Instant::now();

@@ -6,32 +6,14 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
 use common::{http_get, sample};
 use tandem_proto::step::v1 as pb;
-
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 const REFUSED: &str = "worker_requests_total{outcome=\"refused\",reason=\"invalid_argument\"}";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_refusals_are_counted_by_reason_and_logged_once_each() {
-    let logs = Captured::default();
-    let w = logs.clone();
-    tracing_subscriber::fmt().with_max_level(tracing::Level::INFO).with_ansi(false).with_writer(move || w.clone()).init();
+    let logs = common::capture_logs(tracing::Level::INFO);
     let mut servers = common::start(common::model_path()).await;
     let metrics = common::start_worker_metrics(&mut servers).await;
     let (status, before) = http_get(&metrics, "/metrics").await;

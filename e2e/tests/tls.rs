@@ -97,21 +97,18 @@ impl Pki {
 }
 
 async fn ready_engine(model: PathBuf) -> device_worker::engine::EngineHandle {
-    let cfg = device_worker::config::EngineOptions {
-        model: Some(model),
-        threads: Some(2),
-        ctx_size: 4096,
-        slots: 2,
-        ..Default::default()
-    };
-    let engine = device_worker::engine::EngineHandle::spawn(cfg.settings().unwrap()).unwrap();
-    engine
-        .state()
-        .wait_for(|s| !matches!(s, device_worker::engine::EngineState::Loading))
+    common::ready_engine(common::engine_options(model)).await
+}
+
+/// Replays one corpus step through `gateway` and checks it was answered with tokens.
+async fn replay_one_step(gateway: &str) {
+    let out = tempfile::tempdir().unwrap();
+    let (records, summary) = replay::run(&replay_config(gateway, 1, out.path().join("r.jsonl")))
         .await
         .unwrap();
-    assert!(engine.admission().is_ok(), "the model failed to load");
-    engine
+    assert_eq!(summary.steps, 1);
+    assert!(records[0].error.is_empty(), "{:?}", records[0]);
+    assert!(records[0].decode_tokens > 0);
 }
 
 /// Serves `engine` with `tls` on `listener`; returns the task (ends after `stop`) and its stop.
@@ -235,13 +232,7 @@ async fn tls_and_mutual_tls_round_trips_to_a_real_worker_and_through_the_gateway
     )
     .unwrap();
     let (gateway, _s3) = common::serve_gateway(router.clone()).await;
-    let out = tempfile::tempdir().unwrap();
-    let (records, summary) = replay::run(&replay_config(&gateway, 1, out.path().join("r.jsonl")))
-        .await
-        .unwrap();
-    assert_eq!(summary.steps, 1);
-    assert!(records[0].error.is_empty(), "{:?}", records[0]);
-    assert!(records[0].decode_tokens > 0);
+    replay_one_step(&gateway).await;
     // Without the CA an https:// worker is a start-up error, not a failing step.
     let Err(e) = agent_gateway::worker::Router::connect(
         &[worker],
@@ -438,13 +429,7 @@ async fn a_worker_on_a_unix_socket_serves_the_gateway() {
     let worker = format!("unix:{}", path.display());
     let router = agent_gateway::worker::Router::new(std::slice::from_ref(&worker)).unwrap();
     let (gateway, _s) = common::serve_gateway(router).await;
-    let out = tempfile::tempdir().unwrap();
-    let (records, summary) = replay::run(&replay_config(&gateway, 1, out.path().join("r.jsonl")))
-        .await
-        .unwrap();
-    assert_eq!(summary.steps, 1);
-    assert!(records[0].error.is_empty(), "{:?}", records[0]);
-    assert!(records[0].decode_tokens > 0);
+    replay_one_step(&gateway).await;
 
     // A clean stop removes the socket file.
     stop.send(()).unwrap();

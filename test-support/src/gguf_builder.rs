@@ -48,6 +48,13 @@ impl Default for GgufBuilder {
     }
 }
 
+/// The value type of a GGUF array (9), its element type and its length (u64).
+fn put_array_header(out: &mut Vec<u8>, elem_type: u32, len: usize) {
+    out.extend_from_slice(&9u32.to_le_bytes());
+    out.extend_from_slice(&elem_type.to_le_bytes());
+    out.extend_from_slice(&(len as u64).to_le_bytes());
+}
+
 fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(&(s.len() as u64).to_le_bytes());
     out.extend_from_slice(s.as_bytes());
@@ -111,28 +118,18 @@ impl GgufBuilder {
                     out.extend_from_slice(&x.to_le_bytes());
                 }
                 Val::StrArr(a) => {
-                    out.extend_from_slice(&9u32.to_le_bytes());
-                    out.extend_from_slice(&8u32.to_le_bytes());
-                    out.extend_from_slice(&(a.len() as u64).to_le_bytes());
+                    put_array_header(&mut out, 8, a.len());
                     for s in a {
                         put_str(&mut out, s);
                     }
                 }
                 Val::I32Arr(a) => {
-                    out.extend_from_slice(&9u32.to_le_bytes());
-                    out.extend_from_slice(&5u32.to_le_bytes());
-                    out.extend_from_slice(&(a.len() as u64).to_le_bytes());
-                    for x in a {
-                        out.extend_from_slice(&x.to_le_bytes());
-                    }
+                    put_array_header(&mut out, 5, a.len());
+                    a.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
                 }
                 Val::F32Arr(a) => {
-                    out.extend_from_slice(&9u32.to_le_bytes());
-                    out.extend_from_slice(&6u32.to_le_bytes());
-                    out.extend_from_slice(&(a.len() as u64).to_le_bytes());
-                    for x in a {
-                        out.extend_from_slice(&x.to_le_bytes());
-                    }
+                    put_array_header(&mut out, 6, a.len());
+                    a.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
                 }
             }
         }

@@ -1,8 +1,10 @@
 //! Test support shared by the workspace's test suites (a dev-dependency only): the real inputs
 //! and what a test does without them ([`inputs`]), NaN-aware numeric comparisons
-//! ([`compare`]) and a writer of synthetic GGUF files ([`gguf_builder`]).
+//! ([`compare`]), a writer of synthetic GGUF files ([`gguf_builder`]) and checks of the
+//! programs' command lines ([`cli`]).
 #![forbid(unsafe_code)]
 
+pub mod cli;
 pub mod compare;
 pub mod gguf_builder;
 pub mod inputs;

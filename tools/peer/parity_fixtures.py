@@ -45,6 +45,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import child_procs  # noqa: E402  (tools/child_procs.py)
+
 LLAMA_CPP_ID = "llama-cpp-python==0.3.36 vendor/llama.cpp"
 DEFAULT_CACHE = Path(os.environ.get("TANDEM_CACHE", str(Path.home() / ".cache" / "tandem")))
 DEFAULT_SERVER = (
@@ -223,12 +226,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"[parity] {pf.name}: {len(prompt_tokens)} prompt tok -> {len(output_tokens)} out tok "
                   f"({ans.get('stop_type')}, {dt:.1f} s) -> {dest}", flush=True)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        child_procs.stop(proc, timeout=15)
         if log_path:
             log_f.close()
     return 0

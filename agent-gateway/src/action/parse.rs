@@ -36,7 +36,7 @@ pub fn parse_action(output: &str, n_controls: u32) -> Result<Action, ActionError
 pub fn action_from_value(value: &Value, n_controls: u32) -> Result<Action, ActionError> {
     let obj = value
         .as_object()
-        .ok_or(ActionError::NotAnObject { found: kind(value) })?;
+        .ok_or(ActionError::NotAnObject { found: crate::json_kind(value) })?;
     let f = Fields { obj, n_controls };
     let t = f.action_type()?;
     let action = match t {
@@ -150,17 +150,6 @@ fn balanced_object(s: &str) -> Option<&str> {
         }
     }
     None
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// True for `KEYCODE_` followed by one or more of `A-Z`, `0-9`, `_`.

@@ -53,7 +53,7 @@ pub fn parse_android_world_value(value: &Value) -> Result<Screen, ObservationErr
         other => {
             return Err(ObservationError::UnexpectedShape {
                 expected: "an array of UI elements",
-                found: json_kind(other).to_string(),
+                found: crate::json_kind(other).to_string(),
             })
         }
     };
@@ -61,7 +61,7 @@ pub fn parse_android_world_value(value: &Value) -> Result<Screen, ObservationErr
     for (i, e) in elements.iter().enumerate() {
         let obj = e.as_object().ok_or_else(|| ObservationError::UnexpectedShape {
             expected: "an object per UI element",
-            found: format!("element {i} is {}", json_kind(e)),
+            found: format!("element {i} is {}", crate::json_kind(e)),
         })?;
         parsed.push((control_of(i as u32, obj), visible_flag(obj)));
     }
@@ -96,17 +96,6 @@ pub fn parse_android_world_repr(text: &str) -> Result<Screen, ObservationError> 
     }
     let value = super::pyrepr::parse(text)?;
     parse_android_world_value(&value)
-}
-
-fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 fn string_field<'a>(obj: &'a Map<String, Value>, names: &[&str]) -> &'a str {

@@ -18,13 +18,15 @@ import pathlib
 import socket
 import subprocess
 import time
+import sys
 import types
-import urllib.request
 from typing import NoReturn
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO / "tools"))
+import child_procs  # noqa: E402  (the repo's tools/child_procs.py: stop, wait_http_ok)
 CONTACTS_EPISODE = "androidworld_episodes_t3a/ContactsAddContact_base_o4-mini_trial1.json"
 
 
@@ -69,6 +71,18 @@ def load_androidworld_episode(rel: str = CONTACTS_EPISODE) -> tuple[str, list[li
     return log["goal"], [r["state"]["ui_elements"] for r in log["step_records"]]
 
 
+def first_step_result(client, episode_id: str):
+    """The one StepResult of a step (16 tokens at most) of the first screen of the corpus's
+    Contacts episode, sent by ``client`` (a ``tandem_client.AgentClient``) as ``episode_id``."""
+    from tandem_client import StepResult
+
+    goal, screens = load_androidworld_episode()
+    results = [ev for ev in client.step(screens[0], task=goal, episode_id=episode_id, max_tokens=16)
+               if isinstance(ev, StepResult)]
+    assert len(results) == 1
+    return results[0]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -88,20 +102,6 @@ def _wait_health(gateway_bin: pathlib.Path, proc: subprocess.Popen, addr: str, s
         if time.monotonic() > deadline:
             raise RuntimeError(f"{addr} not SERVING after {seconds} s: {r.stderr.strip()}; log:\n{log.read_text()[-3000:]}")
         time.sleep(0.3)
-
-
-def _wait_http(url: str, proc: subprocess.Popen, seconds: int) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{url} not answering")
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="session")
@@ -144,7 +144,7 @@ def servers(tmp_path_factory, model_path):
             stdout=glog.open("w"), stderr=subprocess.STDOUT)
         procs.append(gateway)
         _wait_health(gateway_bin, gateway, f"http://127.0.0.1:{gp}", "", glog, 30)
-        _wait_http(f"http://127.0.0.1:{hp}/health", gateway, 30)
+        child_procs.wait_http_ok(f"http://127.0.0.1:{hp}/health", gateway, 30)
         yield types.SimpleNamespace(
             grpc_target=f"127.0.0.1:{gp}",
             worker_target=f"127.0.0.1:{wp}",
@@ -154,12 +154,7 @@ def servers(tmp_path_factory, model_path):
         )
     finally:
         for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+            child_procs.stop(p)
 
 
 @pytest.fixture(scope="module")
@@ -183,15 +178,11 @@ def authed_gateway(servers, tmp_path_factory):
         stdout=glog.open("w"), stderr=subprocess.STDOUT)
     try:
         _wait_health(gateway_bin, gateway, f"http://127.0.0.1:{gp}", "", glog, 30)
-        _wait_http(f"http://127.0.0.1:{hp}/health", gateway, 30)
+        child_procs.wait_http_ok(f"http://127.0.0.1:{hp}/health", gateway, 30)
         yield types.SimpleNamespace(grpc_target=f"127.0.0.1:{gp}", http_base=f"http://127.0.0.1:{hp}",
                                     token=token, token_file=str(token_file))
     finally:
-        gateway.terminate()
-        try:
-            gateway.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            gateway.kill()
+        child_procs.stop(gateway)
 
 
 def _openssl(*args: str) -> None:
@@ -237,8 +228,4 @@ def tls_gateway(servers, tmp_path_factory):
                      ("--tls-ca", pki.ca, "--tls-cert", pki.client_cert, "--tls-key", pki.client_key))
         yield types.SimpleNamespace(grpc_target=f"localhost:{gp}", http_base=f"https://localhost:{hp}", pki=pki)
     finally:
-        gateway.terminate()
-        try:
-            gateway.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            gateway.kill()
+        child_procs.stop(gateway)

@@ -11,30 +11,22 @@ import urllib.request
 import grpc
 import pytest
 
-from conftest import load_androidworld_episode
-from tandem_client import AgentClient, StepResult
-
-
-def _step(client: AgentClient) -> StepResult:
-    goal, screens = load_androidworld_episode()
-    results = [ev for ev in client.step(screens[0], task=goal, episode_id="py-auth", max_tokens=16)
-               if isinstance(ev, StepResult)]
-    assert len(results) == 1
-    return results[0]
+from conftest import first_step_result
+from tandem_client import AgentClient
 
 
 def test_agent_client_needs_the_token(authed_gateway):
     with AgentClient(authed_gateway.grpc_target, timeout_s=120) as anon:
         with pytest.raises(grpc.RpcError) as e:
-            _step(anon)
+            first_step_result(anon, "py-auth")
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
         assert "missing bearer token" in e.value.details()
     with AgentClient(authed_gateway.grpc_target, timeout_s=120, token="0" * 32) as wrong:
         with pytest.raises(grpc.RpcError) as e:
-            _step(wrong)
+            first_step_result(wrong, "py-auth")
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
     with AgentClient(authed_gateway.grpc_target, timeout_s=300, token_file=authed_gateway.token_file) as ok:
-        result = _step(ok)
+        result = first_step_result(ok, "py-auth")
         assert result.raw_output, result
 
 

@@ -12,30 +12,22 @@ import urllib.request
 import grpc
 import pytest
 
-from conftest import load_androidworld_episode
-from tandem_client import AgentClient, StepResult
-
-
-def _step(client: AgentClient) -> StepResult:
-    goal, screens = load_androidworld_episode()
-    results = [ev for ev in client.step(screens[0], task=goal, episode_id="py-tls", max_tokens=16)
-               if isinstance(ev, StepResult)]
-    assert len(results) == 1
-    return results[0]
+from conftest import first_step_result
+from tandem_client import AgentClient
 
 
 def test_agent_client_over_mutual_tls(tls_gateway):
     pki = tls_gateway.pki
     with AgentClient(tls_gateway.grpc_target, timeout_s=300, tls_ca=pki.ca, tls_cert=pki.client_cert,
                      tls_key=pki.client_key) as ok:
-        assert _step(ok).raw_output
+        assert first_step_result(ok, "py-tls").raw_output
     with AgentClient(tls_gateway.grpc_target, timeout_s=30, tls_ca=pki.ca) as no_cert:
         with pytest.raises(grpc.RpcError) as e:
-            _step(no_cert)
+            first_step_result(no_cert, "py-tls")
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value
     with AgentClient(tls_gateway.grpc_target, timeout_s=30) as plaintext:
         with pytest.raises(grpc.RpcError) as e:
-            _step(plaintext)
+            first_step_result(plaintext, "py-tls")
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value
     with pytest.raises(ValueError, match="go together"):
         AgentClient(tls_gateway.grpc_target, tls_ca=pki.ca, tls_cert=pki.client_cert)

@@ -467,6 +467,13 @@ mod tests {
         tmp
     }
 
+    /// A backend on a fresh [`fake_root`] (which lives as long as the returned folder).
+    fn fake_backend() -> (tempfile::TempDir, LinuxBackend) {
+        let tmp = fake_root();
+        let b = LinuxBackend::with_root(tmp.path(), None);
+        (tmp, b)
+    }
+
     fn read(p: PathBuf) -> String {
         std::fs::read_to_string(p).unwrap().trim().to_string()
     }
@@ -488,10 +495,9 @@ mod tests {
 
     #[test]
     fn raises_and_restores_the_floor_and_holds_the_qos_request_while_active() {
-        let tmp = fake_root();
+        let (tmp, mut b) = fake_backend();
         let root = tmp.path();
         let qos = root.join(CPU_DMA_LATENCY);
-        let mut b = LinuxBackend::with_root(root, None);
         assert_eq!(b.n_policies(), 2);
         // Nothing written at start.
         assert_eq!(floors(root), ("400000".into(), "500000".into()));
@@ -522,10 +528,9 @@ mod tests {
 
     #[test]
     fn the_originals_are_saved_at_start_and_restored_on_drop() {
-        let tmp = fake_root();
+        let (tmp, mut b) = fake_backend();
         let root = tmp.path();
         let qos = root.join(CPU_DMA_LATENCY);
-        let mut b = LinuxBackend::with_root(root, None);
         let state = b.state_file().expect("state file written");
         assert_eq!(state, root.join(STATE_FILE));
         let saved: SavedSettings = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
@@ -549,9 +554,8 @@ mod tests {
 
     #[test]
     fn the_restorer_restores_once_and_later_votes_change_nothing() {
-        let tmp = fake_root();
+        let (tmp, mut b) = fake_backend();
         let root = tmp.path();
-        let mut b = LinuxBackend::with_root(root, None);
         let restorer = b.restorer().expect("the linux backend has a restorer");
         b.apply(&Votes::ACTIVE);
         restorer.restore("test");
@@ -569,9 +573,8 @@ mod tests {
 
     #[test]
     fn a_panic_unwinding_past_the_guard_restores() {
-        let tmp = fake_root();
+        let (tmp, mut b) = fake_backend();
         let root = tmp.path();
-        let mut b = LinuxBackend::with_root(root, None);
         b.apply(&Votes::ACTIVE);
         let guard = super::super::RestoreOnDrop(b.restorer());
         let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
@@ -613,9 +616,8 @@ mod tests {
 
     #[test]
     fn a_failed_restore_is_logged_and_keeps_the_state_file() {
-        let tmp = fake_root();
+        let (tmp, mut b) = fake_backend();
         let root = tmp.path();
-        let mut b = LinuxBackend::with_root(root, None);
         b.apply(&Votes::ACTIVE);
         // The policy disappears under us (CPU hot-unplug, a sysfs change): no panic.
         std::fs::remove_dir_all(root.join(CPUFREQ_ROOT).join("policy4")).unwrap();

@@ -219,6 +219,13 @@ pub(crate) mod tests {
         })
     }
 
+    /// Every `(series, value)` of `want` is a sample of `text` with that value.
+    fn assert_samples(text: &str, want: &[(&str, f64)]) {
+        for &(series, value) in want {
+            assert_eq!(sample(text, series), Some(value), "{series}\n{text}");
+        }
+    }
+
     #[test]
     fn a_finished_request_records_its_final_stats() {
         let done = pb::FinalStats {
@@ -254,7 +261,7 @@ pub(crate) mod tests {
             obs.on_done(&done);
             drop(obs);
         });
-        for (series, want) in [
+        assert_samples(&text, &[
             ("worker_prefill_tokens_total{kind=\"new\"}", 30.0),
             ("worker_prefill_tokens_total{kind=\"reused\"}", 500.0),
             ("worker_kv_bound_tokens_total", 510.0),
@@ -273,9 +280,7 @@ pub(crate) mod tests {
             ("worker_draft_tokens_total{drafter=\"prompt-lookup\",outcome=\"accepted\"}", 5.0),
             ("worker_requests_total{outcome=\"ok\"}", 1.0),
             ("worker_requests_in_flight", 0.0),
-        ] {
-            assert_eq!(sample(&text, series), Some(want), "{series}\n{text}");
-        }
+        ]);
     }
 
     #[test]
@@ -285,12 +290,10 @@ pub(crate) mod tests {
             record_refusal("invalid_argument", &"x".repeat(100_000));
             record_refusal("resource_exhausted", &"the request queue is full");
         });
-        for (series, want) in [
+        assert_samples(&text, &[
             ("worker_requests_total{outcome=\"refused\",reason=\"invalid_argument\"}", 2.0),
             ("worker_requests_total{outcome=\"refused\",reason=\"resource_exhausted\"}", 1.0),
-        ] {
-            assert_eq!(sample(&text, series), Some(want), "{series}\n{text}");
-        }
+        ]);
     }
 
     #[test]

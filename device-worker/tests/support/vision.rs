@@ -29,3 +29,14 @@ pub fn json(name: &str) -> Value {
 pub fn png(path: &Path) -> RgbImage {
     decode(&std::fs::read(path).unwrap(), &DecodeLimits::default()).unwrap()
 }
+
+/// A JSON array of whole numbers (a shape, a grid) as `usize`s; panics on anything else.
+pub fn usizes(v: &Value) -> Vec<usize> {
+    v.as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect()
+}
+
+/// An image entry's `grid_thw` in `reference.json`: (frames, rows, columns) of patches.
+pub fn grid_thw(image: &Value) -> (usize, usize, usize) {
+    let g = usizes(&image["grid_thw"]);
+    (g[0], g[1], g[2])
+}

@@ -20,7 +20,7 @@ use half::{bf16, f16};
 
 use super::attn::{attention_tile, Lanes};
 use super::avx2_kquants::{dot_kquant, dot_tile_kquant, KQuant};
-use super::{dot_tile_by_pairs, AttnTile, DotTile, KernelBackend};
+use super::{dot_tile_by_pairs, AttnTile, DotTile, KernelBackend, Piece};
 use crate::quant::blocks::{
     BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
@@ -126,15 +126,8 @@ const fn geometry(k: u8) -> (usize, usize, usize) {
 /// `w + r*w_stride` for `r < R` and `x + t*x_stride` for `t < T` must each point at `nb`
 /// readable blocks; `out + t*out_stride + r` must be writable for all r, t.
 #[inline(always)]
-unsafe fn tile_q<const K: u8, const R: usize, const T: usize, const VNNI: bool>(
-    w: *const u8,
-    w_stride: usize,
-    x: *const u8,
-    x_stride: usize,
-    nb: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
+unsafe fn tile_q<const K: u8, const R: usize, const T: usize, const VNNI: bool>(p: Piece) {
+    let Piece { w, w_stride, x, x_stride, nb, out, out_stride, .. } = p;
     let (wb, xb, xq) = geometry(K);
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     let mut accm = [[0f32; T]; R];
@@ -189,16 +182,8 @@ unsafe fn tile_q<const K: u8, const R: usize, const T: usize, const VNNI: bool>(
 /// As the kernel it dispatches to.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_any<const K: u8, const R: usize, const T: usize>(
-    w: *const u8,
-    w_stride: usize,
-    x: *const u8,
-    x_stride: usize,
-    nb: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
-    tile_q::<K, R, T, false>(w, w_stride, x, x_stride, nb, out, out_stride)
+unsafe fn tile_any<const K: u8, const R: usize, const T: usize>(p: Piece) {
+    tile_q::<K, R, T, false>(p)
 }
 
 /// [`tile_any`] with VNNI integer dots (bit-identical results).
@@ -207,16 +192,8 @@ unsafe fn tile_any<const K: u8, const R: usize, const T: usize>(
 /// Needs avx2, fma, f16c, avx512vl, avx512vnni; pointers as [`tile_q`].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512vl,avx512vnni")]
-unsafe fn tile_any_vnni<const K: u8, const R: usize, const T: usize>(
-    w: *const u8,
-    w_stride: usize,
-    x: *const u8,
-    x_stride: usize,
-    nb: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
-    tile_q::<K, R, T, true>(w, w_stride, x, x_stride, nb, out, out_stride)
+unsafe fn tile_any_vnni<const K: u8, const R: usize, const T: usize>(p: Piece) {
+    tile_q::<K, R, T, true>(p)
 }
 
 /// The `R × T` tile of kind `K`, through [`tile_any_vnni`] when `VNNI`, else [`tile_any`].
@@ -224,20 +201,11 @@ unsafe fn tile_any_vnni<const K: u8, const R: usize, const T: usize>(
 /// # Safety
 /// As the kernel it dispatches to (the caller proves the VNNI features when `VNNI`).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile_pick<const K: u8, const R: usize, const T: usize, const VNNI: bool>(
-    w: *const u8,
-    w_stride: usize,
-    x: *const u8,
-    x_stride: usize,
-    nb: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
+unsafe fn tile_pick<const K: u8, const R: usize, const T: usize, const VNNI: bool>(p: Piece) {
     if VNNI {
-        tile_any_vnni::<K, R, T>(w, w_stride, x, x_stride, nb, out, out_stride)
+        tile_any_vnni::<K, R, T>(p)
     } else {
-        tile_any::<K, R, T>(w, w_stride, x, x_stride, nb, out, out_stride)
+        tile_any::<K, R, T>(p)
     }
 }
 
@@ -252,26 +220,17 @@ unsafe fn dot_tile_q<const K: u8, const R: usize, const T: usize, const VNNI: bo
     out: &mut [f32],
 ) {
     let (wb, xb, _) = geometry(K);
-    let (n_rows, n_tok) = (tile.n_rows(), tile.n_tok());
-    let nb = tile.w_row_bytes / wb;
-    // Soundness of the raw reads and writes below rests on these O(1) checks (the alignment
-    // of K-quant blocks, which are read through references, is the DotTile contract).
-    assert!(tile.w_row_bytes == nb * wb && tile.x_row_bytes == nb * xb);
-    assert!(tile.w.len() == n_rows * tile.w_row_bytes && tile.x.len() == n_tok * tile.x_row_bytes);
-    assert_eq!(out.len(), n_rows * n_tok);
-    let (ws, xs) = (tile.w_row_bytes, tile.x_row_bytes);
-    let (w, x, o) = (tile.w.as_ptr(), tile.x.as_ptr(), out.as_mut_ptr());
+    let raw = tile.raw(wb, xb, out);
+    let (n_rows, n_tok) = (raw.n_rows, raw.n_tok);
     let mut r = 0;
     while r + R <= n_rows {
         let mut t = 0;
         while t + T <= n_tok {
-            let (wp, xp, op) = (w.add(r * ws), x.add(t * xs), o.add(t * n_rows + r));
-            tile_pick::<K, R, T, VNNI>(wp, ws, xp, xs, nb, op, n_rows);
+            tile_pick::<K, R, T, VNNI>(raw.piece(r, R, t, T));
             t += T;
         }
         while t < n_tok {
-            let (wp, xp, op) = (w.add(r * ws), x.add(t * xs), o.add(t * n_rows + r));
-            tile_pick::<K, R, 1, VNNI>(wp, ws, xp, xs, nb, op, n_rows);
+            tile_pick::<K, R, 1, VNNI>(raw.piece(r, R, t, 1));
             t += 1;
         }
         r += R;
@@ -279,13 +238,11 @@ unsafe fn dot_tile_q<const K: u8, const R: usize, const T: usize, const VNNI: bo
     while r < n_rows {
         let mut t = 0;
         while t + T <= n_tok {
-            let (wp, xp, op) = (w.add(r * ws), x.add(t * xs), o.add(t * n_rows + r));
-            tile_pick::<K, 1, T, VNNI>(wp, ws, xp, xs, nb, op, n_rows);
+            tile_pick::<K, 1, T, VNNI>(raw.piece(r, 1, t, T));
             t += T;
         }
         while t < n_tok {
-            let (wp, xp, op) = (w.add(r * ws), x.add(t * xs), o.add(t * n_rows + r));
-            tile_pick::<K, 1, 1, VNNI>(wp, ws, xp, xs, nb, op, n_rows);
+            tile_pick::<K, 1, 1, VNNI>(raw.piece(r, 1, t, 1));
             t += 1;
         }
         r += 1;
@@ -300,7 +257,7 @@ unsafe fn dot_tile_q<const K: u8, const R: usize, const T: usize, const VNNI: bo
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q<const K: u8, const VNNI: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
     let mut out = 0f32;
-    tile_pick::<K, 1, 1, VNNI>(w, 0, x, 0, nb, &mut out, 0);
+    tile_pick::<K, 1, 1, VNNI>(Piece::single(w, x, nb, &mut out));
     out
 }
 
@@ -554,6 +511,25 @@ pub(super) unsafe fn attention_queries(tile: &AttnTile<'_>, scores: &mut [f32], 
 // SAFETY (every `unsafe` block below): an `Avx2` exists only via `Avx2::get`, which checked
 // avx2, fma and f16c; the helpers read at most `min(len)` elements of the slices passed, and
 // the tile kernels assert their geometry against the slice lengths before raw access.
+impl Avx2 {
+    /// The single dot product of `nb` blocks of `ty` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) with
+    /// their activation blocks ([`quant_dot_methods`]).
+    ///
+    /// # Safety
+    /// `w` and `x` point at `nb` aligned blocks each (the features are proven by `self`).
+    #[inline(always)]
+    unsafe fn dot_blocks(&self, ty: GgmlType, w: *const u8, x: *const u8, nb: usize) -> f32 {
+        match ty {
+            GgmlType::Q4_0 => dot_q::<K_Q4_0, false>(w, x, nb),
+            GgmlType::Q4_1 => dot_q::<K_Q4_1, false>(w, x, nb),
+            GgmlType::Q8_0 => dot_q::<K_Q8_0, false>(w, x, nb),
+            GgmlType::Q4_K => dot_kquant(KQuant::Q4K, w, x, nb),
+            GgmlType::Q6_K => dot_kquant(KQuant::Q6K, w, x, nb),
+            _ => unreachable!("no quantized block dot product for {ty}"),
+        }
+    }
+}
+
 impl KernelBackend for Avx2 {
     fn name(&self) -> &'static str {
         "avx2"
@@ -564,35 +540,7 @@ impl KernelBackend for Avx2 {
         unsafe { crate::gdn::chunked::head_avx2(head) }
     }
 
-    fn vec_dot_q4_0_q8_0(&self, w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
-        let nb = w.len().min(x.len());
-        // SAFETY: see the impl comment; both slices hold >= nb blocks.
-        unsafe { dot_q::<K_Q4_0, false>(w.as_ptr().cast(), x.as_ptr().cast(), nb) }
-    }
-
-    fn vec_dot_q4_1_q8_1(&self, w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32 {
-        let nb = w.len().min(x.len());
-        // SAFETY: see the impl comment; both slices hold >= nb blocks.
-        unsafe { dot_q::<K_Q4_1, false>(w.as_ptr().cast(), x.as_ptr().cast(), nb) }
-    }
-
-    fn vec_dot_q8_0_q8_0(&self, w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
-        let nb = w.len().min(x.len());
-        // SAFETY: see the impl comment; both slices hold >= nb blocks.
-        unsafe { dot_q::<K_Q8_0, false>(w.as_ptr().cast(), x.as_ptr().cast(), nb) }
-    }
-
-    fn vec_dot_q4_k_q8_k(&self, w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
-        let nb = w.len().min(x.len());
-        // SAFETY: see the impl comment; both slices hold >= nb blocks, aligned as slices.
-        unsafe { dot_kquant(KQuant::Q4K, w.as_ptr().cast(), x.as_ptr().cast(), nb) }
-    }
-
-    fn vec_dot_q6_k_q8_k(&self, w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
-        let nb = w.len().min(x.len());
-        // SAFETY: see the impl comment; both slices hold >= nb blocks, aligned as slices.
-        unsafe { dot_kquant(KQuant::Q6K, w.as_ptr().cast(), x.as_ptr().cast(), nb) }
-    }
+    quant_dot_methods!();
 
     fn vec_dot_f16(&self, w: &[f16], x: &[f16]) -> f32 {
         // SAFETY: see the impl comment.

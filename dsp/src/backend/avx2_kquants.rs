@@ -24,7 +24,7 @@ use std::arch::x86_64::*;
 use half::f16;
 
 use super::avx2::{hsum_ps, load_f16};
-use super::DotTile;
+use super::{DotTile, Piece};
 use crate::quant::blocks::{BlockQ4K, BlockQ6K, BlockQ8K};
 
 /// Tokens per sweep (activation blocks of one super-block column for this many tokens stay in
@@ -172,46 +172,8 @@ unsafe fn accumulate<const Q4K: bool>(u: &Unpacked, x: &BlockQ8K, acc: __m256) -
 /// of kind `kind`, `x + t*x_stride` (t < n_tok) at `nb` aligned [`BlockQ8K`];
 /// `out + t*out_stride + r` must be writable.
 #[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn sweep<const Q4K: bool, const NT: usize>(
-    w: *const u8,
-    w_stride: usize,
-    rows: usize,
-    x: *const u8,
-    x_stride: usize,
-    n_tok: usize,
-    nb: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
-    debug_assert!(rows <= ROWS && n_tok <= NT);
-    let wb = if Q4K {
-        size_of::<BlockQ4K>()
-    } else {
-        size_of::<BlockQ6K>()
-    };
-    let mut acc = [[_mm256_setzero_ps(); NT]; ROWS];
-    for ib in 0..nb {
-        for (r, acc_r) in acc.iter_mut().enumerate().take(rows) {
-            let p = w.add(r * w_stride + ib * wb);
-            let u = if Q4K {
-                unpack_q4k(&*p.cast::<BlockQ4K>())
-            } else {
-                unpack_q6k(&*p.cast::<BlockQ6K>())
-            };
-            for (t, a) in acc_r.iter_mut().enumerate().take(n_tok) {
-                let bx = &*x
-                    .add(t * x_stride + ib * size_of::<BlockQ8K>())
-                    .cast::<BlockQ8K>();
-                *a = accumulate::<Q4K>(&u, bx, *a);
-            }
-        }
-    }
-    for (r, acc_r) in acc.iter().enumerate().take(rows) {
-        for (t, a) in acc_r.iter().enumerate().take(n_tok) {
-            *out.add(t * out_stride + r) = hsum_ps(*a);
-        }
-    }
+unsafe fn sweep<const Q4K: bool, const NT: usize>(p: Piece) {
+    kquant_sweep!(p, Q4K, NT, ROWS, _mm256_setzero_ps(), |u, bx, a| accumulate::<Q4K>(&u, bx, a), hsum_ps)
 }
 
 /// [`sweep`] with the smallest accumulator capacity that holds `n_tok ≤ TOKENS` tokens.
@@ -219,24 +181,13 @@ unsafe fn sweep<const Q4K: bool, const NT: usize>(
 /// # Safety
 /// As [`sweep`].
 #[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn sweep_any<const Q4K: bool>(
-    w: *const u8,
-    w_stride: usize,
-    rows: usize,
-    x: *const u8,
-    x_stride: usize,
-    n_tok: usize,
-    nb: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
-    match n_tok {
-        1 => sweep::<Q4K, 1>(w, w_stride, rows, x, x_stride, n_tok, nb, out, out_stride),
-        2 => sweep::<Q4K, 2>(w, w_stride, rows, x, x_stride, n_tok, nb, out, out_stride),
-        3..=4 => sweep::<Q4K, 4>(w, w_stride, rows, x, x_stride, n_tok, nb, out, out_stride),
-        5..=8 => sweep::<Q4K, 8>(w, w_stride, rows, x, x_stride, n_tok, nb, out, out_stride),
-        _ => sweep::<Q4K, TOKENS>(w, w_stride, rows, x, x_stride, n_tok, nb, out, out_stride),
+unsafe fn sweep_any<const Q4K: bool>(p: Piece) {
+    match p.n_tok {
+        1 => sweep::<Q4K, 1>(p),
+        2 => sweep::<Q4K, 2>(p),
+        3..=4 => sweep::<Q4K, 4>(p),
+        5..=8 => sweep::<Q4K, 8>(p),
+        _ => sweep::<Q4K, TOKENS>(p),
     }
 }
 
@@ -250,23 +201,10 @@ unsafe fn sweep_any<const Q4K: bool>(
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_tile_kquant(kind: KQuant, tile: &DotTile<'_>, out: &mut [f32]) {
     let (wb, xb) = (kind.block_bytes(), size_of::<BlockQ8K>());
-    let (n_rows, n_tok) = (tile.n_rows(), tile.n_tok());
-    let nb = tile.w_row_bytes / wb;
-    // Soundness of the raw reads and writes below rests on these O(1) checks.
-    assert!(tile.w_row_bytes == nb * wb && tile.x_row_bytes == nb * xb);
-    assert!(tile.w.len() == n_rows * tile.w_row_bytes && tile.x.len() == n_tok * tile.x_row_bytes);
-    assert_eq!(out.len(), n_rows * n_tok);
-    let (ws, xs) = (tile.w_row_bytes, tile.x_row_bytes);
-    let (w, x, o) = (tile.w.as_ptr(), tile.x.as_ptr(), out.as_mut_ptr());
-    for t0 in (0..n_tok).step_by(TOKENS) {
-        let nt = TOKENS.min(n_tok - t0);
-        for r0 in (0..n_rows).step_by(ROWS) {
-            let nr = ROWS.min(n_rows - r0);
-            let (wp, xp, op) = (w.add(r0 * ws), x.add(t0 * xs), o.add(t0 * n_rows + r0));
-            match kind {
-                KQuant::Q4K => sweep_any::<true>(wp, ws, nr, xp, xs, nt, nb, op, n_rows),
-                KQuant::Q6K => sweep_any::<false>(wp, ws, nr, xp, xs, nt, nb, op, n_rows),
-            }
+    for piece in tile.raw(wb, xb, out).pieces(ROWS, TOKENS) {
+        match kind {
+            KQuant::Q4K => sweep_any::<true>(piece),
+            KQuant::Q6K => sweep_any::<false>(piece),
         }
     }
 }
@@ -279,8 +217,8 @@ pub(super) unsafe fn dot_tile_kquant(kind: KQuant, tile: &DotTile<'_>, out: &mut
 pub(super) unsafe fn dot_kquant(kind: KQuant, w: *const u8, x: *const u8, nb: usize) -> f32 {
     let mut out = 0f32;
     match kind {
-        KQuant::Q4K => sweep::<true, 1>(w, 0, 1, x, 0, 1, nb, &mut out, 0),
-        KQuant::Q6K => sweep::<false, 1>(w, 0, 1, x, 0, 1, nb, &mut out, 0),
+        KQuant::Q4K => sweep::<true, 1>(Piece::single(w, x, nb, &mut out)),
+        KQuant::Q6K => sweep::<false, 1>(Piece::single(w, x, nb, &mut out)),
     }
     out
 }

@@ -16,6 +16,8 @@
 
 use std::arch::x86_64::*;
 
+use super::exp_consts::{INV_FACT, LN2_HI, LN2_LO};
+
 /// `exp(x)` of 4 f64 lanes, `x` in `[−110, 90]` (relative error < 1e-14).
 ///
 /// # Safety
@@ -23,8 +25,6 @@ use std::arch::x86_64::*;
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn exp_pd(x: __m256d) -> __m256d {
-    const LN2_HI: f64 = 6.931_471_803_691_238_164_9e-1;
-    const LN2_LO: f64 = 1.908_214_929_270_587_700_0e-10;
     let n = _mm256_round_pd(
         _mm256_mul_pd(x, _mm256_set1_pd(std::f64::consts::LOG2_E)),
         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
@@ -32,20 +32,8 @@ unsafe fn exp_pd(x: __m256d) -> __m256d {
     let r = _mm256_fnmadd_pd(n, _mm256_set1_pd(LN2_HI), x);
     let r = _mm256_fnmadd_pd(n, _mm256_set1_pd(LN2_LO), r);
     // Σ_{k≤11} r^k / k!, Horner from the top.
-    let mut p = _mm256_set1_pd(1.0 / 39_916_800.0);
-    for inv_fact in [
-        1.0 / 3_628_800.0,
-        1.0 / 362_880.0,
-        1.0 / 40_320.0,
-        1.0 / 5_040.0,
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-        1.0,
-        1.0,
-    ] {
+    let mut p = _mm256_set1_pd(INV_FACT[0]);
+    for &inv_fact in &INV_FACT[1..] {
         p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(inv_fact));
     }
     // 2^n: n + 1023 into the exponent field (n in [−159, 130]: a normal f64).

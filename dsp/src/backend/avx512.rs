@@ -46,6 +46,22 @@ impl Avx512 {
     }
 }
 
+impl Avx512 {
+    /// The single dot product of `nb` blocks of `ty` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) with
+    /// their activation blocks ([`quant_dot_methods`]).
+    ///
+    /// # Safety
+    /// `w` and `x` point at `nb` aligned blocks each (the features are proven by `self`).
+    #[inline(always)]
+    unsafe fn dot_blocks(&self, ty: GgmlType, w: *const u8, x: *const u8, nb: usize) -> f32 {
+        match ty {
+            GgmlType::Q4_K => dot_kquant(KQuant::Q4K, w, x, nb),
+            GgmlType::Q6_K => dot_kquant(KQuant::Q6K, w, x, nb),
+            _ => dot_q_vnni(ty, w, x, nb),
+        }
+    }
+}
+
 // SAFETY (every `unsafe` block below): an `Avx512` exists only via `Avx512::get`, which checked
 // the features its kernels enable; the kernels assert the tile geometry before raw access and
 // the single dot products read `min(len)` blocks of the slices passed.
@@ -55,39 +71,10 @@ impl KernelBackend for Avx512 {
     }
 
     fn gdn_chunked_head(&self, head: &mut crate::gdn::chunked::ChunkedHead<'_, '_>) {
-        // SAFETY: see the impl comment (AVX2 and FMA are among the features checked).
-        unsafe { crate::gdn::chunked::head_avx2(head) }
+        self.avx2.gdn_chunked_head(head)
     }
 
-    fn vec_dot_q4_0_q8_0(&self, w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
-        let nb = w.len().min(x.len());
-        // SAFETY: see the impl comment; both slices hold >= nb blocks.
-        unsafe { dot_q_vnni(GgmlType::Q4_0, w.as_ptr().cast(), x.as_ptr().cast(), nb) }
-    }
-
-    fn vec_dot_q4_1_q8_1(&self, w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32 {
-        let nb = w.len().min(x.len());
-        // SAFETY: see the impl comment; both slices hold >= nb blocks.
-        unsafe { dot_q_vnni(GgmlType::Q4_1, w.as_ptr().cast(), x.as_ptr().cast(), nb) }
-    }
-
-    fn vec_dot_q8_0_q8_0(&self, w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
-        let nb = w.len().min(x.len());
-        // SAFETY: see the impl comment; both slices hold >= nb blocks.
-        unsafe { dot_q_vnni(GgmlType::Q8_0, w.as_ptr().cast(), x.as_ptr().cast(), nb) }
-    }
-
-    fn vec_dot_q4_k_q8_k(&self, w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
-        let nb = w.len().min(x.len());
-        // SAFETY: see the impl comment; both slices hold >= nb blocks, aligned as slices.
-        unsafe { dot_kquant(KQuant::Q4K, w.as_ptr().cast(), x.as_ptr().cast(), nb) }
-    }
-
-    fn vec_dot_q6_k_q8_k(&self, w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
-        let nb = w.len().min(x.len());
-        // SAFETY: see the impl comment; both slices hold >= nb blocks, aligned as slices.
-        unsafe { dot_kquant(KQuant::Q6K, w.as_ptr().cast(), x.as_ptr().cast(), nb) }
-    }
+    quant_dot_methods!();
 
     fn vec_dot_f16(&self, w: &[f16], x: &[f16]) -> f32 {
         self.avx2.vec_dot_f16(w, x)

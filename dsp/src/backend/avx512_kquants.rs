@@ -51,7 +51,7 @@ use half::f16;
 
 use super::avx2::load_f16;
 use super::avx2_kquants::KQuant;
-use super::DotTile;
+use super::{DotTile, Piece};
 use crate::quant::blocks::{BlockQ4K, BlockQ6K, BlockQ8K};
 
 /// Tokens per sweep of [`sweep_tile`] (the permuted activations of one super-block column for
@@ -92,32 +92,26 @@ struct Unpacked {
 
 /// Q4_K scales for [`Unpacked::s`] from the header bytes (`sc` at bytes 0..8): word `w` of
 /// chunk `c` is `sc_{2c + (w % 4) / 2}`, zero-extended (`vpshufb` indices; −128 zeroes a byte).
-const Q4K_SCALES: [i8; 64] = {
-    let mut idx = [-128i8; 64];
-    let mut i = 0;
-    while i < 64 {
-        let (c, b) = (i / 16, i % 16);
-        if b % 2 == 0 {
-            idx[i] = (2 * c + (b / 2 % 4) / 2) as i8;
-        }
-        i += 1;
-    }
-    idx
-};
+const Q4K_SCALES: [i8; 64] = header_bytes(0, 2);
 /// Q4_K mins for [`Unpacked::min`] from the header bytes (`m` at bytes 8..16): i32 lane `k`
 /// of chunk `c` is `m_{2c + k % 2}`, zero-extended (`vpshufb` indices).
-const Q4K_MINS: [i8; 64] = {
+const Q4K_MINS: [i8; 64] = header_bytes(8, 4);
+
+/// `vpshufb` indices that zero-extend Q4_K header bytes into lanes of `width` bytes (2: i16
+/// words, 4: i32 lanes): the lane starting at byte `b` of 16-byte chunk `c` takes header byte
+/// `first + 2c + (b / 4) % 2`; every other byte is −128 (zeroed).
+const fn header_bytes(first: usize, width: usize) -> [i8; 64] {
     let mut idx = [-128i8; 64];
     let mut i = 0;
     while i < 64 {
         let (c, b) = (i / 16, i % 16);
-        if b % 4 == 0 {
-            idx[i] = (8 + 2 * c + b / 4 % 2) as i8;
+        if b % width == 0 {
+            idx[i] = (first + 2 * c + b / 4 % 2) as i8;
         }
         i += 1;
     }
     idx
-};
+}
 /// Q6_K scales for [`Unpacked::s`]`[h]`: word `w` of chunk `c` is
 /// `sc_{8h + c + 4 ((w % 4) / 2)}` (`vpermw` indices).
 const Q6K_SCALES: [[i16; 32]; 2] = {
@@ -543,15 +537,8 @@ unsafe fn x_block<'a>(x: *const u8, x_stride: usize, t: usize, ib: usize) -> &'a
 /// (r < rows) must point at `nb` aligned weight blocks of the kind `Q4K` names; `xt` holds the
 /// terms of `NT` tokens and `nb` super-blocks; `out + t*out_stride + r` must be writable.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn sweep_few<const Q4K: bool, const NT: usize>(
-    w: *const u8,
-    w_stride: usize,
-    rows: usize,
-    xt: &XTerms,
-    nb: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
+unsafe fn sweep_few<const Q4K: bool, const NT: usize>(p: Piece, xt: &XTerms) {
+    let Piece { w, w_stride, rows, nb, out, out_stride, .. } = p;
     // Rows in groups of four share the final reductions ([`store_totals_quad`]): with the
     // 4-super-block rows of a 1024-wide model they were ~13 % of a 4-token sweep.
     let mut r = 0;
@@ -611,17 +598,8 @@ const CHUNK: usize = 4;
 /// # Safety
 /// As [`sweep_few`], with `rows ≤ ROWS` and `n_tok ≤ TOKENS` tokens in `xt`.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn sweep_tile<const Q4K: bool>(
-    w: *const u8,
-    w_stride: usize,
-    rows: usize,
-    xt: &XTerms,
-    n_tok: usize,
-    nb: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
+unsafe fn sweep_tile<const Q4K: bool>(p: Piece, xt: &XTerms) {
+    let Piece { w, w_stride, rows, n_tok, nb, out, out_stride, .. } = p;
     debug_assert!(rows <= ROWS && n_tok <= TOKENS);
     let wb = block_bytes::<Q4K>();
     // Pair accumulators (tokens 2i, 2i + 1; a lone last token when `n_tok` is odd).
@@ -702,18 +680,8 @@ unsafe fn micro_tile<const Q4K: bool, const P: usize>(
 /// # Safety
 /// As [`sweep_few`].
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn sweep_few_any<const Q4K: bool>(
-    w: *const u8,
-    w_stride: usize,
-    rows: usize,
-    xt: &XTerms,
-    n_tok: usize,
-    nb: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
-    let f = match n_tok {
+unsafe fn sweep_few_any<const Q4K: bool>(p: Piece, xt: &XTerms) {
+    let f = match p.n_tok {
         1 => sweep_few::<Q4K, 1>,
         2 => sweep_few::<Q4K, 2>,
         3 => sweep_few::<Q4K, 3>,
@@ -723,7 +691,7 @@ unsafe fn sweep_few_any<const Q4K: bool>(
         7 => sweep_few::<Q4K, 7>,
         _ => sweep_few::<Q4K, FEW>,
     };
-    f(w, w_stride, rows, xt, nb, out, out_stride)
+    f(p, xt)
 }
 
 /// All products of a K-quant [`DotTile`] (`out[t * n_rows + r]`): up to [`FEW`] tokens row by
@@ -736,36 +704,29 @@ unsafe fn sweep_few_any<const Q4K: bool>(
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn dot_tile_kquant(kind: KQuant, tile: &DotTile<'_>, out: &mut [f32]) {
     let (wb, xb) = (kind.block_bytes(), size_of::<BlockQ8K>());
-    let (n_rows, n_tok) = (tile.n_rows(), tile.n_tok());
-    let nb = tile.w_row_bytes / wb;
-    // Soundness of the raw reads and writes below rests on these O(1) checks.
-    assert!(tile.w_row_bytes == nb * wb && tile.x_row_bytes == nb * xb);
-    assert!(tile.w.len() == n_rows * tile.w_row_bytes && tile.x.len() == n_tok * tile.x_row_bytes);
-    assert_eq!(out.len(), n_rows * n_tok);
+    let raw = tile.raw(wb, xb, out);
+    let (n_rows, n_tok, nb) = (raw.n_rows, raw.n_tok, raw.nb);
     if n_tok == 0 {
         return;
     }
     let q4k = matches!(kind, KQuant::Q4K);
-    let (ws, xs) = (tile.w_row_bytes, tile.x_row_bytes);
-    let (w, x, o) = (tile.w.as_ptr(), tile.x.as_ptr(), out.as_mut_ptr());
     if n_tok <= FEW {
-        let xt = XTerms::new(q4k, x, xs, n_tok, nb);
+        let xt = XTerms::new(q4k, raw.x, raw.xs, n_tok, nb);
+        let all = raw.piece(0, n_rows, 0, n_tok);
         match kind {
-            KQuant::Q4K => sweep_few_any::<true>(w, ws, n_rows, &xt, n_tok, nb, o, n_rows),
-            KQuant::Q6K => sweep_few_any::<false>(w, ws, n_rows, &xt, n_tok, nb, o, n_rows),
+            KQuant::Q4K => sweep_few_any::<true>(all, &xt),
+            KQuant::Q6K => sweep_few_any::<false>(all, &xt),
         }
         return;
     }
     for t0 in (0..n_tok).step_by(TOKENS) {
         let nt = TOKENS.min(n_tok - t0);
-        let xp = x.add(t0 * xs);
-        let xt = XTerms::new(q4k, xp, xs, nt, nb);
+        let xt = XTerms::new(q4k, raw.x.add(t0 * raw.xs), raw.xs, nt, nb);
         for r0 in (0..n_rows).step_by(ROWS) {
-            let nr = ROWS.min(n_rows - r0);
-            let (wp, op) = (w.add(r0 * ws), o.add(t0 * n_rows + r0));
+            let piece = raw.piece(r0, ROWS.min(n_rows - r0), t0, nt);
             match kind {
-                KQuant::Q4K => sweep_tile::<true>(wp, ws, nr, &xt, nt, nb, op, n_rows),
-                KQuant::Q6K => sweep_tile::<false>(wp, ws, nr, &xt, nt, nb, op, n_rows),
+                KQuant::Q4K => sweep_tile::<true>(piece, &xt),
+                KQuant::Q6K => sweep_tile::<false>(piece, &xt),
             }
         }
     }
@@ -781,8 +742,8 @@ pub(super) unsafe fn dot_kquant(kind: KQuant, w: *const u8, x: *const u8, nb: us
     let mut out = 0f32;
     let xt = XTerms::new(matches!(kind, KQuant::Q4K), x, 0, 1, nb);
     match kind {
-        KQuant::Q4K => sweep_few::<true, 1>(w, 0, 1, &xt, nb, &mut out, 0),
-        KQuant::Q6K => sweep_few::<false, 1>(w, 0, 1, &xt, nb, &mut out, 0),
+        KQuant::Q4K => sweep_few::<true, 1>(Piece::single(w, x, nb, &mut out), &xt),
+        KQuant::Q6K => sweep_few::<false, 1>(Piece::single(w, x, nb, &mut out), &xt),
     }
     out
 }

@@ -16,6 +16,103 @@ use crate::quant::blocks::{
 };
 use crate::quant::GgmlType;
 
+/// The five quantized single dot products of a SIMD [`KernelBackend`] impl, written inside
+/// the impl block: `vec_dot_q4_0_q8_0` … `vec_dot_q6_k_q8_k`, each the backend's inherent
+/// `unsafe fn dot_blocks(&self, ty: GgmlType, w: *const u8, x: *const u8, nb: usize) -> f32`
+/// of `ty` on `nb = min(w.len(), x.len())` blocks of the slices (aligned as slices).
+/// `dot_blocks`' contract: the features of its kernels are available (the backend value
+/// proves it) and `w`, `x` point at `nb` aligned blocks of `ty` and of its activation type.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+macro_rules! quant_dot_methods {
+    () => {
+        quant_dot_methods!(@each
+            vec_dot_q4_0_q8_0(BlockQ4_0, BlockQ8_0) = Q4_0,
+            vec_dot_q4_1_q8_1(BlockQ4_1, BlockQ8_1) = Q4_1,
+            vec_dot_q8_0_q8_0(BlockQ8_0, BlockQ8_0) = Q8_0,
+            vec_dot_q4_k_q8_k(BlockQ4K, BlockQ8K) = Q4_K,
+            vec_dot_q6_k_q8_k(BlockQ6K, BlockQ8K) = Q6_K,
+        );
+    };
+    (@each $($name:ident($w:ty, $x:ty) = $ty:ident,)*) => {
+        $(
+            fn $name(&self, w: &[$w], x: &[$x]) -> f32 {
+                let nb = w.len().min(x.len());
+                // SAFETY: see the impl comment; both slices hold >= nb blocks, aligned as slices.
+                unsafe { self.dot_blocks(GgmlType::$ty, w.as_ptr().cast(), x.as_ptr().cast(), nb) }
+            }
+        )*
+    };
+}
+
+/// The body of a K-quant sweep of the SIMD backends (AVX2, NEON), written once: for
+/// `p: Piece` (at most `$max_rows` rows and `$nt` tokens), every weight block is unpacked once
+/// (`unpack_q4k` / `unpack_q6k` of the calling module, by the const `$q4k`) and accumulated with
+/// each token's [`BlockQ8K`] by `$acc` (with `$u`, `$bx`, `$a`: the unpacked block, the
+/// activation block and the accumulator so far) into accumulators starting at `$zero`; `$hsum`
+/// reduces each accumulator to its output `out[t * out_stride + r]`.
+///
+/// Expands to unsafe code: the caller's safety contract is the `Piece` one (the pointers cover
+/// `rows × nb` aligned weight blocks and `n_tok × nb` aligned activation blocks).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+macro_rules! kquant_sweep {
+    ($p:expr, $q4k:ident, $nt:ident, $max_rows:expr, $zero:expr, |$u:ident, $bx:ident, $a:ident| $acc:expr, $hsum:path) => {{
+        let Piece { w, w_stride, rows, x, x_stride, n_tok, nb, out, out_stride } = $p;
+        debug_assert!(rows <= $max_rows && n_tok <= $nt);
+        let wb = if $q4k {
+            size_of::<BlockQ4K>()
+        } else {
+            size_of::<BlockQ6K>()
+        };
+        let mut acc = [[$zero; $nt]; $max_rows];
+        for ib in 0..nb {
+            for (r, acc_r) in acc.iter_mut().enumerate().take(rows) {
+                let p = w.add(r * w_stride + ib * wb);
+                let $u = if $q4k {
+                    unpack_q4k(&*p.cast::<BlockQ4K>())
+                } else {
+                    unpack_q6k(&*p.cast::<BlockQ6K>())
+                };
+                for (t, acc_rt) in acc_r.iter_mut().enumerate().take(n_tok) {
+                    let $bx = &*x
+                        .add(t * x_stride + ib * size_of::<BlockQ8K>())
+                        .cast::<BlockQ8K>();
+                    let $a = *acc_rt;
+                    *acc_rt = $acc;
+                }
+            }
+        }
+        for (r, acc_r) in acc.iter().enumerate().take(rows) {
+            for (t, a) in acc_r.iter().enumerate().take(n_tok) {
+                *out.add(t * out_stride + r) = $hsum(*a);
+            }
+        }
+    }};
+}
+
+/// The literals of the SIMD backends' `exp_pd` (`avx2_math`, `neon_math`: the same ones, so
+/// the same bits): ln 2 split into a high and a low part for the range reduction, and the
+/// Taylor coefficients `1/k!` for `k` = 11 down to 0 (Horner from the top).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[allow(clippy::excessive_precision)]
+mod exp_consts {
+    pub(super) const LN2_HI: f64 = 6.931_471_803_691_238_164_9e-1;
+    pub(super) const LN2_LO: f64 = 1.908_214_929_270_587_700_0e-10;
+    pub(super) const INV_FACT: [f64; 12] = [
+        1.0 / 39_916_800.0,
+        1.0 / 3_628_800.0,
+        1.0 / 362_880.0,
+        1.0 / 40_320.0,
+        1.0 / 5_040.0,
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+        1.0,
+        1.0,
+    ];
+}
+
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod attn;
 #[cfg(target_arch = "x86_64")]
@@ -57,6 +154,111 @@ impl DotTile<'_> {
     pub fn n_tok(&self) -> usize {
         self.x.len() / self.x_row_bytes
     }
+
+    /// The tile as raw pointers for the SIMD tile kernels, with `out` (`[n_tok, n_rows]`),
+    /// after the O(1) checks the soundness of their raw reads and writes rests on: every
+    /// weight row is `nb` blocks of `wb` bytes and every activation row `nb` blocks of `xb`
+    /// bytes, both slices hold whole rows, and `out` holds `n_rows × n_tok` values. (The
+    /// alignment of blocks read through references is the [`DotTile`] contract.)
+    ///
+    /// Panics when a check fails.
+    #[allow(dead_code)] // only the SIMD backends of the target use it
+    #[inline(always)]
+    pub(crate) fn raw(&self, wb: usize, xb: usize, out: &mut [f32]) -> RawTile {
+        let (n_rows, n_tok) = (self.n_rows(), self.n_tok());
+        let nb = self.w_row_bytes / wb;
+        assert!(self.w_row_bytes == nb * wb && self.x_row_bytes == nb * xb);
+        assert!(self.w.len() == n_rows * self.w_row_bytes && self.x.len() == n_tok * self.x_row_bytes);
+        assert_eq!(out.len(), n_rows * n_tok);
+        RawTile {
+            n_rows,
+            n_tok,
+            nb,
+            ws: self.w_row_bytes,
+            xs: self.x_row_bytes,
+            w: self.w.as_ptr(),
+            x: self.x.as_ptr(),
+            o: out.as_mut_ptr(),
+        }
+    }
+}
+
+impl RawTile {
+    /// The piece of `rows` weight rows from row `r0` by `n_tok` tokens from token `t0`.
+    ///
+    /// # Safety
+    /// The piece lies inside the tile (`r0 + rows <= n_rows`, `t0 + n_tok <= n_tok`).
+    #[allow(dead_code)] // only the SIMD backends of the target use it
+    #[inline(always)]
+    pub(crate) unsafe fn piece(&self, r0: usize, rows: usize, t0: usize, n_tok: usize) -> Piece {
+        Piece {
+            w: self.w.add(r0 * self.ws),
+            w_stride: self.ws,
+            rows,
+            x: self.x.add(t0 * self.xs),
+            x_stride: self.xs,
+            n_tok,
+            nb: self.nb,
+            out: self.o.add(t0 * self.n_rows + r0),
+            out_stride: self.n_rows,
+        }
+    }
+}
+
+impl RawTile {
+    /// The pieces of at most `rows` rows × `toks` tokens that cover the tile, tokens outer.
+    #[allow(dead_code)] // only the SIMD backends of the target use it
+    pub(crate) fn pieces(&self, rows: usize, toks: usize) -> impl Iterator<Item = Piece> + '_ {
+        (0..self.n_tok).step_by(toks).flat_map(move |t0| {
+            (0..self.n_rows).step_by(rows).map(move |r0| {
+                // SAFETY: `r0 < n_rows`, `t0 < n_tok` and the sizes are clipped to the tile.
+                unsafe { self.piece(r0, rows.min(self.n_rows - r0), t0, toks.min(self.n_tok - t0)) }
+            })
+        })
+    }
+}
+
+/// What a SIMD tile kernel computes: `rows` weight rows at `w` (`w_stride` bytes apart) by
+/// `n_tok` activation rows at `x` (`x_stride` bytes apart), `nb` blocks each; the product of
+/// row `r` and token `t` goes to `out[t * out_stride + r]`. (Kernels of a fixed `R × T` size
+/// take `rows`, `n_tok` from their parameters.)
+#[allow(dead_code)] // only the SIMD backends of the target use it
+#[derive(Clone, Copy)]
+pub(crate) struct Piece {
+    pub w: *const u8,
+    pub w_stride: usize,
+    pub rows: usize,
+    pub x: *const u8,
+    pub x_stride: usize,
+    pub n_tok: usize,
+    pub nb: usize,
+    pub out: *mut f32,
+    pub out_stride: usize,
+}
+
+impl Piece {
+    /// One dot product of `nb` blocks at `w` and `x`, written to `out`.
+    #[allow(dead_code)] // only the SIMD backends of the target use it
+    #[inline(always)]
+    pub(crate) fn single(w: *const u8, x: *const u8, nb: usize, out: *mut f32) -> Piece {
+        Piece { w, w_stride: 0, rows: 1, x, x_stride: 0, n_tok: 1, nb, out, out_stride: 0 }
+    }
+}
+
+/// A [`DotTile`] and its output checked for raw-pointer kernels ([`DotTile::raw`]).
+#[allow(dead_code)] // only the SIMD backends of the target use it
+pub(crate) struct RawTile {
+    pub n_rows: usize,
+    pub n_tok: usize,
+    /// Blocks per row.
+    pub nb: usize,
+    /// Weight and activation row strides, bytes.
+    pub ws: usize,
+    pub xs: usize,
+    pub w: *const u8,
+    pub x: *const u8,
+    /// The output, token-major: `o[t * n_rows + r]`.
+    pub o: *mut f32,
 }
 
 /// Compute kernels of one instruction set. Every method has the same contract in every

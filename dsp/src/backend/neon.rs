@@ -37,7 +37,7 @@ use half::{bf16, f16};
 
 use super::attn::{attention_tile, Lanes};
 use super::neon_kquants::{dot_kquant, dot_tile_kquant, KQuant};
-use super::{dot_tile_by_pairs, AttnTile, DotTile, KernelBackend};
+use super::{dot_tile_by_pairs, AttnTile, DotTile, KernelBackend, Piece};
 use crate::quant::blocks::{
     BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
@@ -158,7 +158,7 @@ fn f16_bits_to_f32(h: u16) -> f32 {
 /// 4 f16 (as bits) widened to f32 (`fcvtl`, exact; the `float16x4_t` intrinsics are not
 /// stable Rust).
 #[inline(always)]
-unsafe fn cvt_f16x4(h: uint16x4_t) -> float32x4_t {
+pub(super) unsafe fn cvt_f16x4(h: uint16x4_t) -> float32x4_t {
     let o: float32x4_t;
     std::arch::asm!("fcvtl {0:v}.4s, {1:v}.4h", out(vreg) o, in(vreg) h,
         options(pure, nomem, nostack, preserves_flags));
@@ -252,16 +252,8 @@ unsafe fn load_nibbles(p: *const u8) -> [int8x16_t; 2] {
 /// Needs dotprod when `DOT`. `w + r*w_stride` for `r < R` and `x + t*x_stride` for `t < T`
 /// must each point at `nb` readable blocks; `out + t*out_stride + r` must be writable.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile_q<const K: u8, const R: usize, const T: usize, const DOT: bool>(
-    w: *const u8,
-    w_stride: usize,
-    x: *const u8,
-    x_stride: usize,
-    nb: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
+unsafe fn tile_q<const K: u8, const R: usize, const T: usize, const DOT: bool>(p: Piece) {
+    let Piece { w, w_stride, x, x_stride, nb, out, out_stride, .. } = p;
     let (wb, xb, xq) = geometry(K);
     let zero = vdupq_n_f32(0.0);
     let mut acc = [[[zero; 2]; T]; R];
@@ -442,16 +434,8 @@ unsafe fn pair_dot<const K: u8>(w: *const u8, x: *const u8, nb: usize) -> f32 {
 /// # Safety
 /// As [`tile_q`].
 #[inline]
-unsafe fn tile_neon<const K: u8, const R: usize, const T: usize>(
-    w: *const u8,
-    w_stride: usize,
-    x: *const u8,
-    x_stride: usize,
-    nb: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
-    tile_q::<K, R, T, false>(w, w_stride, x, x_stride, nb, out, out_stride)
+unsafe fn tile_neon<const K: u8, const R: usize, const T: usize>(p: Piece) {
+    tile_q::<K, R, T, false>(p)
 }
 
 /// [`tile_q`] with `sdot` (bit-identical results).
@@ -460,16 +444,8 @@ unsafe fn tile_neon<const K: u8, const R: usize, const T: usize>(
 /// Needs dotprod; pointers as [`tile_q`].
 #[inline]
 #[target_feature(enable = "dotprod")]
-unsafe fn tile_dot<const K: u8, const R: usize, const T: usize>(
-    w: *const u8,
-    w_stride: usize,
-    x: *const u8,
-    x_stride: usize,
-    nb: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
-    tile_q::<K, R, T, true>(w, w_stride, x, x_stride, nb, out, out_stride)
+unsafe fn tile_dot<const K: u8, const R: usize, const T: usize>(p: Piece) {
+    tile_q::<K, R, T, true>(p)
 }
 
 /// The `R × T` tile of kind `K` at the level `DOT` names.
@@ -477,20 +453,11 @@ unsafe fn tile_dot<const K: u8, const R: usize, const T: usize>(
 /// # Safety
 /// As the kernel it dispatches to (the caller proves dotprod when `DOT`).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile_pick<const K: u8, const R: usize, const T: usize, const DOT: bool>(
-    w: *const u8,
-    w_stride: usize,
-    x: *const u8,
-    x_stride: usize,
-    nb: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
+unsafe fn tile_pick<const K: u8, const R: usize, const T: usize, const DOT: bool>(p: Piece) {
     if DOT {
-        tile_dot::<K, R, T>(w, w_stride, x, x_stride, nb, out, out_stride)
+        tile_dot::<K, R, T>(p)
     } else {
-        tile_neon::<K, R, T>(w, w_stride, x, x_stride, nb, out, out_stride)
+        tile_neon::<K, R, T>(p)
     }
 }
 
@@ -503,26 +470,22 @@ unsafe fn dot_tile_q<const K: u8, const R: usize, const T: usize, const DOT: boo
     out: &mut [f32],
 ) {
     let (wb, xb, _) = geometry(K);
-    let (n_rows, n_tok) = (tile.n_rows(), tile.n_tok());
-    let nb = tile.w_row_bytes / wb;
-    // Soundness of the raw reads and writes below rests on these O(1) checks.
-    assert!(tile.w_row_bytes == nb * wb && tile.x_row_bytes == nb * xb);
-    assert!(tile.w.len() == n_rows * tile.w_row_bytes && tile.x.len() == n_tok * tile.x_row_bytes);
-    assert_eq!(out.len(), n_rows * n_tok);
-    let (ws, xs) = (tile.w_row_bytes, tile.x_row_bytes);
-    let (w, x, o) = (tile.w.as_ptr(), tile.x.as_ptr(), out.as_mut_ptr());
+    let raw = tile.raw(wb, xb, out);
+    let (n_rows, n_tok) = (raw.n_rows, raw.n_tok);
     let mut r = 0;
     while r < n_rows {
         let full = r + R <= n_rows;
         let mut t = 0;
         while t < n_tok {
-            let (wp, xp, op) = (w.add(r * ws), x.add(t * xs), o.add(t * n_rows + r));
             let tfull = t + T <= n_tok;
             match (full, tfull) {
-                (true, true) => tile_pick::<K, R, T, DOT>(wp, ws, xp, xs, nb, op, n_rows),
-                (true, false) => tile_pick::<K, R, 1, DOT>(wp, ws, xp, xs, nb, op, n_rows),
-                (false, true) => tile_pick::<K, 1, T, DOT>(wp, ws, xp, xs, nb, op, n_rows),
-                (false, false) => *op = dot_q::<K, DOT>(wp, xp, nb),
+                (true, true) => tile_pick::<K, R, T, DOT>(raw.piece(r, R, t, T)),
+                (true, false) => tile_pick::<K, R, 1, DOT>(raw.piece(r, R, t, 1)),
+                (false, true) => tile_pick::<K, 1, T, DOT>(raw.piece(r, 1, t, T)),
+                (false, false) => {
+                    let p = raw.piece(r, 1, t, 1);
+                    *p.out = dot_q::<K, DOT>(p.w, p.x, p.nb)
+                }
             }
             t += if tfull { T } else { 1 };
         }
@@ -750,6 +713,26 @@ macro_rules! at_level {
     };
 }
 
+impl Neon {
+    /// The single dot product of `nb` blocks of `ty` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) with
+    /// their activation blocks ([`quant_dot_methods`]), at this backend's level.
+    ///
+    /// # Safety
+    /// `w` and `x` point at `nb` aligned blocks each (dotprod, where the level uses it, is
+    /// proven by `self`).
+    #[inline(always)]
+    unsafe fn dot_blocks(&self, ty: GgmlType, w: *const u8, x: *const u8, nb: usize) -> f32 {
+        match ty {
+            GgmlType::Q4_0 => at_level!(self, dot_q::<K_Q4_0>(w, x, nb)),
+            GgmlType::Q4_1 => at_level!(self, dot_q::<K_Q4_1>(w, x, nb)),
+            GgmlType::Q8_0 => at_level!(self, dot_q::<K_Q8_0>(w, x, nb)),
+            GgmlType::Q4_K => dot_kquant(self.dot(), KQuant::Q4K, w, x, nb),
+            GgmlType::Q6_K => dot_kquant(self.dot(), KQuant::Q6K, w, x, nb),
+            _ => unreachable!("no quantized block dot product for {ty}"),
+        }
+    }
+}
+
 // SAFETY (every `unsafe` block below): a `Neon` exists only via `Neon::get` / `Neon::at`, which
 // checked dotprod for the levels that use it (NEON itself is baseline on aarch64); the single
 // dot products read `min(len)` blocks of the slices passed, and the tile kernels assert their
@@ -767,51 +750,7 @@ impl KernelBackend for Neon {
         crate::gdn::chunked::head_fused(head)
     }
 
-    fn vec_dot_q4_0_q8_0(&self, w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
-        let (nb, w, x) = (w.len().min(x.len()), w.as_ptr().cast(), x.as_ptr().cast());
-        // SAFETY: see the impl comment; both slices hold >= nb blocks.
-        unsafe { at_level!(self, dot_q::<K_Q4_0>(w, x, nb)) }
-    }
-
-    fn vec_dot_q4_1_q8_1(&self, w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32 {
-        let (nb, w, x) = (w.len().min(x.len()), w.as_ptr().cast(), x.as_ptr().cast());
-        // SAFETY: see the impl comment; both slices hold >= nb blocks.
-        unsafe { at_level!(self, dot_q::<K_Q4_1>(w, x, nb)) }
-    }
-
-    fn vec_dot_q8_0_q8_0(&self, w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
-        let (nb, w, x) = (w.len().min(x.len()), w.as_ptr().cast(), x.as_ptr().cast());
-        // SAFETY: see the impl comment; both slices hold >= nb blocks.
-        unsafe { at_level!(self, dot_q::<K_Q8_0>(w, x, nb)) }
-    }
-
-    fn vec_dot_q4_k_q8_k(&self, w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
-        let nb = w.len().min(x.len());
-        // SAFETY: see the impl comment; both slices hold >= nb blocks, aligned as slices.
-        unsafe {
-            dot_kquant(
-                self.dot(),
-                KQuant::Q4K,
-                w.as_ptr().cast(),
-                x.as_ptr().cast(),
-                nb,
-            )
-        }
-    }
-
-    fn vec_dot_q6_k_q8_k(&self, w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
-        let nb = w.len().min(x.len());
-        // SAFETY: see the impl comment; both slices hold >= nb blocks, aligned as slices.
-        unsafe {
-            dot_kquant(
-                self.dot(),
-                KQuant::Q6K,
-                w.as_ptr().cast(),
-                x.as_ptr().cast(),
-                nb,
-            )
-        }
-    }
+    quant_dot_methods!();
 
     fn vec_dot_f16(&self, w: &[f16], x: &[f16]) -> f32 {
         dot_f16(w, x)

@@ -14,8 +14,8 @@
 
 use std::arch::aarch64::*;
 
-use super::neon::{dot4, dot4_acc, f16_to_f32, hsum8};
-use super::DotTile;
+use super::neon::{cvt_f16x4, dot4, dot4_acc, f16_to_f32, hsum8};
+use super::{DotTile, Piece};
 use crate::quant::blocks::{BlockQ4K, BlockQ6K, BlockQ8K};
 
 /// Tokens per sweep (as AVX2: the activation blocks of one super-block column stay in L1).
@@ -175,15 +175,6 @@ unsafe fn unpack_q6k(b: &BlockQ6K) -> Unpacked {
     }
 }
 
-/// 4 f16 (as bits) widened to f32 (`fcvtl`, exact).
-#[inline(always)]
-unsafe fn cvt_f16x4(h: uint16x4_t) -> float32x4_t {
-    let o: float32x4_t;
-    std::arch::asm!("fcvtl {0:v}.4s, {1:v}.4h", out(vreg) o, in(vreg) h,
-        options(pure, nomem, nostack, preserves_flags));
-    o
-}
-
 /// Adds one super-block product `w · x` to the 8-lane accumulator `acc` (`own_qs_reg`, a
 /// constant: code generation only, see below).
 ///
@@ -268,47 +259,9 @@ unsafe fn accumulate<const Q4K: bool, const DOT: bool>(
 /// blocks, `x + t*x_stride` (t < n_tok) at `nb` aligned [`BlockQ8K`]; `out + t*out_stride + r`
 /// must be writable.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn sweep<const Q4K: bool, const NT: usize, const DOT: bool>(
-    w: *const u8,
-    w_stride: usize,
-    rows: usize,
-    x: *const u8,
-    x_stride: usize,
-    n_tok: usize,
-    nb: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
-    debug_assert!(rows <= ROWS && n_tok <= NT);
-    let wb = if Q4K {
-        size_of::<BlockQ4K>()
-    } else {
-        size_of::<BlockQ6K>()
-    };
-    let z = vdupq_n_f32(0.0);
-    let mut acc = [[[z; 2]; NT]; ROWS];
-    for ib in 0..nb {
-        for (r, acc_r) in acc.iter_mut().enumerate().take(rows) {
-            let p = w.add(r * w_stride + ib * wb);
-            let u = if Q4K {
-                unpack_q4k(&*p.cast::<BlockQ4K>())
-            } else {
-                unpack_q6k(&*p.cast::<BlockQ6K>())
-            };
-            for (t, a) in acc_r.iter_mut().enumerate().take(n_tok) {
-                let bx = &*x
-                    .add(t * x_stride + ib * size_of::<BlockQ8K>())
-                    .cast::<BlockQ8K>();
-                *a = accumulate::<Q4K, DOT>(&u, bx, *a, NT == 1);
-            }
-        }
-    }
-    for (r, acc_r) in acc.iter().enumerate().take(rows) {
-        for (t, a) in acc_r.iter().enumerate().take(n_tok) {
-            *out.add(t * out_stride + r) = hsum8(*a);
-        }
-    }
+unsafe fn sweep<const Q4K: bool, const NT: usize, const DOT: bool>(p: Piece) {
+    let zero = [vdupq_n_f32(0.0); 2];
+    kquant_sweep!(p, Q4K, NT, ROWS, zero, |u, bx, a| accumulate::<Q4K, DOT>(&u, bx, a, NT == 1), hsum8)
 }
 
 /// [`sweep`] with the smallest accumulator capacity that holds `n_tok ≤ TOKENS` tokens.
@@ -316,25 +269,13 @@ unsafe fn sweep<const Q4K: bool, const NT: usize, const DOT: bool>(
 /// # Safety
 /// As [`sweep`].
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn sweep_any<const Q4K: bool, const DOT: bool>(
-    w: *const u8,
-    w_stride: usize,
-    rows: usize,
-    x: *const u8,
-    x_stride: usize,
-    n_tok: usize,
-    nb: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
-    let a = (w, w_stride, rows, x, x_stride, n_tok, nb, out, out_stride);
-    match n_tok {
-        1 => sweep::<Q4K, 1, DOT>(a.0, a.1, a.2, a.3, a.4, a.5, a.6, a.7, a.8),
-        2 => sweep::<Q4K, 2, DOT>(a.0, a.1, a.2, a.3, a.4, a.5, a.6, a.7, a.8),
-        3..=4 => sweep::<Q4K, 4, DOT>(a.0, a.1, a.2, a.3, a.4, a.5, a.6, a.7, a.8),
-        5..=8 => sweep::<Q4K, 8, DOT>(a.0, a.1, a.2, a.3, a.4, a.5, a.6, a.7, a.8),
-        _ => sweep::<Q4K, TOKENS, DOT>(a.0, a.1, a.2, a.3, a.4, a.5, a.6, a.7, a.8),
+unsafe fn sweep_any<const Q4K: bool, const DOT: bool>(p: Piece) {
+    match p.n_tok {
+        1 => sweep::<Q4K, 1, DOT>(p),
+        2 => sweep::<Q4K, 2, DOT>(p),
+        3..=4 => sweep::<Q4K, 4, DOT>(p),
+        5..=8 => sweep::<Q4K, 8, DOT>(p),
+        _ => sweep::<Q4K, TOKENS, DOT>(p),
     }
 }
 
@@ -345,23 +286,10 @@ unsafe fn sweep_any<const Q4K: bool, const DOT: bool>(
 #[inline(always)]
 unsafe fn tile_body<const DOT: bool>(kind: KQuant, tile: &DotTile<'_>, out: &mut [f32]) {
     let (wb, xb) = (kind.block_bytes(), size_of::<BlockQ8K>());
-    let (n_rows, n_tok) = (tile.n_rows(), tile.n_tok());
-    let nb = tile.w_row_bytes / wb;
-    // Soundness of the raw reads and writes below rests on these O(1) checks.
-    assert!(tile.w_row_bytes == nb * wb && tile.x_row_bytes == nb * xb);
-    assert!(tile.w.len() == n_rows * tile.w_row_bytes && tile.x.len() == n_tok * tile.x_row_bytes);
-    assert_eq!(out.len(), n_rows * n_tok);
-    let (ws, xs) = (tile.w_row_bytes, tile.x_row_bytes);
-    let (w, x, o) = (tile.w.as_ptr(), tile.x.as_ptr(), out.as_mut_ptr());
-    for t0 in (0..n_tok).step_by(TOKENS) {
-        let nt = TOKENS.min(n_tok - t0);
-        for r0 in (0..n_rows).step_by(ROWS) {
-            let nr = ROWS.min(n_rows - r0);
-            let (wp, xp, op) = (w.add(r0 * ws), x.add(t0 * xs), o.add(t0 * n_rows + r0));
-            match kind {
-                KQuant::Q4K => sweep_any::<true, DOT>(wp, ws, nr, xp, xs, nt, nb, op, n_rows),
-                KQuant::Q6K => sweep_any::<false, DOT>(wp, ws, nr, xp, xs, nt, nb, op, n_rows),
-            }
+    for piece in tile.raw(wb, xb, out).pieces(ROWS, TOKENS) {
+        match kind {
+            KQuant::Q4K => sweep_any::<true, DOT>(piece),
+            KQuant::Q6K => sweep_any::<false, DOT>(piece),
         }
     }
 }
@@ -387,23 +315,27 @@ pub(super) unsafe fn dot_tile_kquant(dot: bool, kind: KQuant, tile: &DotTile<'_>
     }
 }
 
-unsafe fn single_neon(kind: KQuant, w: *const u8, x: *const u8, nb: usize) -> f32 {
+/// One K-quant dot product as a 1 × 1 sweep.
+///
+/// # Safety
+/// Needs dotprod when `DOT`; `w` and `x` point at `nb` aligned blocks each.
+#[inline(always)]
+unsafe fn single_body<const DOT: bool>(kind: KQuant, w: *const u8, x: *const u8, nb: usize) -> f32 {
     let mut out = 0f32;
     match kind {
-        KQuant::Q4K => sweep::<true, 1, false>(w, 0, 1, x, 0, 1, nb, &mut out, 0),
-        KQuant::Q6K => sweep::<false, 1, false>(w, 0, 1, x, 0, 1, nb, &mut out, 0),
+        KQuant::Q4K => sweep::<true, 1, DOT>(Piece::single(w, x, nb, &mut out)),
+        KQuant::Q6K => sweep::<false, 1, DOT>(Piece::single(w, x, nb, &mut out)),
     }
     out
 }
 
+unsafe fn single_neon(kind: KQuant, w: *const u8, x: *const u8, nb: usize) -> f32 {
+    single_body::<false>(kind, w, x, nb)
+}
+
 #[target_feature(enable = "dotprod")]
 unsafe fn single_dot(kind: KQuant, w: *const u8, x: *const u8, nb: usize) -> f32 {
-    let mut out = 0f32;
-    match kind {
-        KQuant::Q4K => sweep::<true, 1, true>(w, 0, 1, x, 0, 1, nb, &mut out, 0),
-        KQuant::Q6K => sweep::<false, 1, true>(w, 0, 1, x, 0, 1, nb, &mut out, 0),
-    }
-    out
+    single_body::<true>(kind, w, x, nb)
 }
 
 /// One K-quant dot product with the tile arithmetic (bit-identical to tiles).

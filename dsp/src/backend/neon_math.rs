@@ -8,32 +8,18 @@
 
 use std::arch::aarch64::*;
 
+use super::exp_consts::{INV_FACT, LN2_HI, LN2_LO};
+
 /// `exp(x)` of 2 f64 lanes, `x` in `[−110, 90]` (relative error < 1e-14).
 #[inline(always)]
 unsafe fn exp_pd(x: float64x2_t) -> float64x2_t {
-    // The literals of `avx2_math::exp_pd`, digit for digit.
-    #[allow(clippy::excessive_precision)]
-    const LN2_HI: f64 = 6.931_471_803_691_238_164_9e-1;
-    #[allow(clippy::excessive_precision)]
-    const LN2_LO: f64 = 1.908_214_929_270_587_700_0e-10;
+    // The literals of `avx2_math::exp_pd` (`super::exp_consts`).
     // Round to nearest, ties to even (as `_MM_FROUND_TO_NEAREST_INT`).
     let n = vrndnq_f64(vmulq_f64(x, vdupq_n_f64(std::f64::consts::LOG2_E)));
     let r = vfmsq_f64(x, n, vdupq_n_f64(LN2_HI));
     let r = vfmsq_f64(r, n, vdupq_n_f64(LN2_LO));
-    let mut p = vdupq_n_f64(1.0 / 39_916_800.0);
-    for inv_fact in [
-        1.0 / 3_628_800.0,
-        1.0 / 362_880.0,
-        1.0 / 40_320.0,
-        1.0 / 5_040.0,
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-        1.0,
-        1.0,
-    ] {
+    let mut p = vdupq_n_f64(INV_FACT[0]);
+    for &inv_fact in &INV_FACT[1..] {
         p = vfmaq_f64(vdupq_n_f64(inv_fact), p, r);
     }
     // 2^n: n + 1023 into the exponent field (n in [−159, 130]: a normal f64).

@@ -205,3 +205,54 @@ pub const WEIGHT_TYPES: [GgmlType; 8] = [
     GgmlType::Q4_K,
     GgmlType::Q6_K,
 ];
+
+/// `be.dot_tile` of `rows` weight rows `w` (row-major bytes of type `ty`, `cols` columns) by
+/// `toks` tokens `x` (`toks × cols` f32, quantized here to `ty.vec_dot_type()` on one thread).
+/// Returns the outputs, token-major (`out[t * rows + r]`), and the quantized activations.
+pub fn dot_tile_outputs(
+    be: &dyn dsp::backend::KernelBackend,
+    ty: GgmlType,
+    w: &[u8],
+    x: &[f32],
+    (rows, toks, cols): (usize, usize, usize),
+) -> (Vec<f32>, dsp::matmul::QuantizedActs) {
+    let pool = dsp::ThreadPool::new(1).expect("pool");
+    let acts = dsp::matmul::quantize_activations(&pool, ty.vec_dot_type(), x, toks, cols).expect("quantize");
+    let tile = dsp::backend::DotTile {
+        ty,
+        w,
+        w_row_bytes: ty.row_bytes(cols).expect("rb"),
+        x: acts.bytes(),
+        x_row_bytes: acts.row_bytes,
+    };
+    let mut out = vec![0f32; rows * toks];
+    be.dot_tile(&tile, &mut out);
+    (out, acts)
+}
+
+/// Draws a random tile (weights `rows × cols` of type `ty`, then `toks × cols` activations,
+/// from `rng` in that order) and checks every output of [`dot_tile_outputs`] is bit-identical
+/// to `be`'s single dot product (`vec_dot_bytes`) of its weight row and token; `label` names
+/// the case in a failure.
+pub fn assert_random_tile_equals_single_dots(
+    be: &dyn dsp::backend::KernelBackend,
+    ty: GgmlType,
+    rng: &mut Rng,
+    (rows, toks, cols): (usize, usize, usize),
+    label: &str,
+) {
+    let w = quantize_matrix(ty, &rng.vec(rows * cols), rows, cols);
+    let x = rng.vec(toks * cols);
+    let (out, acts) = dot_tile_outputs(be, ty, w.bytes(), &x, (rows, toks, cols));
+    let (w_row_bytes, x_row_bytes) = (ty.row_bytes(cols).expect("rb"), acts.row_bytes);
+    for t in 0..toks {
+        for r in 0..rows {
+            let single = be.vec_dot_bytes(
+                ty,
+                &w.bytes()[r * w_row_bytes..(r + 1) * w_row_bytes],
+                &acts.bytes()[t * x_row_bytes..(t + 1) * x_row_bytes],
+            );
+            assert_eq!(out[t * rows + r].to_bits(), single.to_bits(), "{label} r{r} t{t}");
+        }
+    }
+}

@@ -63,19 +63,37 @@ pub struct Servers {
     _stop: Vec<tokio::sync::oneshot::Sender<()>>,
 }
 
-/// Loads a worker with `cfg`, waits for the model, and serves StepService on a free loopback
-/// port. Returns the engine, its address `http://127.0.0.1:PORT` and the stop handle.
-pub async fn serve_worker(
-    cfg: device_worker::config::EngineOptions,
-) -> (device_worker::engine::EngineHandle, String, tokio::sync::oneshot::Sender<()>) {
+/// The worker options of these tests: `model`, 2 threads, 2 slots, a 4096-token context.
+pub fn engine_options(model: PathBuf) -> device_worker::config::EngineOptions {
+    device_worker::config::EngineOptions {
+        model: Some(model),
+        threads: Some(2),
+        ctx_size: 4096,
+        slots: 2,
+        ..Default::default()
+    }
+}
+
+/// Spawns an engine with `cfg` and waits until the model is loaded (as deploy/demo.sh waits
+/// for the worker's health); panics when the options are invalid or the model failed to load.
+pub async fn ready_engine(cfg: device_worker::config::EngineOptions) -> device_worker::engine::EngineHandle {
     let engine = device_worker::engine::EngineHandle::spawn(cfg.settings().expect("valid options")).unwrap();
-    // Serve only once the model is loaded, as deploy/demo.sh waits for the worker's health.
     let mut state = engine.state();
     state
         .wait_for(|s| !matches!(s, device_worker::engine::EngineState::Loading))
         .await
         .expect("engine state");
     assert!(engine.admission().is_ok(), "the model failed to load");
+    engine
+}
+
+/// Loads a worker with `cfg`, waits for the model, and serves StepService on a free loopback
+/// port. Returns the engine, its address `http://127.0.0.1:PORT` and the stop handle.
+pub async fn serve_worker(
+    cfg: device_worker::config::EngineOptions,
+) -> (device_worker::engine::EngineHandle, String, tokio::sync::oneshot::Sender<()>) {
+    // Serve only once the model is loaded.
+    let engine = ready_engine(cfg).await;
     let wl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let worker = format!("http://{}", wl.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -85,17 +103,10 @@ pub async fn serve_worker(
     (engine, worker, stop)
 }
 
-/// Loads `model` in a worker (2 threads, 2 slots, 4096-token context), serves it, and serves a
-/// gateway routed to it; both on free loopback ports.
+/// Loads `model` in a worker ([`engine_options`]), serves it, and serves a gateway routed to
+/// it; both on free loopback ports.
 pub async fn start(model: PathBuf) -> Servers {
-    let cfg = device_worker::config::EngineOptions {
-        model: Some(model),
-        threads: Some(2),
-        ctx_size: 4096,
-        slots: 2,
-        ..Default::default()
-    };
-    let (engine, worker, s1) = serve_worker(cfg).await;
+    let (engine, worker, s1) = serve_worker(engine_options(model)).await;
     let router = agent_gateway::worker::Router::new(std::slice::from_ref(&worker)).unwrap();
     let (gateway, s2) = serve_gateway(router).await;
     Servers { gateway, worker, engine, _stop: vec![s1, s2] }
@@ -152,15 +163,23 @@ pub async fn start_worker_metrics(servers: &mut Servers) -> String {
 /// `GET path` over HTTP/1.1 to `addr` (`127.0.0.1:PORT`) with `Connection: close`; returns the
 /// status code and the body.
 pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    // axum answers /metrics with a Content-Length body; chunked bodies are not expected here.
+    http_exchange(addr, format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"), "").await
+}
+
+/// Sends the request `head` (ending in the blank line) and `body` to `addr`, reads until the
+/// server closes; returns the status code and the body (undecoded). A read error after the
+/// response (a reset as the server drops a request body it did not read) keeps what came.
+pub async fn http_exchange(addr: &str, head: String, body: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect to the HTTP endpoint");
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).await.unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body.as_bytes()).await.unwrap();
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.unwrap();
+    let _ = s.read_to_end(&mut raw).await;
     let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response has a head");
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no HTTP head in {text:?}"));
     let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).expect("a status code");
-    // axum answers /metrics with a Content-Length body; chunked bodies are not expected here.
     (status, body.to_string())
 }
 
@@ -175,18 +194,37 @@ pub fn sample(text: &str, series: &str) -> Option<f64> {
 /// `POST path` with the JSON `body` over HTTP/1.1 to `addr` with `Connection: close`; returns
 /// the status code and the body (a chunked body, such as server-sent events, undecoded).
 pub async fn http_post(addr: &str, path: &str, body: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect to the HTTP endpoint");
+    http_post_with_headers(addr, path, "", body).await
+}
+
+/// [`http_post`] with `extra_headers`: whole header lines, each ending in `\r\n` (or "").
+pub async fn http_post_with_headers(addr: &str, path: &str, extra_headers: &str, body: &str) -> (u16, String) {
     let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra_headers}Connection: close\r\n\r\n",
         body.len()
     );
-    s.write_all(head.as_bytes()).await.unwrap();
-    s.write_all(body.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.unwrap();
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response has a head");
-    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).expect("a status code");
-    (status, body.to_string())
+    http_exchange(addr, head, body).await
+}
+
+/// A log sink: every line written by the `tracing` subscriber [`capture_logs`] installs.
+#[derive(Clone, Default)]
+pub struct Captured(pub Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Installs the process-wide `tracing` subscriber at `level` (no colours) writing into the
+/// returned sink; once per test binary.
+pub fn capture_logs(level: tracing::Level) -> Captured {
+    let logs = Captured::default();
+    let w = logs.clone();
+    tracing_subscriber::fmt().with_max_level(level).with_ansi(false).with_writer(move || w.clone()).init();
+    logs
 }

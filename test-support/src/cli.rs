@@ -1,0 +1,59 @@
+//! Checks of the two programs' command lines shared by their `tests/cli.rs`: the binaries are
+//! run as child processes (`env!("CARGO_BIN_EXE_…")` paths), nothing is mocked.
+
+use std::process::Command;
+
+/// The text `bin serve --help` prints (its stdout). Panics when `bin` cannot be run.
+pub fn serve_help(bin: &str) -> String {
+    let out = Command::new(bin).args(["serve", "--help"]).output().unwrap_or_else(|e| panic!("{bin} runs: {e}"));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The text after `Error: ` in `stderr` is one line (no "Caused by" block) containing
+/// `want`; panics (failing the test) otherwise.
+pub fn assert_one_line_error(stderr: &str, want: &str) {
+    let error = stderr.split_once("Error: ").map(|(_, e)| e.trim_end());
+    assert!(
+        error.is_some_and(|e| !e.contains('\n') && e.contains(want)),
+        "want one line with {want:?}, got {stderr}"
+    );
+}
+
+/// The paragraph of `bin serve --help` between `start` and the next `end` (both exclusive).
+///
+/// Panics (failing the test) when the help cannot be run or holds no `start`.
+pub fn serve_help_paragraph(bin: &str, start: &str, end: &str) -> String {
+    let help = serve_help(bin);
+    help.split(start)
+        .nth(1)
+        .and_then(|s| s.split(end).next())
+        .unwrap_or_else(|| panic!("no {start} paragraph in:\n{help}"))
+        .to_string()
+}
+
+/// The `--config` help of `bin serve` gives this program's own keys as examples: none of
+/// `foreign` (the other program's keys) is in it, and every example (`key = value` in
+/// backquotes, at least two), written into a file, is accepted by `serve --config FILE
+/// --print-config` and printed back. Panics (failing the test) otherwise.
+pub fn check_serve_config_help_examples(bin: &str, foreign: &[&str]) {
+    let para = serve_help_paragraph(bin, "--config <FILE>", "--print-config");
+    let examples: Vec<&str> = para.split('`').skip(1).step_by(2).filter(|e| e.contains(" = ")).collect();
+    assert!(examples.len() >= 2, "{para}");
+    for foreign in foreign {
+        assert!(!para.contains(foreign), "{foreign} is the other program's key: {para}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.toml");
+    std::fs::write(&file, examples.join("\n")).unwrap();
+    let out = Command::new(bin)
+        .args(["serve", "--config", file.to_str().unwrap(), "--print-config"])
+        .env_remove("TANDEM_AUTH_TOKEN_FILE")
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for e in examples {
+        let key = e.split(" = ").next().unwrap();
+        assert!(printed.lines().any(|l| l.starts_with(&format!("{key} = "))), "{key} not printed:\n{printed}");
+    }
+}

@@ -15,8 +15,10 @@
 //!
 //! Input: one selector byte (template: byte % number of templates, which are in the order
 //! above: 0 ChatML, 1 Qwen3-style, 2 SmolLM2; raw-render variant: byte / 4 % 3), then UTF-8
-//! text: messages separated by U+001E, each `role U+001F content` (no U+001F: role `user`). Properties: no panic; `render_chat` refuses exactly the roles outside
-//! `CHAT_ROLES`; output length is bounded by a constant plus a multiple of the input length.
+//! text: messages separated by U+001E, each `role U+001F content` (no U+001F: role `user`).
+//! Properties: no panic; an escaped content (`Tokenizer::escape_special`) tokenizes without
+//! control tokens; `render_chat` refuses exactly the roles outside `CHAT_ROLES`; output
+//! length is bounded by a constant plus a multiple of the input length.
 #![no_main]
 
 use std::sync::OnceLock;
@@ -73,6 +75,18 @@ fuzz_target!(|data: &[u8]| {
     // Templates add a fixed frame per message; escaping a special token's text grows it by a
     // few bytes.
     let bound = 4096 + 512 * msgs.len() + 8 * text.len();
+    // The worker's escaping: a content, escaped, holds no control token when tokenized with
+    // special tokens parsed (what the rendered prompt is), whatever special-token text it had.
+    // (Checked when escaping changed the content: a content without special-token text is
+    // left as is, and tokenizing every content would slow the target tenfold.)
+    if let Some(std::borrow::Cow::Owned(escaped)) = msgs.first().map(|m| tok.escape_special(&m.content)) {
+        let ids = tok.encode(&escaped, true).expect("byte-level vocabularies encode any text");
+        let bos = tok.bos().filter(|_| tok.add_bos());
+        assert!(
+            ids.iter().enumerate().all(|(i, &id)| !tok.is_control(id) || (i == 0 && Some(id) == bos)),
+            "escaped content {escaped:?} tokenizes to a control token: {ids:?}"
+        );
+    }
     match render_chat(tok, tmpl, &msgs) {
         Ok(out) => {
             assert!(roles_ok, "render_chat accepted a role outside {CHAT_ROLES:?}");

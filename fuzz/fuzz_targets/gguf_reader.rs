@@ -1,11 +1,11 @@
 //! GGUF files -> `GgufFile` (header, metadata, tensor table; `GgufFile::from_bytes`, the parser
-//! of `GgufFile::open`), then what the worker reads from an opened file: typed metadata
-//! getters, tensor views, the tokenizer (`Tokenizer::from_gguf`) and the chat template
-//! (`ChatTemplate::from_gguf`, compiled). Properties: no panic; every tensor's data lies inside the file
-//! and has the byte size its type and shape give.
+//! of `GgufFile::open`), then the typed metadata getters and tensor views. Properties: no
+//! panic; every tensor's data lies inside the file and has the byte size its type and shape
+//! give. (Building the tokenizer from fuzzed metadata is left out: it is most of the time per
+//! input, and the chat_template target runs the real vocabularies.)
 #![no_main]
 
-use gguf::{ChatTemplate, GgufFile, Tokenizer};
+use gguf::GgufFile;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -22,11 +22,4 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(view.data.len() as u64, info.n_bytes);
         assert!(info.file_offset + info.n_bytes <= data.len() as u64);
     }
-    if let Ok(tok) = Tokenizer::from_gguf(&file) {
-        let ids = tok.encode("Hello <|im_start|> world", true).unwrap_or_default();
-        let _ = tok.decode(&ids);
-    }
-    // Compiled only: a template from the file is code the operator installed (rendering real
-    // templates with hostile messages is the chat_template target's job).
-    let _ = ChatTemplate::from_gguf(&file);
 });

@@ -189,6 +189,22 @@ impl GgufFile {
         Self::parse(mmap)
     }
 
+    /// Parses and validates a GGUF held in memory (`bytes`, the whole file), as [`Self::open`]
+    /// does a file: the bytes are copied into an anonymous read-only mapping. Used by the fuzz
+    /// targets (`fuzz/`) and anything that has a GGUF in memory rather than on disk.
+    ///
+    /// Errors: [`GgufError::Io`] (path `<memory>`) if the mapping cannot be made; otherwise the
+    /// format errors of [`Self::open`].
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, GgufError> {
+        let io = |source| GgufError::Io {
+            path: "<memory>".into(),
+            source,
+        };
+        let mut anon = memmap2::MmapMut::map_anon(bytes.len()).map_err(io)?;
+        anon.copy_from_slice(bytes);
+        Self::parse(anon.make_read_only().map_err(io)?)
+    }
+
     fn parse(mmap: Mmap) -> Result<Self, GgufError> {
         let buf: &[u8] = &mmap;
         let file_bytes = buf.len() as u64;

@@ -468,3 +468,21 @@ fn edited_real_file_with_unknown_type_or_version_is_rejected() {
         Err(GgufError::UnsupportedVersion { version: 4 })
     ));
 }
+
+/// `GgufFile::from_bytes` (the fuzz targets' entry) parses what `open` parses, to the same
+/// metadata, tensor table and tensor bytes, and refuses what `open` refuses with the same error.
+#[test]
+fn from_bytes_matches_open() {
+    let bytes = small().build();
+    let (mem, file) = (GgufFile::from_bytes(&bytes).expect("parses"), open_bytes(&bytes).expect("opens"));
+    assert_eq!(mem.file_bytes(), bytes.len() as u64);
+    assert_eq!(mem.metadata(), file.metadata());
+    assert_eq!(mem.n_tensors(), 2);
+    for info in file.tensors() {
+        assert_eq!(mem.tensor(&info.name).expect("in memory").data, file.tensor(&info.name).expect("in file").data);
+    }
+    for bad in [&bytes[..bytes.len() - 1], &b"GGUF"[..], &[][..]] {
+        let (m, f) = (GgufFile::from_bytes(bad).expect_err("refused"), open_bytes(bad).expect_err("refused"));
+        assert_eq!(m.to_string(), f.to_string());
+    }
+}

@@ -401,13 +401,15 @@ enum Attempt {
 
 /// The code a worker call failed with, as the gateway treats it: a status tonic made here
 /// from a broken connection (the worker process died mid-stream: "h2 protocol error: error
-/// reading a body from connection", `Unknown` or `Internal`, carrying the transport error as
-/// its source) is `Unavailable`, like a worker that cannot be reached; a status the worker
-/// sent (no source) keeps its code.
+/// reading a body from connection", `Unknown` or `Internal`; or a call on the dying connection
+/// that hyper cancelled, "operation was canceled", `Cancelled`; each carrying the transport
+/// error as its source) is `Unavailable`, like a worker that cannot be reached; a status the
+/// worker sent (no source) keeps its code. (The controller's own cancellation never reaches
+/// here: the gateway drops the call instead of reading its status.)
 fn effective_code(s: &Status) -> tonic::Code {
     let local = std::error::Error::source(s).is_some();
     match s.code() {
-        tonic::Code::Unknown | tonic::Code::Internal if local => tonic::Code::Unavailable,
+        tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Cancelled if local => tonic::Code::Unavailable,
         code => code,
     }
 }
@@ -439,6 +441,24 @@ mod tests {
     use tonic::{Request, Response};
 
     use super::*;
+
+    /// A status tonic made from a broken connection (it carries the transport error as its
+    /// source) counts as the worker being unavailable; the same codes sent by a worker (no
+    /// source) keep their meaning.
+    #[test]
+    fn locally_made_transport_statuses_count_as_unavailable() {
+        let broken = || Arc::new(std::io::Error::other("connection reset")) as Arc<dyn std::error::Error + Send + Sync>;
+        for code in [tonic::Code::Unknown, tonic::Code::Internal, tonic::Code::Cancelled] {
+            let sent = Status::new(code, "sent by the worker");
+            assert_eq!(effective_code(&sent), code);
+            let mut local = Status::new(code, "operation was canceled");
+            local.set_source(broken());
+            assert_eq!(effective_code(&local), tonic::Code::Unavailable, "{code:?}");
+        }
+        let mut invalid = Status::invalid_argument("bad");
+        invalid.set_source(broken());
+        assert_eq!(effective_code(&invalid), tonic::Code::InvalidArgument);
+    }
 
     /// A worker whose first Generate streams two tokens then fails (UNAVAILABLE or, with
     /// `code`, another code); later calls stream three tokens and the final stats.

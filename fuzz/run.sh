@@ -34,14 +34,22 @@ EOF
 
 smoke=0
 if [[ "${1:-}" == "--smoke" ]]; then smoke=1; shift; fi
-if [[ "${1:-}" == "-h" || "${1:-}" == "--help" || $# -lt 2 ]]; then
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
   usage
-  [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]] && exit 0 || exit 2
+  exit 0
+fi
+if [[ $# -lt 2 ]]; then
+  usage >&2
+  exit 2
 fi
 which=$1 seconds=$2
 shift 2
-[[ "${1:-}" == "--" ]] && shift
-[[ "$seconds" =~ ^[0-9]+$ ]] || { echo "run.sh: SECONDS must be a whole number, got '$seconds'" >&2; exit 2; }
+if [[ $# -gt 0 ]]; then
+  [[ "$1" == "--" ]] || { echo "run.sh: unexpected argument '$1' (libFuzzer arguments go after --)" >&2; exit 2; }
+  shift
+fi
+# libFuzzer's -max_total_time=0 means no limit: a run here always has one.
+[[ "$seconds" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: SECONDS must be a whole number of at least 1, got '$seconds'" >&2; exit 2; }
 if [[ "$which" == all ]]; then
   run_targets=("${TARGETS[@]}")
 elif [[ " ${TARGETS[*]} " == *" $which "* ]]; then

@@ -270,6 +270,32 @@ fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(500u64 << attempt.min(5))
 }
 
+/// Whether a load run passed, for the command's exit status: `Err` says why not when any
+/// request was lost (neither a result nor a status within `--request-timeout-s`), failed with
+/// a status that is not retryable (errors), gave an output that differs from the baseline's,
+/// or when a phase completed no step at all (a run that did nothing, e.g. a missing token).
+/// Shed requests (retryable statuses) do not fail the run.
+pub fn verdict(reports: &[PhaseReport]) -> Result<(), String> {
+    let sum = |f: fn(&PhaseReport) -> usize| reports.iter().map(f).sum::<usize>();
+    let lost = sum(|r| r.steps_lost + r.bursts_lost);
+    let errors = sum(|r| r.step_errors + r.burst_errors);
+    let mismatched = sum(|r| r.mismatched);
+    let mut why = Vec::new();
+    if lost > 0 {
+        why.push(format!("{lost} request(s) lost (neither a result nor a status within --request-timeout-s)"));
+    }
+    if errors > 0 {
+        why.push(format!("{errors} request(s) failed with a status that is not retryable (see the error lines above)"));
+    }
+    if mismatched > 0 {
+        why.push(format!("{mismatched} output(s) differ from the baseline's"));
+    }
+    if let Some(r) = reports.iter().find(|r| r.steps == 0) {
+        why.push(format!("phase {} completed no step", r.name));
+    }
+    if why.is_empty() { Ok(()) } else { Err(why.join("; ")) }
+}
+
 /// Runs the baseline (unless `--no-baseline`) and every phase; prints the table and writes the
 /// JSON report. Returns the reports, baseline first.
 ///
@@ -717,6 +743,20 @@ fn print_table(reports: &[PhaseReport]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_fails_on_lost_errors_mismatches_or_an_empty_phase_but_not_on_shedding() {
+        let ok = || PhaseReport { name: "N = 4".into(), steps: 9, steps_shed: 3, bursts_shed: 1, ..Default::default() };
+        assert_eq!(verdict(&[ok(), ok()]), Ok(()));
+        let lost = PhaseReport { bursts_lost: 1, ..ok() };
+        assert!(verdict(&[ok(), lost]).unwrap_err().contains("1 request(s) lost"));
+        let errors = PhaseReport { step_errors: 2, ..ok() };
+        assert!(verdict(&[errors]).unwrap_err().contains("2 request(s) failed"));
+        let differ = PhaseReport { mismatched: 1, ..ok() };
+        assert!(verdict(&[differ]).unwrap_err().contains("differ from the baseline"));
+        let empty = PhaseReport { steps: 0, ..ok() };
+        assert!(verdict(&[ok(), empty]).unwrap_err().contains("phase N = 4 completed no step"));
+    }
 
     #[test]
     fn percentiles_by_nearest_rank() {

@@ -91,7 +91,7 @@ fn main() -> anyhow::Result<()> {
                     Some(addr) => {
                         let l = tokio::net::TcpListener::bind(addr)
                             .await
-                            .with_context(|| format!("cannot listen on {addr} (HTTP; --http-listen off disables it)"))?;
+                            .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (HTTP; --http-listen off disables it): {e}"))?;
                         tracing::info!(addr = %l.local_addr()?, limits = ?cfg.http_limits(), "OpenAI-compatible HTTP endpoint listening");
                         Some(tokio::spawn(agent_gateway::http::serve_limited(
                             agent_gateway::http::HttpState { router, metrics: Some(metrics) },
@@ -112,10 +112,7 @@ fn main() -> anyhow::Result<()> {
             }
             Command::Load(cfg) => {
                 let reports = agent_gateway::load::run(&cfg).await?;
-                let lost: usize = reports.iter().map(|r| r.steps_lost + r.bursts_lost).sum();
-                if lost > 0 {
-                    anyhow::bail!("{lost} request(s) lost (neither a result nor a status within --request-timeout-s)");
-                }
+                agent_gateway::load::verdict(&reports).map_err(|e| anyhow::anyhow!(e))?;
             }
             Command::Health(args) => agent_gateway::health::run(&args).await?,
             Command::Prompt(args) => println!("{}", agent_gateway::prompt_dump::messages_json(&args)?),

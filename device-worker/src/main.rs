@@ -151,7 +151,7 @@ fn main() -> anyhow::Result<()> {
             Some(addr) => {
                 let l = tokio::net::TcpListener::bind(addr)
                     .await
-                    .with_context(|| format!("cannot listen on {addr} (--metrics-listen)"))?;
+                    .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (--metrics-listen): {e}"))?;
                 tracing::info!(addr = %l.local_addr()?, "Prometheus /metrics listening");
                 Some(tokio::spawn(device_worker::service::metrics::serve(
                     engine.clone(),

@@ -154,7 +154,7 @@ impl GatedDeltaNet {
     ) -> Result<f64, ModelError> {
         let m = rollback.as_ref().map_or(0, |r| r.slots_for(n));
         let rb = rollback.as_deref_mut().filter(|_| m > 0);
-        let mut rb_ms = self.project_and_conv(ctx, st, h, n, s, rb, m, laps)?;
+        let mut rb_ms = self.project_and_conv(ctx, &mut st.conv, h, n, s, rb, m, laps)?;
         self.normalise_and_gate(ctx.pool, n, s);
         laps.lap("gdn l2norm + gates");
         rb_ms += self.delta(ctx.pool, st, n, s, rollback.filter(|_| m > 0), m)?;
@@ -168,12 +168,13 @@ impl GatedDeltaNet {
     }
 
     /// Projections `qkv, z, alpha, beta`, the conv snapshots of rollback (`m` of them), then
-    /// the causal conv + SiLU into `s.conv_out`. Returns the milliseconds of the snapshots.
+    /// the causal conv + SiLU into `s.conv_out`, advancing the layer's conv state
+    /// `conv_state` `[K − 1, channels]`. Returns the milliseconds of the snapshots.
     #[allow(clippy::too_many_arguments)]
     fn project_and_conv(
         &self,
         ctx: Ctx<'_>,
-        st: &mut GdnLayerState,
+        conv_state: &mut [f32],
         h: &[f32],
         n: usize,
         s: &mut GdnScratch,
@@ -201,7 +202,7 @@ impl GatedDeltaNet {
         if let Some(rb) = rollback {
             let conv_len = rb.conv_len();
             conv_snapshots(
-                &st.conv,
+                conv_state,
                 &s.qkv[..n * ch],
                 n,
                 ch,
@@ -216,7 +217,7 @@ impl GatedDeltaNet {
             n,
             ch,
             &self.conv,
-            &mut st.conv,
+            conv_state,
             &mut s.conv_out[..n * ch],
         )
         .map_err(kernel("ssm_conv1d"))?;

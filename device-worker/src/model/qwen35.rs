@@ -464,7 +464,7 @@ impl Qwen35Model {
             };
             layers.push(Layer::new(&loader, &p, &cfg, mixer)?);
         }
-        let head = OutputHead::new(&loader, &tok_embd, cfg.n_vocab, e, cfg.rms_eps)?;
+        let head = OutputHead::new(&loader, &tok_embd, cfg.rms_eps)?;
         let mtp = MtpBlock::load(&loader, &cfg)?;
         let scratch = Scratch::new(&cfg, 1);
         Ok(Self {

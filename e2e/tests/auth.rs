@@ -100,7 +100,8 @@ async fn every_endpoint_needs_its_token_and_the_chain_passes_with_them() {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     stops.push(tx);
     let state = agent_gateway::http::HttpState { router, metrics: None };
-    tokio::spawn(agent_gateway::http::serve_with_auth(state, hl, async { let _ = rx.await; }, Some(gateway_auth)));
+    let security = agent_gateway::http::HttpSecurity { auth: Some(gateway_auth), ..Default::default() };
+    tokio::spawn(agent_gateway::http::serve_secured(state, hl, async { let _ = rx.await; }, security));
     let (status, body) = http_get(&http, "/v1/models").await;
     assert_eq!(status, 401, "{body}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();

@@ -42,7 +42,7 @@ async fn unauthenticated_calls_are_counted_as_refused() {
     let worker = format!("http://{}", wl.local_addr().unwrap());
     let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let layer = AuthLayer::grpc(Some(Authenticator::from_file(&token_file).unwrap()), false);
-    tokio::spawn(device_worker::service::serve_with_auth(engine, wl, async { let _ = stopped.await; }, layer));
+    tokio::spawn(device_worker::service::serve_secured(engine, tandem_auth::Listener::Tcp(wl), async { let _ = stopped.await; }, tandem_auth::GrpcSecurity::auth(layer)));
 
     let (status, before) = http_get(&metrics, "/metrics").await;
     assert_eq!(status, 200);

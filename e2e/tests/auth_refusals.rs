@@ -26,12 +26,7 @@ async fn unauthenticated_calls_are_counted_as_refused() {
         ctx_size: 1024,
         ..Default::default()
     };
-    let engine = device_worker::engine::EngineHandle::spawn(cfg.settings().unwrap()).unwrap();
-    engine
-        .state()
-        .wait_for(|s| !matches!(s, device_worker::engine::EngineState::Loading))
-        .await
-        .unwrap();
+    let engine = common::ready_engine(cfg).await;
     // The worker's metrics endpoint, as `serve --metrics-listen` (installs the recorder first).
     device_worker::telemetry::prometheus::install_worker().unwrap();
     let ml = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

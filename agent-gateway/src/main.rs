@@ -93,13 +93,16 @@ fn main() -> anyhow::Result<()> {
                             .await
                             .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (HTTP; --http-listen off disables it): {e}"))?;
                         tracing::info!(addr = %l.local_addr()?, limits = ?cfg.http_limits(), "OpenAI-compatible HTTP endpoint listening");
-                        Some(tokio::spawn(agent_gateway::http::serve_limited(
+                        let security = agent_gateway::http::HttpSecurity {
+                            auth: auth.clone(),
+                            tls: tls.clone(),
+                            limits: cfg.http_limits(),
+                        };
+                        Some(tokio::spawn(agent_gateway::http::serve_secured(
                             agent_gateway::http::HttpState { router, metrics: Some(metrics) },
                             l,
                             stopped(stop_rx.clone()),
-                            auth.clone(),
-                            tls.clone(),
-                            cfg.http_limits(),
+                            security,
                         )))
                     }
                     None => None,

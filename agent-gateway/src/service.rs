@@ -154,19 +154,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), GatewayError> {
-    serve_with_auth(runner, listener, shutdown, tandem_auth::AuthLayer::grpc(None, false)).await
-}
-
-/// [`serve`] behind `auth`: every call without an accepted bearer token gets
-/// `UNAUTHENTICATED` before it reaches a handler (health as the layer says).
-pub async fn serve_with_auth(
-    runner: Arc<StepRunner>,
-    listener: tokio::net::TcpListener,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    auth: tandem_auth::AuthLayer<tonic::body::Body>,
-) -> Result<(), GatewayError> {
-    let security = tandem_auth::GrpcSecurity::auth(auth);
-    serve_secured(runner, tandem_auth::Listener::Tcp(listener), shutdown, security).await
+    serve_secured(runner, tandem_auth::Listener::Tcp(listener), shutdown, tandem_auth::GrpcSecurity::open()).await
 }
 
 /// [`serve`] on a TCP or Unix-socket `listener` with `security`: the bearer-token layer,
@@ -189,9 +177,7 @@ pub async fn serve_secured(
                 .max_decoding_message_size(security.max_message_bytes),
         );
     let sets = [tandem_proto::FILE_DESCRIPTOR_SET, tonic_health::pb::FILE_DESCRIPTOR_SET];
-    let router = tandem_auth::grpc::with_reflection(router, &security, &sets)
-        .map_err(|e| GatewayError::Config(format!("reflection: {e}")))?;
-    tandem_auth::grpc::serve(router, listener, shutdown)
+    tandem_auth::grpc::serve_reflected(router, &security, &sets, listener, shutdown)
         .await
-        .map_err(|e| GatewayError::Config(format!("gRPC server: {e}")))
+        .map_err(|e| GatewayError::Config(e.to_string()))
 }

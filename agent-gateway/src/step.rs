@@ -166,16 +166,11 @@ impl StepRunner {
             }),
             ..Default::default()
         };
-        let mut progress = Progress {
-            sent: 0,
-            first_token: None,
-            t0,
-        };
+        let mut progress = Progress::new(step, t0);
         let outcome = self
             .generate(
                 worker.client.clone(),
                 request,
-                step,
                 events,
                 &mut result,
                 &mut progress,
@@ -228,24 +223,16 @@ impl StepRunner {
         &self,
         client: crate::worker::WorkerClient,
         request: spb::GenerateRequest,
-        step: u32,
         events: &mpsc::Sender<Result<apb::StepEvent, Status>>,
         result: &mut apb::StepResult,
         progress: &mut Progress,
     ) -> Result<String, String> {
         match self
-            .generate_once(
-                client.clone(),
-                request.clone(),
-                step,
-                events,
-                result,
-                progress,
-            )
+            .generate_once(client.clone(), request.clone(), events, result, progress)
             .await
         {
             Err(Attempt::Unavailable(msg)) => {
-                tracing::warn!(step, error = %msg, "worker unavailable; retrying the step once");
+                tracing::warn!(step = progress.step, error = %msg, "worker unavailable; retrying the step once");
                 record_retry();
                 // Route around the worker for a while: with several workers the retry (and the
                 // episode's next steps) go to the next healthy one; with one, it is retried.
@@ -264,7 +251,7 @@ impl StepRunner {
                 } else {
                     client
                 };
-                self.generate_once(client, request, step, events, result, progress)
+                self.generate_once(client, request, events, result, progress)
                     .await
                     .map_err(Attempt::into_message)
             }
@@ -277,7 +264,6 @@ impl StepRunner {
         &self,
         mut client: crate::worker::WorkerClient,
         request: spb::GenerateRequest,
-        step: u32,
         events: &mpsc::Sender<Result<apb::StepEvent, Status>>,
         result: &mut apb::StepResult,
         progress: &mut Progress,
@@ -334,7 +320,7 @@ impl StepRunner {
                         .first_token
                         .get_or_insert_with(|| progress.t0.elapsed());
                     let tok = apb::ActionToken {
-                        step,
+                        step: progress.step,
                         text: t.text,
                         index: t.index,
                     };
@@ -384,12 +370,26 @@ impl StepRunner {
 
 /// What a step has forwarded so far, across a retry.
 struct Progress {
+    /// The step's number in its episode (as the controller's tokens carry it).
+    step: u32,
     /// Tokens forwarded to the controller.
     sent: u32,
     /// Step start to the first forwarded token.
     first_token: Option<std::time::Duration>,
     /// Step start.
     t0: Instant,
+}
+
+impl Progress {
+    /// Nothing forwarded yet of step `step`, started at `t0`.
+    fn new(step: u32, t0: Instant) -> Self {
+        Self {
+            step,
+            sent: 0,
+            first_token: None,
+            t0,
+        }
+    }
 }
 
 /// How one Generate attempt failed.
@@ -531,16 +531,11 @@ mod tests {
         let (tx, mut rx) = mpsc::channel(16);
         let client = runner.router.route("e").client.clone();
         let mut result = apb::StepResult::default();
-        let mut progress = Progress {
-            sent: 0,
-            first_token: None,
-            t0: Instant::now(),
-        };
+        let mut progress = Progress::new(0, Instant::now());
         let out = runner
             .generate(
                 client,
                 spb::GenerateRequest::default(),
-                0,
                 &tx,
                 &mut result,
                 &mut progress,

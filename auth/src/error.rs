@@ -74,3 +74,14 @@ pub enum ListenError {
     #[error("cannot listen on {addr}: {detail}")]
     InUse { addr: String, detail: String },
 }
+
+/// How [`crate::grpc::serve_reflected`] failed; the message names the stage.
+#[derive(Debug, thiserror::Error)]
+pub enum GrpcServeError {
+    /// A descriptor set for reflection does not decode.
+    #[error("reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    /// The server could not start or failed (tonic's transport error).
+    #[error("gRPC server: {0}")]
+    Server(#[from] tonic::transport::Error),
+}

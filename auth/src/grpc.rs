@@ -2,6 +2,7 @@
 //! and the gateway's AgentService: the [`AuthLayer`], TLS ([`ServerTls`]), whether reflection
 //! is served, and a TCP or Unix-socket [`Listener`].
 
+use crate::error::GrpcServeError;
 use crate::layer::AuthLayer;
 use crate::listen::Listener;
 use crate::tls::ServerTls;
@@ -93,6 +94,21 @@ pub fn with_reflection(
     Ok(router
         .add_service(builder().build_v1()?)
         .add_service(builder().build_v1alpha()?))
+}
+
+/// [`with_reflection`] over `descriptor_sets` (when `security` asks for it), then [`serve`]:
+/// the end of every server's start (StepService, AgentService).
+///
+/// Errors: [`GrpcServeError::Reflection`], [`GrpcServeError::Server`].
+pub async fn serve_reflected(
+    router: GrpcRouter,
+    security: &GrpcSecurity,
+    descriptor_sets: &[&'static [u8]],
+    listener: Listener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), GrpcServeError> {
+    let router = with_reflection(router, security, descriptor_sets)?;
+    Ok(serve(router, listener, shutdown).await?)
 }
 
 /// Serves `router` on `listener` until `shutdown` resolves; a Unix socket's file is removed

@@ -32,7 +32,7 @@ pub mod tokens;
 
 pub use args::AuthArgs;
 pub use client::BearerInterceptor;
-pub use error::{AuthError, ListenError, TlsError};
+pub use error::{AuthError, GrpcServeError, ListenError, TlsError};
 pub use grpc::GrpcSecurity;
 pub use layer::{AuthLayer, Rejection};
 pub use listen::{ListenAddr, Listener};

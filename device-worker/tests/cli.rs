@@ -212,7 +212,7 @@ fn request_and_power_send_the_worker_token() {
         let addr = format!("http://{}", l.local_addr().unwrap());
         let layer = tandem_auth::AuthLayer::grpc(Some(tandem_auth::Authenticator::from_file(&token_file).unwrap()), false);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(device_worker::service::serve_with_auth(engine, l, async { let _ = stopped.await; }, layer));
+        tokio::spawn(device_worker::service::serve_secured(engine, tandem_auth::Listener::Tcp(l), async { let _ = stopped.await; }, tandem_auth::GrpcSecurity::auth(layer)));
         (addr, stop)
     });
     let run = |args: &[&str], env_token: bool| {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use device_worker::sampling::argmax;
 use device_worker::speculative::mtp::{fill_with_model as mtp_fill, ModelMtp};
 use gguf::reader::GgufFile;
-use device_worker::model::{Model, ModelError, MtpHead};
+use device_worker::model::{Model, ModelError, MtpHead, MtpPass};
 use device_worker::speculative::mtp;
 use device_worker::state::mtp::MtpCache;
 use dsp::pool::ThreadPool;
@@ -107,11 +107,15 @@ impl Runner {
         next: u32,
         head: MtpHead,
     ) -> Result<Option<Vec<f32>>, ModelError> {
-        let (pos, rows) = cache.pending();
-        let rows = rows.to_vec();
-        let logits = self
-            .model
-            .mtp_forward(&self.pool, cache, pos, &rows, &[next], Some(head))?;
+        let (pos0, hidden) = cache.pending();
+        let hidden = hidden.to_vec();
+        let pass = MtpPass {
+            pos0,
+            hidden: &hidden,
+            next: &[next],
+            head: Some(head),
+        };
+        let logits = self.model.mtp_forward(&self.pool, cache, pass)?;
         Ok(logits.map(<[f32]>::to_vec))
     }
 
@@ -212,10 +216,12 @@ fn a_model_without_the_nextn_block_has_no_mtp() {
         .mtp_forward(
             &run.pool,
             &mut cache,
-            0,
-            &vec![0.0; e],
-            &[1],
-            Some(MtpHead::Full),
+            MtpPass {
+                pos0: 0,
+                hidden: &vec![0.0; e],
+                next: &[1],
+                head: Some(MtpHead::Full),
+            },
         )
         .expect_err("no MTP block");
     assert!(err.to_string().contains("no MTP block"), "{err}");

@@ -10,6 +10,8 @@
 //!   again for the next request; a watchdog restart releases them while the fresh engine loads.
 
 mod common;
+#[path = "support/power_root.rs"]
+mod power_root;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -27,25 +29,14 @@ use tokio_stream::StreamExt;
 
 /// (policy, cpuinfo_min, original scaling_min, cpuinfo_max), kHz. The originals sit above
 /// cpuinfo_min so that "restored" cannot be confused with "set to the minimum".
-const POLICIES: [(&str, u64, u64, u64); 2] = [
+const POLICIES: [power_root::FakePolicy; 2] = [
     ("policy0", 300_000, 400_000, 2_000_000),
     ("policy4", 500_000, 700_000, 3_000_000),
 ];
 
+/// A fake root ([`power_root::fake_root`]) with [`POLICIES`].
 fn fake_root() -> tempfile::TempDir {
-    let tmp = tempfile::tempdir().unwrap();
-    let r = tmp.path();
-    std::fs::create_dir_all(r.join("dev")).unwrap();
-    std::fs::create_dir_all(r.join("run")).unwrap();
-    std::fs::write(r.join(CPU_DMA_LATENCY), b"").unwrap();
-    for (name, min, original, max) in POLICIES {
-        let d = r.join(CPUFREQ_ROOT).join(name);
-        std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(d.join("cpuinfo_min_freq"), format!("{min}\n")).unwrap();
-        std::fs::write(d.join("cpuinfo_max_freq"), format!("{max}\n")).unwrap();
-        std::fs::write(d.join("scaling_min_freq"), format!("{original}\n")).unwrap();
-    }
-    tmp
+    power_root::fake_root(&POLICIES)
 }
 
 /// `scaling_min_freq` of each policy, kHz.

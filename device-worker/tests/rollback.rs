@@ -17,8 +17,7 @@ use gguf::reader::GgufFile;
 use device_worker::model::Model;
 use device_worker::state::rollback::RollbackPrefill;
 use device_worker::state::sequence::SequenceState;
-use dsp::pool::ThreadPool;
-use support::qwen35::fixture;
+use support::qwen35::{fixture, Runner};
 use test_support::{assert_close, max_abs_diff};
 
 /// Verification rows vs one-token passes. The column-shared product and attention treat
@@ -28,42 +27,22 @@ const ROW_TOL: f32 = 0.0;
 /// Chunked vs per-token GDN forms round differently (tests/qwen35.rs `SPLIT_LOGIT_TOL`).
 const CHUNKED_TOL: f32 = 2e-4;
 
-struct Run {
-    model: Model,
-    pool: ThreadPool,
+/// Micro-batch of the runs: every prompt here fits in one.
+const BATCH: usize = 256;
+
+/// The model file at `path` with micro-batches of [`BATCH`] tokens on a 2-thread pool.
+fn runner(path: &Path) -> Runner {
+    let file = Arc::new(GgufFile::open(path).expect("GGUF opens"));
+    Runner::with_model(Model::load(file).expect("model loads"), BATCH)
 }
 
-impl Run {
-    fn new(path: &Path) -> Self {
-        let file = Arc::new(GgufFile::open(path).expect("GGUF opens"));
-        let mut model = Model::load(file).expect("model loads");
-        model.set_max_batch(256);
-        Self {
-            model,
-            pool: ThreadPool::new(2).unwrap(),
-        }
-    }
-
-    fn prefill(&mut self, seq: &mut SequenceState, tokens: &[u32]) -> Vec<f32> {
-        self.model
-            .forward(&self.pool, seq, tokens, true)
-            .expect("prefill")
-            .expect("logits")
-            .to_vec()
-    }
-
-    fn step(&mut self, seq: &mut SequenceState, id: u32) -> Vec<f32> {
-        self.prefill(seq, &[id])
-    }
-
-    fn verify(&mut self, seq: &mut SequenceState, tokens: &[u32]) -> Vec<f32> {
-        self.model
-            .verify(&self.pool, seq, tokens)
-            .expect("verify")
-            .to_vec()
-    }
+/// A verification pass over `tokens`: their logits rows `[n, n_vocab]`.
+fn verify(run: &mut Runner, seq: &mut SequenceState, tokens: &[u32]) -> Vec<f32> {
+    run.model
+        .verify(&run.pool, seq, tokens)
+        .expect("verify")
+        .to_vec()
 }
-
 
 fn prompt(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
     let mut x = seed;
@@ -77,45 +56,28 @@ fn prompt(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-/// Plain greedy decoding of `n` tokens from `logits`: (tokens, logits before each token).
-fn plain_greedy(
-    run: &mut Run,
-    seq: &mut SequenceState,
-    mut logits: Vec<f32>,
-    n: usize,
-) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let (mut toks, mut rows) = (Vec::new(), Vec::new());
-    for _ in 0..n {
-        let id = argmax(&logits).unwrap();
-        rows.push(logits.clone());
-        toks.push(id);
-        logits = run.step(seq, id);
-    }
-    (toks, rows)
-}
-
 /// For each model: greedy continuation g0..g5 by plain decoding; then from the same prefill
 /// state, a verification pass over [g0, g1, g2, x] (x a wrong draft) must give rows equal to
 /// plain decoding's logits after g0, g1, g2; rolling back to keep [g0, g1] must leave the
 /// state plain decoding had there (recurrent state bit-identical, same KV length) and the
 /// next step's logits must match.
 fn verify_and_rollback_match_plain_decoding(path: &Path, k: usize) {
-    let mut run = Run::new(path);
+    let mut run = runner(path);
     let n_vocab = run.model.n_vocab();
     run.model
         .set_rollback(k, RollbackPrefill::Aware);
     let p = prompt(37, n_vocab, 7);
 
     let mut plain = run.model.new_sequence_state(256);
-    let l0 = run.prefill(&mut plain, &p);
-    let (g, rows) = plain_greedy(&mut run, &mut plain, l0.clone(), 6);
+    let l0 = run.prefill(&mut plain, &p, BATCH);
+    let (g, rows) = run.greedy_logits(&mut plain, l0.clone(), 6);
 
     let mut spec = run.model.new_sequence_state(256);
-    let l0s = run.prefill(&mut spec, &p);
+    let l0s = run.prefill(&mut spec, &p, BATCH);
     assert_close(&l0, &l0s, 0.0, "prefill logits of two equal sequences");
     let wrong = (g[3] + 1) % n_vocab as u32;
     let batch = [g[0], g[1], g[2], wrong];
-    let v = run.verify(&mut spec, &batch);
+    let v = verify(&mut run, &mut spec, &batch);
     assert_eq!(v.len(), 4 * n_vocab);
     for i in 0..3 {
         let row = &v[i * n_vocab..(i + 1) * n_vocab];
@@ -133,7 +95,7 @@ fn verify_and_rollback_match_plain_decoding(path: &Path, k: usize) {
         .rollback(&mut spec, base + 2)
         .expect("rollback");
     let mut reference = run.model.new_sequence_state(256);
-    run.prefill(&mut reference, &p);
+    run.prefill(&mut reference, &p, BATCH);
     run.step(&mut reference, g[0]);
     run.step(&mut reference, g[1]);
     assert_eq!(spec.len(), reference.len());
@@ -181,14 +143,14 @@ fn default_model_verify_and_rollback() {
 #[test]
 fn rollback_prefill_modes_match_plain_prefill() {
     let path = fixture("tiny-qwen35-f32.gguf");
-    let mut run = Run::new(&path);
+    let mut run = runner(&path);
     let p = prompt(100, run.model.n_vocab(), 11);
     let mut plain = run.model.new_sequence_state(256);
-    let want = run.prefill(&mut plain, &p);
+    let want = run.prefill(&mut plain, &p, BATCH);
     for mode in [RollbackPrefill::Aware, RollbackPrefill::PerToken] {
         run.model.set_rollback(4, mode);
         let mut seq = run.model.new_sequence_state(256);
-        let got = run.prefill(&mut seq, &p);
+        let got = run.prefill(&mut seq, &p, BATCH);
         let d = max_abs_diff(&got, &want);
         eprintln!("{mode:?}: last logits vs plain chunked prefill {d:.2e}");
         assert!(d <= CHUNKED_TOL, "{mode:?}: {d}");
@@ -201,7 +163,7 @@ fn rollback_prefill_modes_match_plain_prefill() {
                 .expect("reachable");
             run.model.set_rollback(0, mode);
             let mut r = run.model.new_sequence_state(256);
-            run.prefill(&mut r, &p[..keep]);
+            run.prefill(&mut r, &p[..keep], BATCH);
             let (a, b) = (s.recurrent.as_ref().unwrap(), r.recurrent.as_ref().unwrap());
             for l in 0..a.n_layers() {
                 // Layer 0's conv inputs do not depend on the GDN form: exact; deeper layers
@@ -218,7 +180,7 @@ fn rollback_prefill_modes_match_plain_prefill() {
             // The pass must be re-run: rollback states were switched off and back on.
             run.model.set_rollback(4, mode);
             let mut again = run.model.new_sequence_state(256);
-            run.prefill(&mut again, &p);
+            run.prefill(&mut again, &p, BATCH);
             seq = again;
         }
         assert!(run
@@ -235,17 +197,17 @@ fn rollback_prefill_modes_match_plain_prefill() {
 /// same GDN forms and batch boundaries), every logit row speculative decoding chooses a token
 /// from equals plain decoding's bit for bit, and so do the tokens. Returns the rounds run.
 fn speculative_rounds_equal_plain_decoding_bitwise(path: &Path, n_draft: usize) -> usize {
-    let mut run = Run::new(path);
+    let mut run = runner(path);
     let n_vocab = run.model.n_vocab();
     run.model.set_rollback(n_draft + 1, RollbackPrefill::Aware);
     let p = prompt(41, n_vocab, 3);
     let n_out = 24;
     let mut plain = run.model.new_sequence_state(256);
-    let l0 = run.prefill(&mut plain, &p);
-    let (g, rows) = plain_greedy(&mut run, &mut plain, l0, n_out + n_draft + 1);
+    let l0 = run.prefill(&mut plain, &p, BATCH);
+    let (g, rows) = run.greedy_logits(&mut plain, l0, n_out + n_draft + 1);
 
     let mut seq = run.model.new_sequence_state(256);
-    let mut logits = run.prefill(&mut seq, &p);
+    let mut logits = run.prefill(&mut seq, &p, BATCH);
     let (mut out, mut rounds) = (Vec::new(), 0usize);
     while out.len() < n_out {
         let i = out.len();
@@ -259,7 +221,7 @@ fn speculative_rounds_equal_plain_decoding_bitwise(path: &Path, n_draft: usize) 
             let d = g[i + 1 + t];
             batch.push(if bad == Some(t) { (d + 1) % n_vocab as u32 } else { d });
         }
-        let v = run.verify(&mut seq, &batch);
+        let v = verify(&mut run, &mut seq, &batch);
         // Row t predicts the token after batch[..=t]; accept drafts while greedy agrees.
         let mut kept = 0;
         while kept < m && argmax(&v[kept * n_vocab..(kept + 1) * n_vocab]) == Some(batch[kept + 1]) {

@@ -208,31 +208,32 @@ fn synthetic(skip: &str) -> tempfile::NamedTempFile {
         .kv("clip.vision.attention.layer_norm_epsilon", Val::F32(1e-6))
         .kv("clip.vision.image_mean", Val::F32Arr(vec![0.5; 3]))
         .kv("clip.vision.image_std", Val::F32Arr(vec![0.5; 3]));
-    let tensors: &[(&str, &[u64])] = &[
-        ("v.patch_embd.weight", &[16, 16, 3, 8]),
+    let mut tensors: Vec<(String, Vec<u64>)> = [
+        ("v.patch_embd.weight", &[16, 16, 3, 8][..]),
         ("v.patch_embd.weight.1", &[16, 16, 3, 8]),
         ("v.patch_embd.bias", &[8]),
         ("v.position_embd.weight", &[8, 16]),
-        ("v.blk.0.ln1.weight", &[8]),
-        ("v.blk.0.ln1.bias", &[8]),
-        ("v.blk.0.attn_qkv.weight", &[8, 24]),
-        ("v.blk.0.attn_qkv.bias", &[24]),
-        ("v.blk.0.attn_out.weight", &[8, 8]),
-        ("v.blk.0.attn_out.bias", &[8]),
-        ("v.blk.0.ln2.weight", &[8]),
-        ("v.blk.0.ln2.bias", &[8]),
-        ("v.blk.0.ffn_up.weight", &[8, 16]),
-        ("v.blk.0.ffn_up.bias", &[16]),
-        ("v.blk.0.ffn_down.weight", &[16, 8]),
-        ("v.blk.0.ffn_down.bias", &[8]),
-        ("v.post_ln.weight", &[8]),
-        ("v.post_ln.bias", &[8]),
-        ("mm.0.weight", &[32, 32]),
-        ("mm.0.bias", &[32]),
-        ("mm.2.weight", &[32, 12]),
-        ("mm.2.bias", &[12]),
+    ]
+    .iter()
+    .map(|(n, d)| (n.to_string(), d.to_vec()))
+    .collect();
+    // Norms and products with a bias: `{stem}.weight` of `dims`, `{stem}.bias` `[rows]`.
+    let with_bias: &[(&str, &[u64], u64)] = &[
+        ("v.blk.0.ln1", &[8], 8),
+        ("v.blk.0.attn_qkv", &[8, 24], 24),
+        ("v.blk.0.attn_out", &[8, 8], 8),
+        ("v.blk.0.ln2", &[8], 8),
+        ("v.blk.0.ffn_up", &[8, 16], 16),
+        ("v.blk.0.ffn_down", &[16, 8], 8),
+        ("v.post_ln", &[8], 8),
+        ("mm.0", &[32, 32], 32),
+        ("mm.2", &[32, 12], 12),
     ];
-    for (name, dims) in tensors.iter().filter(|(n, _)| *n != skip) {
+    for &(stem, dims, rows) in with_bias {
+        tensors.push((format!("{stem}.weight"), dims.to_vec()));
+        tensors.push((format!("{stem}.bias"), vec![rows]));
+    }
+    for (name, dims) in tensors.iter().filter(|(n, _)| n != skip) {
         b = b.f32_tensor(name, dims);
     }
     b.write_temp()

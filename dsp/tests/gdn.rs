@@ -7,7 +7,7 @@ mod common;
 
 use common::Rng;
 use dsp::gdn::{
-    conv1d_silu, conv1d_silu_step, gdn_chunked, gdn_recurrent, GdnShape,
+    conv1d_silu, conv1d_silu_step, gdn_chunked, gdn_recurrent, GdnInputs, GdnShape,
     DEFAULT_CHUNK,
 };
 use dsp::{DspError, ThreadPool};
@@ -88,18 +88,23 @@ impl Case {
 
     /// Tokens `a..b` as a new case starting from `state0`.
     fn slice(&self, a: usize, b: usize, state0: Vec<f32>) -> Case {
-        let s = self.shape;
-        let (qk, vo, hv) = (s.n_k_heads * s.d_k, s.n_v_heads * s.d_v, s.n_v_heads);
+        let x = self.inputs().tokens(a..b);
         Case {
-            shape: s,
+            shape: self.shape,
             n: b - a,
-            q: self.q[a * qk..b * qk].to_vec(),
-            k: self.k[a * qk..b * qk].to_vec(),
-            v: self.v[a * vo..b * vo].to_vec(),
-            gate: self.gate[a * hv..b * hv].to_vec(),
-            beta: self.beta[a * hv..b * hv].to_vec(),
+            q: x.q.to_vec(),
+            k: x.k.to_vec(),
+            v: x.v.to_vec(),
+            gate: x.gate.to_vec(),
+            beta: x.beta.to_vec(),
             state0,
         }
+    }
+
+    /// This case's five input tensors.
+    fn inputs(&self) -> GdnInputs<'_> {
+        let (q, k, v, gate, beta) = (&self.q, &self.k, &self.v, &self.gate, &self.beta);
+        GdnInputs { shape: self.shape, q, k, v, gate, beta }
     }
 
     /// [`gdn_recurrent`] on this case's inputs, on `pool` or (`None`) the calling thread.
@@ -110,8 +115,7 @@ impl Case {
         out: &mut [f32],
         snapshots: Option<&mut [f32]>,
     ) -> Result<(), DspError> {
-        let (q, k, v, gate, beta) = (&self.q, &self.k, &self.v, &self.gate, &self.beta);
-        gdn_recurrent(pool, self.shape, q, k, v, gate, beta, state, out, snapshots)
+        gdn_recurrent(pool, self.inputs(), state, out, snapshots)
     }
 
     /// [`gdn_chunked`] on this case's inputs, on `pool` or (`None`) the calling thread.
@@ -122,8 +126,7 @@ impl Case {
         out: &mut [f32],
         chunk: usize,
     ) -> Result<(), DspError> {
-        let (q, k, v, gate, beta) = (&self.q, &self.k, &self.v, &self.gate, &self.beta);
-        gdn_chunked(pool, self.shape, q, k, v, gate, beta, state, out, chunk)
+        gdn_chunked(pool, self.inputs(), state, out, chunk)
     }
 
     /// Zeroed output and a copy of `state0`: the buffers of one run.
@@ -344,12 +347,13 @@ fn assert_both_forms(
     want_out: &[f32],
     want_state: &[f32],
 ) {
+    let x = GdnInputs { shape, q, k, v, gate, beta };
     for chunked in [false, true] {
         let (mut out, mut state) = (vec![0f32; want_out.len()], state0.to_vec());
         if chunked {
-            gdn_chunked(None, shape, q, k, v, gate, beta, &mut state, &mut out, chunk)
+            gdn_chunked(None, x, &mut state, &mut out, chunk)
         } else {
-            gdn_recurrent(None, shape, q, k, v, gate, beta, &mut state, &mut out, None)
+            gdn_recurrent(None, x, &mut state, &mut out, None)
         }
         .expect("gdn");
         let (e_out, e_state) = (max_rel_err(&out, want_out), max_rel_err(&state, want_state));
@@ -412,7 +416,8 @@ fn value_heads_use_tiled_key_heads() {
     let v = [1.0, 2.0, 3.0, 4.0];
     let (gate, beta) = ([0.0; 4], [1.0; 4]);
     let (mut out, mut state) = ([0f32; 4], [0f32; 8]);
-    gdn_recurrent(None, shape, &q, &k, &v, &gate, &beta, &mut state, &mut out, None).expect("gdn");
+    let x = GdnInputs { shape, q: &q, k: &k, v: &v, gate: &gate, beta: &beta };
+    gdn_recurrent(None, x, &mut state, &mut out, None).expect("gdn");
     for h in 0..4 {
         let row = h % 2;
         let mut want = [0f32; 2];

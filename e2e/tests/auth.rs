@@ -41,7 +41,7 @@ async fn every_endpoint_needs_its_token_and_the_chain_passes_with_them() {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     stops.push(tx);
     let layer = AuthLayer::grpc(Some(Authenticator::from_file(&worker_file).unwrap()), false);
-    tokio::spawn(device_worker::service::serve_with_auth(engine, wl, async { let _ = rx.await; }, layer));
+    tokio::spawn(device_worker::service::serve_secured(engine, tandem_auth::Listener::Tcp(wl), async { let _ = rx.await; }, tandem_auth::GrpcSecurity::auth(layer)));
 
     // Without a token, with the wrong one: UNAUTHENTICATED before any work.
     let request = || pb::GenerateRequest {
@@ -77,7 +77,7 @@ async fn every_endpoint_needs_its_token_and_the_chain_passes_with_them() {
     stops.push(tx);
     let runner = Arc::new(agent_gateway::step::StepRunner::new(router.clone()));
     let layer = AuthLayer::grpc(Some(gateway_auth.clone()), false);
-    tokio::spawn(agent_gateway::service::serve_with_auth(runner, gl, async { let _ = rx.await; }, layer));
+    tokio::spawn(agent_gateway::service::serve_secured(runner, tandem_auth::Listener::Tcp(gl), async { let _ = rx.await; }, tandem_auth::GrpcSecurity::auth(layer)));
 
     // A replay with the gateway's token runs a step end to end (gateway → worker with the
     // worker's token); without it the gateway refuses.
@@ -100,7 +100,8 @@ async fn every_endpoint_needs_its_token_and_the_chain_passes_with_them() {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     stops.push(tx);
     let state = agent_gateway::http::HttpState { router, metrics: None };
-    tokio::spawn(agent_gateway::http::serve_with_auth(state, hl, async { let _ = rx.await; }, Some(gateway_auth)));
+    let security = agent_gateway::http::HttpSecurity { auth: Some(gateway_auth), ..Default::default() };
+    tokio::spawn(agent_gateway::http::serve_secured(state, hl, async { let _ = rx.await; }, security));
     let (status, body) = http_get(&http, "/v1/models").await;
     assert_eq!(status, 401, "{body}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();

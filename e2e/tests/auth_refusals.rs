@@ -26,12 +26,7 @@ async fn unauthenticated_calls_are_counted_as_refused() {
         ctx_size: 1024,
         ..Default::default()
     };
-    let engine = device_worker::engine::EngineHandle::spawn(cfg.settings().unwrap()).unwrap();
-    engine
-        .state()
-        .wait_for(|s| !matches!(s, device_worker::engine::EngineState::Loading))
-        .await
-        .unwrap();
+    let engine = common::ready_engine(cfg).await;
     // The worker's metrics endpoint, as `serve --metrics-listen` (installs the recorder first).
     device_worker::telemetry::prometheus::install_worker().unwrap();
     let ml = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -42,7 +37,7 @@ async fn unauthenticated_calls_are_counted_as_refused() {
     let worker = format!("http://{}", wl.local_addr().unwrap());
     let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let layer = AuthLayer::grpc(Some(Authenticator::from_file(&token_file).unwrap()), false);
-    tokio::spawn(device_worker::service::serve_with_auth(engine, wl, async { let _ = stopped.await; }, layer));
+    tokio::spawn(device_worker::service::serve_secured(engine, tandem_auth::Listener::Tcp(wl), async { let _ = stopped.await; }, tandem_auth::GrpcSecurity::auth(layer)));
 
     let (status, before) = http_get(&metrics, "/metrics").await;
     assert_eq!(status, 200);

@@ -102,7 +102,8 @@ async fn serve_http(worker: &str, limits: agent_gateway::http::HttpLimits) -> (S
     let addr = l.local_addr().unwrap().to_string();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let state = agent_gateway::http::HttpState { router, metrics: None };
-    tokio::spawn(agent_gateway::http::serve_limited(state, l, async { let _ = rx.await; }, None, None, limits));
+    let security = agent_gateway::http::HttpSecurity { limits, ..Default::default() };
+    tokio::spawn(agent_gateway::http::serve_secured(state, l, async { let _ = rx.await; }, security));
     (addr, tx)
 }
 

@@ -309,13 +309,11 @@ async fn gateway_grpc_and_http_over_tls(pki: &Pki, router: agent_gateway::worker
     let shutdown = async {
         let _ = hstopped.await;
     };
-    tokio::spawn(agent_gateway::http::serve_secured(
-        state,
-        hl,
-        shutdown,
-        None,
-        Some(pki.server(true)),
-    ));
+    let security = agent_gateway::http::HttpSecurity {
+        tls: Some(pki.server(true)),
+        ..Default::default()
+    };
+    tokio::spawn(agent_gateway::http::serve_secured(state, hl, shutdown, security));
     let client = (
         std::fs::read(&pki.client_cert).unwrap(),
         std::fs::read(&pki.client_key).unwrap(),

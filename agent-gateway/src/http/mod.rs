@@ -62,8 +62,22 @@ pub fn app(state: HttpState) -> axum::Router {
 /// counters, no prompt or output text).
 pub const OPEN_PATHS: &[&str] = &["/health", "/metrics"];
 
+/// The HTTP endpoint's protections (as [`tandem_auth::GrpcSecurity`] for gRPC). The default:
+/// no authentication, plaintext, default connection limits.
+#[derive(Clone, Default)]
+pub struct HttpSecurity {
+    /// Bearer tokens required on every path but [`OPEN_PATHS`] (401 with an OpenAI error
+    /// object otherwise); `None`: no authentication.
+    pub auth: Option<tandem_auth::Authenticator>,
+    /// TLS (HTTP/1.1, `https://`); with a client CA ([`tandem_auth::ServerTls::mutual`]) a
+    /// client without an accepted certificate is refused in the handshake. `None`: plaintext.
+    pub tls: Option<tandem_auth::ServerTls>,
+    /// Header-read and idle timeouts, connection cap (`agent-gateway serve --http-*`).
+    pub limits: HttpLimits,
+}
+
 /// Serves [`app`] on `listener` until `shutdown` resolves, without authentication (tests,
-/// local development; see [`serve_with_auth`]).
+/// local development; see [`serve_secured`]).
 ///
 /// Errors: [`GatewayError::Config`] when the server fails.
 pub async fn serve(
@@ -71,50 +85,20 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), GatewayError> {
-    serve_with_auth(state, listener, shutdown, None).await
+    serve_secured(state, listener, shutdown, HttpSecurity::default()).await
 }
 
-/// [`serve`] requiring a bearer token that `auth` accepts on every path but [`OPEN_PATHS`]
-/// (401 with an OpenAI error object otherwise); `None`: no authentication.
-///
-/// Errors: as [`serve`].
-pub async fn serve_with_auth(
-    state: HttpState,
-    listener: tokio::net::TcpListener,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    auth: Option<tandem_auth::Authenticator>,
-) -> Result<(), GatewayError> {
-    serve_secured(state, listener, shutdown, auth, None).await
-}
-
-/// [`serve_with_auth`] over TLS (HTTP/1.1, `https://`) when `tls` is given; with a client CA
-/// ([`tandem_auth::ServerTls::mutual`]) a client without an accepted certificate is refused
-/// in the handshake. Default connection limits ([`tandem_auth::https::HttpLimits`]).
+/// [`serve`] with `security`: bearer tokens, TLS and connection limits. Every answer, a 401
+/// included, is counted in [`tandem_telemetry::metric_names::GATEWAY_HTTP_REQUESTS_TOTAL`].
 ///
 /// Errors: as [`serve`].
 pub async fn serve_secured(
     state: HttpState,
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    auth: Option<tandem_auth::Authenticator>,
-    tls: Option<tandem_auth::ServerTls>,
+    security: HttpSecurity,
 ) -> Result<(), GatewayError> {
-    serve_limited(state, listener, shutdown, auth, tls, HttpLimits::default()).await
-}
-
-/// [`serve_secured`] with the connection limits `limits` (header-read and idle timeouts,
-/// connection cap: `agent-gateway serve --http-*`). Every answer, a 401 included, is counted
-/// in [`tandem_telemetry::metric_names::GATEWAY_HTTP_REQUESTS_TOTAL`].
-///
-/// Errors: as [`serve`].
-pub async fn serve_limited(
-    state: HttpState,
-    listener: tokio::net::TcpListener,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    auth: Option<tandem_auth::Authenticator>,
-    tls: Option<tandem_auth::ServerTls>,
-    limits: HttpLimits,
-) -> Result<(), GatewayError> {
+    let HttpSecurity { auth, tls, limits } = security;
     let app = app(state)
         .layer(tandem_auth::AuthLayer::<axum::body::Body>::openai_http(auth, OPEN_PATHS))
         .layer(axum::middleware::from_fn(track_request));

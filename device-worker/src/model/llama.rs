@@ -244,7 +244,7 @@ impl LlamaModel {
         let layers = (0..cfg.n_layer)
             .map(|i| Layer::new(&loader, &cfg, i))
             .collect::<Result<Vec<_>, _>>()?;
-        let head = OutputHead::new(&loader, &tok_embd, cfg.n_vocab, cfg.n_embd, cfg.rms_eps)?;
+        let head = OutputHead::new(&loader, &tok_embd, cfg.rms_eps)?;
         let scratch = Scratch::new(&cfg, 1);
         Ok(Self {
             file,

@@ -42,6 +42,19 @@ pub enum MtpHead {
     Trimmed,
 }
 
+/// What one MTP pass runs on ([`CausalLm::mtp_forward`], `speculative::mtp::MtpStep::step`):
+/// the rows of positions `pos0..pos0 + n` with `n = next.len()`, their input hidden states
+/// `hidden` `[n, n_embd]` (the target's `h_i`, or the MTP block's own output for recursive
+/// draft steps), `next`, the token after each position, and the `head` the last row drafts
+/// with (`None`: the pass only writes cache entries).
+#[derive(Clone, Copy, Debug)]
+pub struct MtpPass<'a> {
+    pub pos0: usize,
+    pub hidden: &'a [f32],
+    pub next: &'a [u32],
+    pub head: Option<MtpHead>,
+}
+
 /// Binds the weights of a file of one architecture (buffers for 1-token batches; see
 /// [`CausalLm::set_max_batch`]).
 pub type LoadFn = fn(Arc<GgufFile>) -> Result<Box<dyn CausalLm>, ModelError>;
@@ -217,24 +230,20 @@ pub trait CausalLm: Send + Sync {
         0
     }
 
-    /// One pass of the MTP block over the rows of positions `pos0..pos0 + next.len()`
-    /// (`hidden` `[n, n_embd]` their input hidden states, `next` the token after each);
-    /// the entries are appended to `cache`. Returns the last row's logits over `head`
-    /// (`[n_vocab]` or `[N]`), none without `head`; the last row's output hidden is in
+    /// One pass of the MTP block ([`MtpPass`]: positions `pos0..pos0 + next.len()`, `hidden`
+    /// `[n, n_embd]` their input hidden states, `next` the token after each); the entries
+    /// are appended to `cache`. Returns the last row's logits over `pass.head`
+    /// (`[n_vocab]` or `[N]`), none without a head; the last row's output hidden is in
     /// [`CausalLm::mtp_hidden`].
     ///
     /// Errors: [`ModelError::Invalid`] without an MTP block (the default), for a trimmed
     /// head the file lacks, mismatched lengths or entries that cannot be appended;
     /// [`ModelError::BatchTooLarge`], [`ModelError::TokenOutOfRange`], kernel errors.
-    #[allow(clippy::too_many_arguments)]
     fn mtp_forward(
         &mut self,
         _pool: &ThreadPool,
         _cache: &mut MtpCache,
-        _pos0: usize,
-        _hidden: &[f32],
-        _next: &[u32],
-        _head: Option<MtpHead>,
+        _pass: MtpPass<'_>,
     ) -> Result<Option<&[f32]>, ModelError> {
         Err(ModelError::Invalid("the model has no MTP block".into()))
     }

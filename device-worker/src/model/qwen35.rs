@@ -37,7 +37,7 @@ use super::blocks::{
 use super::loader::Loader;
 use super::op_profile::{Laps, OpProfile};
 use super::project::kernel;
-use super::{CausalLm, ModelError, MtpHead};
+use super::{CausalLm, ModelError, MtpHead, MtpPass};
 use crate::state::checkpoint::Checkpoint;
 use crate::state::kv::KvCache;
 use crate::state::mtp::MtpCache;
@@ -464,7 +464,7 @@ impl Qwen35Model {
             };
             layers.push(Layer::new(&loader, &p, &cfg, mixer)?);
         }
-        let head = OutputHead::new(&loader, &tok_embd, cfg.n_vocab, e, cfg.rms_eps)?;
+        let head = OutputHead::new(&loader, &tok_embd, cfg.rms_eps)?;
         let mtp = MtpBlock::load(&loader, &cfg)?;
         let scratch = Scratch::new(&cfg, 1);
         Ok(Self {
@@ -705,12 +705,9 @@ impl CausalLm for Qwen35Model {
         &mut self,
         pool: &ThreadPool,
         cache: &mut MtpCache,
-        pos0: usize,
-        hidden: &[f32],
-        next: &[u32],
-        head: Option<MtpHead>,
+        pass: MtpPass<'_>,
     ) -> Result<Option<&[f32]>, ModelError> {
-        self.mtp_pass(pool, cache, pos0, hidden, next, head)
+        self.mtp_pass(pool, cache, pass)
     }
 
     fn mtp_hidden(&self) -> &[f32] {

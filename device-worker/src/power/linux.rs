@@ -441,30 +441,24 @@ pub fn restore_from_state_file(state_file: &Path) -> anyhow::Result<Vec<SavedSet
 }
 
 #[cfg(test)]
+#[path = "../../tests/support/power_root.rs"]
+mod power_root;
+
+#[cfg(test)]
 mod tests {
+    use super::power_root::FakePolicy;
     use super::*;
 
-    fn fake_policy(cpufreq: &Path, name: &str, min: u64, max: u64) {
-        let d = cpufreq.join(name);
-        std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(d.join("scaling_min_freq"), format!("{min}\n")).unwrap();
-        std::fs::write(d.join("cpuinfo_min_freq"), format!("{min}\n")).unwrap();
-        std::fs::write(d.join("cpuinfo_max_freq"), format!("{max}\n")).unwrap();
-    }
+    /// Two cpufreq policies; policy0's floor starts above cpuinfo_min (so "original" and
+    /// "minimum" differ), policy4's at it.
+    const POLICIES: [FakePolicy; 2] = [
+        ("policy0", 300_000, 400_000, 2_000_000),
+        ("policy4", 500_000, 500_000, 3_000_000),
+    ];
 
-    /// A fake root: `dev/cpu_dma_latency` (a plain file), `run/`, two cpufreq policies whose
-    /// floor starts above cpuinfo_min (so "original" and "minimum" differ).
+    /// A fake root ([`super::power_root::fake_root`]) with [`POLICIES`].
     fn fake_root() -> tempfile::TempDir {
-        let tmp = tempfile::tempdir().unwrap();
-        let r = tmp.path();
-        std::fs::create_dir_all(r.join("dev")).unwrap();
-        std::fs::create_dir_all(r.join("run")).unwrap();
-        std::fs::write(r.join(CPU_DMA_LATENCY), b"").unwrap();
-        let cpufreq = r.join(CPUFREQ_ROOT);
-        fake_policy(&cpufreq, "policy0", 300_000, 2_000_000);
-        fake_policy(&cpufreq, "policy4", 500_000, 3_000_000);
-        std::fs::write(cpufreq.join("policy0/scaling_min_freq"), "400000\n").unwrap();
-        tmp
+        super::power_root::fake_root(&POLICIES)
     }
 
     /// A backend on a fresh [`fake_root`] (which lives as long as the returned folder).

@@ -146,19 +146,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), WorkerError> {
-    serve_with_auth(engine, listener, shutdown, tandem_auth::AuthLayer::grpc(None, false)).await
-}
-
-/// [`serve`] behind `auth`: every call without an accepted bearer token gets
-/// `UNAUTHENTICATED` before it reaches a handler (health as the layer says).
-pub async fn serve_with_auth(
-    engine: EngineHandle,
-    listener: tokio::net::TcpListener,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    auth: tandem_auth::AuthLayer<tonic::body::Body>,
-) -> Result<(), WorkerError> {
-    let security = tandem_auth::GrpcSecurity::auth(auth);
-    serve_secured(engine, tandem_auth::Listener::Tcp(listener), shutdown, security).await
+    serve_secured(engine, tandem_auth::Listener::Tcp(listener), shutdown, tandem_auth::GrpcSecurity::open()).await
 }
 
 /// [`serve`] on a TCP or Unix-socket `listener` with `security`: the bearer-token layer,
@@ -181,11 +169,9 @@ pub async fn serve_secured(
         .add_service(health)
         .add_service(StepServiceImpl::new(engine).into_server(security.max_message_bytes));
     let sets = [tandem_proto::FILE_DESCRIPTOR_SET, tonic_health::pb::FILE_DESCRIPTOR_SET];
-    let router = tandem_auth::grpc::with_reflection(router, &security, &sets)
-        .map_err(|e| WorkerError::Internal(format!("reflection: {e}")))?;
-    tandem_auth::grpc::serve(router, listener, shutdown)
+    tandem_auth::grpc::serve_reflected(router, &security, &sets, listener, shutdown)
         .await
-        .map_err(|e| WorkerError::Internal(format!("gRPC server: {e}")))
+        .map_err(|e| WorkerError::Internal(e.to_string()))
 }
 
 /// The health service, NOT_SERVING until `engine` is ready, then following its state for the

@@ -25,7 +25,7 @@ use std::time::Instant;
 use dsp::pool::ThreadPool;
 
 use super::{Draft, DraftRequest, Drafter, DrafterKind};
-use crate::model::{Model, ModelError, MtpHead};
+use crate::model::{Model, ModelError, MtpHead, MtpPass};
 use crate::sampling::argmax;
 use crate::state::mtp::MtpCache;
 
@@ -112,23 +112,16 @@ impl MtpStep for ModelMtp<'_> {
         self.model.mtp_max_rows()
     }
 
-    fn step(
-        &mut self,
-        cache: &mut MtpCache,
-        pos0: usize,
-        hidden: &[f32],
-        next: &[u32],
-        head: Option<MtpHead>,
-        h_out: &mut Vec<f32>,
-    ) -> Result<Option<u32>, ModelError> {
-        let logits = self.model.mtp_forward(self.pool, cache, pos0, hidden, next, head)?;
-        let (Some(head), Some(logits)) = (head, logits) else {
+    fn step(&mut self, cache: &mut MtpCache, pass: MtpPass<'_>) -> Result<Option<u32>, ModelError> {
+        let logits = self.model.mtp_forward(self.pool, cache, pass)?;
+        let (Some(head), Some(logits)) = (pass.head, logits) else {
             return Ok(None);
         };
-        let token = argmax(logits).and_then(|row| self.model.mtp_token_id(head, row));
-        h_out.clear();
-        h_out.extend_from_slice(self.model.mtp_hidden());
-        Ok(token)
+        Ok(argmax(logits).and_then(|row| self.model.mtp_token_id(head, row)))
+    }
+
+    fn hidden(&self) -> &[f32] {
+        self.model.mtp_hidden()
     }
 }
 
@@ -151,21 +144,16 @@ pub trait MtpStep {
     /// Rows one pass may hold (at least 1).
     fn max_rows(&self) -> usize;
 
-    /// Appends the entries of positions `pos0..pos0 + next.len()` to `cache` from the input
-    /// hidden rows `hidden` `[n, n_embd]` and the token after each position. With `head`,
+    /// Appends the entries of `pass` (positions `pos0..pos0 + next.len()`) to `cache` from
+    /// their input hidden rows `hidden` `[n, n_embd]` and the token after each. With a head,
     /// returns the drafted token after the last row (the head's argmax, as an original
-    /// token id) and writes the last row's output hidden `[n_embd]` to `h_out`.
+    /// token id); the last row's output hidden is then in [`MtpStep::hidden`].
     ///
     /// Errors: the model's ([`crate::model::CausalLm::mtp_forward`]).
-    fn step(
-        &mut self,
-        cache: &mut MtpCache,
-        pos0: usize,
-        hidden: &[f32],
-        next: &[u32],
-        head: Option<MtpHead>,
-        h_out: &mut Vec<f32>,
-    ) -> Result<Option<u32>, ModelError>;
+    fn step(&mut self, cache: &mut MtpCache, pass: MtpPass<'_>) -> Result<Option<u32>, ModelError>;
+
+    /// The output hidden `[n_embd]` of the last row of the last step that drafted a token.
+    fn hidden(&self) -> &[f32];
 }
 
 /// Writes the entries of the pending positions whose next token `tokens` already holds
@@ -179,7 +167,7 @@ pub fn fill(
     tokens: &[u32],
 ) -> Result<usize, ModelError> {
     let end = tokens.len().saturating_sub(1);
-    let r = write_pending(step, cache, tokens, end, None, None, &mut Vec::new());
+    let r = write_pending(step, cache, tokens, end, None, None);
     if r.is_err() {
         cache.reset();
     }
@@ -204,7 +192,12 @@ pub fn draft(
     {
         return Ok(None);
     }
-    let r = draft_inner(step, cache, tokens, newest, n, head);
+    let r = write_pending(step, cache, tokens, len, Some(newest), Some(head)).and_then(
+        |(_, first)| match first {
+            Some(d) => draft_steps(step, cache, len, d, n, head).map(Some),
+            None => Ok(None),
+        },
+    );
     // Draft-step entries (positions >= len) never outlive the round.
     cache.drop_entries_from(len);
     if r.is_err() {
@@ -213,32 +206,36 @@ pub fn draft(
     r
 }
 
-fn draft_inner(
+/// The recursive MTP steps after the first draft token `first` (drafted after position
+/// `len − 1`): each step feeds the previous step's output hidden ([`MtpStep::hidden`]) and
+/// token at the next position, until `n` tokens or a step without a token.
+fn draft_steps(
     step: &mut dyn MtpStep,
     cache: &mut MtpCache,
-    tokens: &[u32],
-    newest: u32,
+    len: usize,
+    first: u32,
     n: usize,
     head: MtpHead,
-) -> Result<Option<Vec<u32>>, ModelError> {
-    let len = tokens.len();
-    let mut h = Vec::new();
-    let (_, first) = write_pending(step, cache, tokens, len, Some(newest), Some(head), &mut h)?;
-    let Some(mut d) = first else {
-        return Ok(None);
-    };
+) -> Result<Vec<u32>, ModelError> {
+    let mut d = first;
     let mut out = vec![d];
     let mut input = Vec::new();
     while out.len() < n {
-        std::mem::swap(&mut input, &mut h);
-        let pos = len + out.len() - 1;
-        match step.step(cache, pos, &input, &[d], Some(head), &mut h)? {
+        input.clear();
+        input.extend_from_slice(step.hidden());
+        let pass = MtpPass {
+            pos0: len + out.len() - 1,
+            hidden: &input,
+            next: &[d],
+            head: Some(head),
+        };
+        match step.step(cache, pass)? {
             Some(t) => d = t,
             None => break,
         }
         out.push(d);
     }
-    Ok(Some(out))
+    Ok(out)
 }
 
 /// Writes the pending entries of positions `< end`, the token after position `i` being
@@ -252,7 +249,6 @@ fn write_pending(
     end: usize,
     last: Option<u32>,
     head: Option<MtpHead>,
-    h_out: &mut Vec<f32>,
 ) -> Result<(usize, Option<u32>), ModelError> {
     let e = cache.n_embd();
     let (from, rows) = cache.pending();
@@ -278,14 +274,13 @@ fn write_pending(
     while done < next.len() {
         let k = (next.len() - done).min(max);
         let is_last = done + k == next.len();
-        token = step.step(
-            cache,
-            from + done,
-            &rows[done * e..(done + k) * e],
-            &next[done..done + k],
-            head.filter(|_| is_last),
-            h_out,
-        )?;
+        let pass = MtpPass {
+            pos0: from + done,
+            hidden: &rows[done * e..(done + k) * e],
+            next: &next[done..done + k],
+            head: head.filter(|_| is_last),
+        };
+        token = step.step(cache, pass)?;
         done += k;
     }
     cache.consume_pending(done);
@@ -303,6 +298,18 @@ mod tests {
         rows: Vec<(usize, f32, u32)>,
         passes: Vec<(usize, usize, bool)>,
         max: usize,
+        /// The output hidden of the last pass.
+        hidden: Vec<f32>,
+    }
+
+    impl Fake {
+        /// A fake block of passes of at most `max` rows.
+        fn with_max(max: usize) -> Self {
+            Fake {
+                max,
+                ..Default::default()
+            }
+        }
     }
 
     impl MtpStep for Fake {
@@ -310,25 +317,22 @@ mod tests {
             self.max
         }
 
-        fn step(
-            &mut self,
-            cache: &mut MtpCache,
-            pos0: usize,
-            hidden: &[f32],
-            next: &[u32],
-            head: Option<MtpHead>,
-            h_out: &mut Vec<f32>,
-        ) -> Result<Option<u32>, ModelError> {
+        fn step(&mut self, cache: &mut MtpCache, pass: MtpPass<'_>) -> Result<Option<u32>, ModelError> {
+            let (pos0, next) = (pass.pos0, pass.next);
             assert!(cache.can_append(pos0, next.len()), "entries out of order");
             assert!(next.len() <= self.max);
             for (i, &t) in next.iter().enumerate() {
-                self.rows.push((pos0 + i, hidden[i * 2], t));
+                self.rows.push((pos0 + i, pass.hidden[i * 2], t));
             }
-            self.passes.push((pos0, next.len(), head.is_some()));
+            self.passes.push((pos0, next.len(), pass.head.is_some()));
             cache.commit_entries(pos0, next.len());
             let last = pos0 + next.len() - 1;
-            *h_out = vec![1000.0 + last as f32, 0.0];
-            Ok(head.map(|_| next[next.len() - 1] + 1))
+            self.hidden = vec![1000.0 + last as f32, 0.0];
+            Ok(pass.head.map(|_| next[next.len() - 1] + 1))
+        }
+
+        fn hidden(&self) -> &[f32] {
+            &self.hidden
         }
     }
 
@@ -339,10 +343,7 @@ mod tests {
     #[test]
     fn fill_writes_what_has_a_next_token_in_chunks() {
         let mut cache = MtpCache::new(1, 2, 64, 2);
-        let mut f = Fake {
-            max: 3,
-            ..Default::default()
-        };
+        let mut f = Fake::with_max(3);
         let tokens: Vec<u32> = (10..17).collect(); // 7 positions
         cache.push_hidden(0, &target_rows(0, 7));
         assert_eq!(fill(&mut f, &mut cache, &tokens).unwrap(), 6);
@@ -355,10 +356,7 @@ mod tests {
     #[test]
     fn draft_recurses_on_its_own_hidden_and_keeps_only_verified_entries() {
         let mut cache = MtpCache::new(1, 2, 64, 2);
-        let mut f = Fake {
-            max: 8,
-            ..Default::default()
-        };
+        let mut f = Fake::with_max(8);
         let mut tokens: Vec<u32> = (10..15).collect(); // positions 0..5
         cache.push_hidden(0, &target_rows(0, 5));
         fill(&mut f, &mut cache, &tokens).unwrap();
@@ -391,10 +389,7 @@ mod tests {
     #[test]
     fn no_draft_without_the_newest_hidden_state() {
         let mut cache = MtpCache::new(1, 2, 64, 2);
-        let mut f = Fake {
-            max: 8,
-            ..Default::default()
-        };
+        let mut f = Fake::with_max(8);
         let tokens: Vec<u32> = (10..15).collect();
         cache.push_hidden(0, &target_rows(0, 4)); // h_4 never handed over
         assert_eq!(

@@ -137,7 +137,7 @@ pub const REFUSAL_LOG_CHARS: usize = 300;
 /// code in snake case, one of four), and logs one WARN line with the reason and the error's
 /// first [`REFUSAL_LOG_CHARS`] characters.
 pub fn record_refusal(reason: &'static str, error: &dyn std::fmt::Display) {
-    ::metrics::counter!(m::WORKER_REQUESTS_TOTAL, m::LABEL_OUTCOME => "refused", m::LABEL_REASON => reason).increment(1);
+    count_refusal(reason);
     let text = error.to_string();
     let shown = match text.char_indices().nth(REFUSAL_LOG_CHARS) {
         Some((cut, _)) => format!("{}… ({} bytes)", &text[..cut], text.len()),
@@ -153,7 +153,12 @@ pub const UNAUTHENTICATED_REASON: &str = "unauthenticated";
 /// counts it in [`m::WORKER_REQUESTS_TOTAL`] with outcome `"refused"` and reason
 /// [`UNAUTHENTICATED_REASON`]. The layer itself logs the WARN line.
 pub fn record_unauthenticated() {
-    ::metrics::counter!(m::WORKER_REQUESTS_TOTAL, m::LABEL_OUTCOME => "refused", m::LABEL_REASON => UNAUTHENTICATED_REASON).increment(1);
+    count_refusal(UNAUTHENTICATED_REASON);
+}
+
+/// One refused request in [`m::WORKER_REQUESTS_TOTAL`] (outcome `"refused"`, `reason`).
+fn count_refusal(reason: &'static str) {
+    ::metrics::counter!(m::WORKER_REQUESTS_TOTAL, m::LABEL_OUTCOME => "refused", m::LABEL_REASON => reason).increment(1);
 }
 
 /// Records a finished request's figures from its [`pb::FinalStats`]: duration (`server_ms`),

@@ -94,6 +94,15 @@ impl Runner {
         out.expect("non-empty prompt")
     }
 
+    /// One decode step: feeds `id`, returns the logits after it.
+    pub fn step(&mut self, seq: &mut SequenceState, id: u32) -> Vec<f32> {
+        self.model
+            .forward(&self.pool, seq, &[id], true)
+            .expect("decode")
+            .expect("logits")
+            .to_vec()
+    }
+
     /// Greedy continuation of `steps` tokens from `logits` (the last computed ones).
     pub fn greedy(&mut self, seq: &mut SequenceState, logits: Vec<f32>, steps: usize) -> Vec<u32> {
         self.greedy_logits(seq, logits, steps).0
@@ -112,12 +121,7 @@ impl Runner {
             tokens.push(id);
             chosen_from.push(logits.clone());
             if i + 1 < steps {
-                logits = self
-                    .model
-                    .forward(&self.pool, seq, &[id], true)
-                    .expect("decode")
-                    .expect("logits")
-                    .to_vec();
+                logits = self.step(seq, id);
             }
         }
         (tokens, chosen_from)
@@ -134,13 +138,7 @@ impl Runner {
     ) -> Vec<Vec<f32>> {
         let mut rows = Vec::with_capacity(forced.len());
         for (i, &id) in forced.iter().enumerate() {
-            let next = (i + 1 < forced.len()).then(|| {
-                self.model
-                    .forward(&self.pool, seq, &[id], true)
-                    .expect("decode")
-                    .expect("logits")
-                    .to_vec()
-            });
+            let next = (i + 1 < forced.len()).then(|| self.step(seq, id));
             rows.push(std::mem::replace(&mut logits, next.unwrap_or_default()));
         }
         rows

@@ -20,7 +20,7 @@
 //! at `c²·d_v/2` instead of `c³` operations. Every exponent is `≤ 0`, so nothing overflows.
 
 use super::heads::{run_heads, split_heads, HeadIo, Inputs};
-use super::shape::GdnShape;
+use super::shape::{GdnInputs, GdnShape};
 use super::tile::gemm_acc_portable;
 use crate::error::DspError;
 use crate::pool::ThreadPool;
@@ -36,8 +36,8 @@ pub const DEFAULT_CHUNK: usize = 64;
 /// `pool` (`&ThreadPool` or `Some`), the value heads are spread over it (one task per head);
 /// with `None`, all run on the calling thread. Results are bit-identical either way.
 ///
-/// Shapes and layouts as [`super::gdn_recurrent`] (without snapshots): `q`, `k`
-/// `[n, n_k_heads·d_k]`; `v`, `out` `[n, n_v_heads·d_v]`; `gate`, `beta` `[n, n_v_heads]`;
+/// Shapes and layouts as [`super::gdn_recurrent`] (without snapshots): `x.q`, `x.k`
+/// `[n, n_k_heads·d_k]`; `x.v`, `out` `[n, n_v_heads·d_v]`; `x.gate`, `x.beta` `[n, n_v_heads]`;
 /// `state` `[n_v_heads, d_k, d_v]` in/out. For a rollback-aware prefill, pass the snapshot
 /// slot that should hold the state after the last token as `state` (copy the entry state
 /// into it first).
@@ -49,17 +49,13 @@ pub const DEFAULT_CHUNK: usize = 64;
 /// whose length does not fit `n = gate.len() / n_v_heads`.
 pub fn gdn_chunked<'p>(
     pool: impl Into<Option<&'p ThreadPool>>,
-    shape: GdnShape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    gate: &[f32],
-    beta: &[f32],
+    x: GdnInputs<'_>,
     state: &mut [f32],
     out: &mut [f32],
     chunk: usize,
 ) -> Result<(), DspError> {
-    let n = shape.check_io(OP, q, k, v, gate, beta, state, out)?;
+    let n = x.check_io(OP, state, out)?;
+    let shape = x.shape;
     if chunk == 0 {
         return Err(DspError::InvalidArgument {
             op: OP,
@@ -67,7 +63,7 @@ pub fn gdn_chunked<'p>(
             detail: "chunk length must be at least 1".to_string(),
         });
     }
-    let inp = Inputs { shape, n, q, k, v, gate, beta };
+    let inp = Inputs { n, x };
     let heads = split_heads(shape, state, out, None);
     run_heads(pool.into(), heads, &|h, io| chunked_head(&inp, h, io, chunk));
     Ok(())
@@ -148,7 +144,7 @@ fn chunked_head_body(
 ) {
     let inp = head.inp;
     let chunk = head.chunk.min(inp.n.max(1));
-    let GdnShape { d_k, d_v, .. } = inp.shape;
+    let GdnShape { d_k, d_v, .. } = inp.x.shape;
     let mut sc = Scratch {
         cum: vec![0f32; chunk],
         kq: vec![0f32; 2 * chunk * d_k],
@@ -176,8 +172,8 @@ fn chunk_step(
     gemm: impl Fn(&mut [f32], &[f32], &[f32], usize, usize, usize),
 ) {
     let (inp, h, io) = (head.inp, head.h, &mut *head.io);
-    let GdnShape { d_k, d_v, .. } = inp.shape;
-    let kh = inp.shape.k_head_of(h);
+    let GdnShape { d_k, d_v, .. } = inp.x.shape;
+    let kh = inp.x.shape.k_head_of(h);
     let s = &mut *io.state;
     debug_assert_eq!(s.len(), d_k * d_v);
 
@@ -254,7 +250,7 @@ fn chunk_step(
         }
     }
     gemm(out, scores, delta, c, c, d_v);
-    let scale = inp.shape.scale();
+    let scale = inp.x.shape.scale();
     for t in 0..c {
         for (dst, &o) in io.out[t0 + t].iter_mut().zip(&out[t * d_v..][..d_v]) {
             *dst = o * scale;

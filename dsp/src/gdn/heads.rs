@@ -4,48 +4,43 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use super::shape::GdnShape;
+use super::shape::{GdnInputs, GdnShape};
 use crate::pool::ThreadPool;
 
 /// Read-only inputs of one call (layouts in [`super::shape`]).
 pub(crate) struct Inputs<'a> {
-    pub shape: GdnShape,
     pub n: usize,
-    pub q: &'a [f32],
-    pub k: &'a [f32],
-    pub v: &'a [f32],
-    pub gate: &'a [f32],
-    pub beta: &'a [f32],
+    pub x: GdnInputs<'a>,
 }
 
 impl Inputs<'_> {
     /// `q` of token `t`, key head `kh`: `[d_k]`.
     #[inline]
     pub fn q(&self, t: usize, kh: usize) -> &[f32] {
-        let d = self.shape.d_k;
-        &self.q[(t * self.shape.n_k_heads + kh) * d..][..d]
+        let d = self.x.shape.d_k;
+        &self.x.q[(t * self.x.shape.n_k_heads + kh) * d..][..d]
     }
     /// `k` of token `t`, key head `kh`: `[d_k]`.
     #[inline]
     pub fn k(&self, t: usize, kh: usize) -> &[f32] {
-        let d = self.shape.d_k;
-        &self.k[(t * self.shape.n_k_heads + kh) * d..][..d]
+        let d = self.x.shape.d_k;
+        &self.x.k[(t * self.x.shape.n_k_heads + kh) * d..][..d]
     }
     /// `v` of token `t`, value head `h`: `[d_v]`.
     #[inline]
     pub fn v(&self, t: usize, h: usize) -> &[f32] {
-        let d = self.shape.d_v;
-        &self.v[(t * self.shape.n_v_heads + h) * d..][..d]
+        let d = self.x.shape.d_v;
+        &self.x.v[(t * self.x.shape.n_v_heads + h) * d..][..d]
     }
     /// Log decay of token `t`, value head `h`.
     #[inline]
     pub fn gate(&self, t: usize, h: usize) -> f32 {
-        self.gate[t * self.shape.n_v_heads + h]
+        self.x.gate[t * self.x.shape.n_v_heads + h]
     }
     /// Write strength of token `t`, value head `h`.
     #[inline]
     pub fn beta(&self, t: usize, h: usize) -> f32 {
-        self.beta[t * self.shape.n_v_heads + h]
+        self.x.beta[t * self.x.shape.n_v_heads + h]
     }
 }
 

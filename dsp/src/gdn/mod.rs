@@ -17,8 +17,8 @@
 //!
 //! All tensors are f32 and row-major; the shared conventions live in [`shape`].
 
-// The kernel entry points take the rule's five input tensors plus state and output buffers
-// as separate slices, as the API and ggml's op do; a struct would only rename them.
+// The per-token step and the tile kernels take their slices one by one (ggml's op does the
+// same); the entry points take the five inputs as one [`GdnInputs`].
 #![allow(clippy::too_many_arguments)]
 
 pub mod chunked;
@@ -38,4 +38,4 @@ pub use conv::conv1d_silu as conv1d_silu_pooled;
 pub use recurrent::gdn_recurrent;
 /// [`gdn_recurrent`] under the name the pooled callers use (it takes the pool itself).
 pub use recurrent::gdn_recurrent as gdn_recurrent_pooled;
-pub use shape::GdnShape;
+pub use shape::{GdnInputs, GdnShape};

@@ -4,7 +4,7 @@
 //! (`modeling_qwen3_next.py`) and llama.cpp `ggml_compute_forward_gated_delta_net`.
 
 use super::heads::{run_heads, split_heads, HeadIo, Inputs};
-use super::shape::GdnShape;
+use super::shape::{GdnInputs, GdnShape};
 use crate::error::DspError;
 use crate::pool::ThreadPool;
 
@@ -17,8 +17,8 @@ const OP: &str = "gdn_recurrent";
 /// are bit-identical either way.
 ///
 /// Shapes (layouts in [`super::shape`]; `H = n_v_heads`):
-/// - `q`, `k`: `[n, n_k_heads·d_k]`, L2-normalised per head by the caller.
-/// - `v`: `[n, H·d_v]`; `gate` (log decay, ≤ 0) and `beta` (post-sigmoid): `[n, H]`.
+/// - `x` ([`GdnInputs`]): `q`, `k` `[n, n_k_heads·d_k]`, L2-normalised per head by the
+///   caller; `v` `[n, H·d_v]`; `gate` (log decay, ≤ 0) and `beta` (post-sigmoid) `[n, H]`.
 /// - `state`: `[H, d_k, d_v]`, the state before the first token on entry, after the last on
 ///   return.
 /// - `out`: `[n, H·d_v]`, `o_t = Sᵀq_t / √d_k`.
@@ -34,19 +34,15 @@ const OP: &str = "gdn_recurrent";
 /// `LengthMismatch` for any buffer whose length does not fit `n = gate.len() / H`.
 pub fn gdn_recurrent<'p>(
     pool: impl Into<Option<&'p ThreadPool>>,
-    shape: GdnShape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    gate: &[f32],
-    beta: &[f32],
+    x: GdnInputs<'_>,
     state: &mut [f32],
     out: &mut [f32],
     snapshots: Option<&mut [f32]>,
 ) -> Result<(), DspError> {
-    let n = shape.check_io(OP, q, k, v, gate, beta, state, out)?;
+    let n = x.check_io(OP, state, out)?;
+    let shape = x.shape;
     check_snapshots(shape, n, snapshots.as_deref())?;
-    let inp = Inputs { shape, n, q, k, v, gate, beta };
+    let inp = Inputs { n, x };
     let heads = split_heads(shape, state, out, snapshots);
     run_heads(pool.into(), heads, &|h, io| recurrent_head(&inp, h, io));
     Ok(())
@@ -73,7 +69,7 @@ fn check_snapshots(shape: GdnShape, n: usize, snaps: Option<&[f32]>) -> Result<(
 /// All tokens of value head `h`.
 fn recurrent_head(inp: &Inputs<'_>, h: usize, io: &mut HeadIo<'_>) {
     let _ftz = super::denormals::FlushDenormals::new();
-    let shape = inp.shape;
+    let shape = inp.x.shape;
     let kh = shape.k_head_of(h);
     let scale = shape.scale();
     let first_snap = inp.n - io.snaps.len();

@@ -16,7 +16,80 @@
 //! key head, `repeat_interleave`) to tiled order, and `ggml_compute_forward_gated_delta_net`
 //! reads `ik1 = iv1 % nek1`. Weights in Hugging Face order must be permuted the same way.
 
+use std::ops::Range;
+
 use crate::error::DspError;
+
+/// The five input tensors of one GDN call and their heads' `shape`, token-major (layouts in
+/// the module docs): `q`, `k` `[n, n_k_heads·d_k]`, `v` `[n, n_v_heads·d_v]`, `gate` (log
+/// decay, ≤ 0) and `beta` (post-sigmoid) `[n, n_v_heads]`. The shape and lengths are checked
+/// by the kernels ([`GdnInputs::check_io`]), not here.
+#[derive(Debug, Clone, Copy)]
+pub struct GdnInputs<'a> {
+    pub shape: GdnShape,
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub gate: &'a [f32],
+    pub beta: &'a [f32],
+}
+
+impl<'a> GdnInputs<'a> {
+    /// The rows of the tokens `tokens` (e.g. one micro-batch's head or tail).
+    ///
+    /// # Panics
+    /// If `tokens` reaches past the inputs' tokens (as slicing does).
+    pub fn tokens(&self, tokens: Range<usize>) -> GdnInputs<'a> {
+        let (a, b) = (tokens.start, tokens.end);
+        let shape = self.shape;
+        let qk = shape.n_k_heads * shape.d_k;
+        let vd = shape.n_v_heads * shape.d_v;
+        let hv = shape.n_v_heads;
+        GdnInputs {
+            shape,
+            q: &self.q[a * qk..b * qk],
+            k: &self.k[a * qk..b * qk],
+            v: &self.v[a * vd..b * vd],
+            gate: &self.gate[a * hv..b * hv],
+            beta: &self.beta[a * hv..b * hv],
+        }
+    }
+
+    /// Validates the shape and every buffer length against the layouts in the module docs;
+    /// returns the token count `n = gate.len() / n_v_heads`.
+    pub(crate) fn check_io(
+        &self,
+        op: &'static str,
+        state: &[f32],
+        out: &[f32],
+    ) -> Result<usize, DspError> {
+        let GdnInputs {
+            shape,
+            q,
+            k,
+            v,
+            gate,
+            beta,
+        } = *self;
+        shape.validate(op)?;
+        let n = gate.len() / shape.n_v_heads;
+        DspError::check_len(op, "gate [n, n_v_heads]", n * shape.n_v_heads, gate.len())?;
+        DspError::check_len(op, "beta [n, n_v_heads]", gate.len(), beta.len())?;
+        let qk = n * shape.n_k_heads * shape.d_k;
+        DspError::check_len(op, "q [n, n_k_heads·d_k]", qk, q.len())?;
+        DspError::check_len(op, "k [n, n_k_heads·d_k]", qk, k.len())?;
+        let vo = n * shape.n_v_heads * shape.d_v;
+        DspError::check_len(op, "v [n, n_v_heads·d_v]", vo, v.len())?;
+        DspError::check_len(op, "out [n, n_v_heads·d_v]", vo, out.len())?;
+        DspError::check_len(
+            op,
+            "state [n_v_heads, d_k, d_v]",
+            shape.state_len(),
+            state.len(),
+        )?;
+        Ok(n)
+    }
+}
 
 /// Head counts and head dimensions of one GDN layer (Qwen3.5: `n_k_heads = 16`,
 /// `n_v_heads ∈ {16, 32}`, `d_k = d_v = 128`).
@@ -77,37 +150,5 @@ impl GdnShape {
             )));
         }
         Ok(())
-    }
-
-    /// Validates the shape and every buffer length against the layouts in the module docs;
-    /// returns the token count `n = gate.len() / n_v_heads`.
-    pub(crate) fn check_io(
-        &self,
-        op: &'static str,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        gate: &[f32],
-        beta: &[f32],
-        state: &[f32],
-        out: &[f32],
-    ) -> Result<usize, DspError> {
-        self.validate(op)?;
-        let n = gate.len() / self.n_v_heads;
-        DspError::check_len(op, "gate [n, n_v_heads]", n * self.n_v_heads, gate.len())?;
-        DspError::check_len(op, "beta [n, n_v_heads]", gate.len(), beta.len())?;
-        let qk = n * self.n_k_heads * self.d_k;
-        DspError::check_len(op, "q [n, n_k_heads·d_k]", qk, q.len())?;
-        DspError::check_len(op, "k [n, n_k_heads·d_k]", qk, k.len())?;
-        let vo = n * self.n_v_heads * self.d_v;
-        DspError::check_len(op, "v [n, n_v_heads·d_v]", vo, v.len())?;
-        DspError::check_len(op, "out [n, n_v_heads·d_v]", vo, out.len())?;
-        DspError::check_len(
-            op,
-            "state [n_v_heads, d_k, d_v]",
-            self.state_len(),
-            state.len(),
-        )?;
-        Ok(n)
     }
 }

@@ -80,74 +80,65 @@ pub fn f16r(rng: &mut Rng, scale: f32) -> f16 {
     f16::from_f32(rng.unit() * scale)
 }
 
+/// `nb` blocks, each made by `block` from `rng`.
+fn random_blocks<B>(rng: &mut Rng, nb: usize, mut block: impl FnMut(&mut Rng) -> B) -> Vec<B> {
+    (0..nb).map(|_| block(rng)).collect()
+}
+
 pub fn rand_q4_0(rng: &mut Rng, nb: usize) -> Vec<BlockQ4_0> {
-    (0..nb)
-        .map(|_| BlockQ4_0 {
-            d: f16r(rng, 0.1),
-            qs: std::array::from_fn(|_| rng.byte()),
-        })
-        .collect()
+    random_blocks(rng, nb, |r| BlockQ4_0 {
+        d: f16r(r, 0.1),
+        qs: std::array::from_fn(|_| r.byte()),
+    })
 }
 pub fn rand_q4_1(rng: &mut Rng, nb: usize) -> Vec<BlockQ4_1> {
-    (0..nb)
-        .map(|_| BlockQ4_1 {
-            d: f16r(rng, 0.1),
-            m: f16r(rng, 0.5),
-            qs: std::array::from_fn(|_| rng.byte()),
-        })
-        .collect()
+    random_blocks(rng, nb, |r| BlockQ4_1 {
+        d: f16r(r, 0.1),
+        m: f16r(r, 0.5),
+        qs: std::array::from_fn(|_| r.byte()),
+    })
 }
 pub fn rand_q8_0(rng: &mut Rng, nb: usize) -> Vec<BlockQ8_0> {
-    (0..nb)
-        .map(|_| BlockQ8_0 {
-            d: f16r(rng, 0.05),
-            qs: std::array::from_fn(|_| rng.q8_sym()),
-        })
-        .collect()
+    random_blocks(rng, nb, |r| BlockQ8_0 {
+        d: f16r(r, 0.05),
+        qs: std::array::from_fn(|_| r.q8_sym()),
+    })
 }
 pub fn rand_q8_1(rng: &mut Rng, nb: usize) -> Vec<BlockQ8_1> {
-    (0..nb)
-        .map(|_| {
-            let d = f16r(rng, 0.05);
-            let qs: [i8; 32] = std::array::from_fn(|_| rng.q8_sym());
-            let s = f16::from_f32(d.to_f32() * qs.iter().map(|&q| q as i32).sum::<i32>() as f32);
-            BlockQ8_1 { d, s, qs }
-        })
-        .collect()
+    random_blocks(rng, nb, |r| {
+        let d = f16r(r, 0.05);
+        let qs: [i8; 32] = std::array::from_fn(|_| r.q8_sym());
+        let s = f16::from_f32(d.to_f32() * qs.iter().map(|&q| q as i32).sum::<i32>() as f32);
+        BlockQ8_1 { d, s, qs }
+    })
 }
 pub fn rand_q4_k(rng: &mut Rng, nb: usize) -> Vec<BlockQ4K> {
-    (0..nb)
-        .map(|_| BlockQ4K {
-            d: f16r(rng, 0.01),
-            dmin: f16r(rng, 0.01),
-            scales: std::array::from_fn(|_| rng.byte()),
-            qs: std::array::from_fn(|_| rng.byte()),
-        })
-        .collect()
+    random_blocks(rng, nb, |r| BlockQ4K {
+        d: f16r(r, 0.01),
+        dmin: f16r(r, 0.01),
+        scales: std::array::from_fn(|_| r.byte()),
+        qs: std::array::from_fn(|_| r.byte()),
+    })
 }
 pub fn rand_q6_k(rng: &mut Rng, nb: usize) -> Vec<BlockQ6K> {
-    (0..nb)
-        .map(|_| BlockQ6K {
-            ql: std::array::from_fn(|_| rng.byte()),
-            qh: std::array::from_fn(|_| rng.byte()),
-            scales: std::array::from_fn(|_| rng.byte() as i8),
-            d: f16r(rng, 0.01),
-        })
-        .collect()
+    random_blocks(rng, nb, |r| BlockQ6K {
+        ql: std::array::from_fn(|_| r.byte()),
+        qh: std::array::from_fn(|_| r.byte()),
+        scales: std::array::from_fn(|_| r.byte() as i8),
+        d: f16r(r, 0.01),
+    })
 }
 pub fn rand_q8_k(rng: &mut Rng, nb: usize) -> Vec<BlockQ8K> {
-    (0..nb)
-        .map(|_| {
-            let qs: [i8; 256] = std::array::from_fn(|_| rng.q8_sym());
-            let bsums =
-                std::array::from_fn(|k| qs[16 * k..16 * k + 16].iter().map(|&q| q as i16).sum());
-            BlockQ8K {
-                d: rng.unit() * 0.01,
-                qs,
-                bsums,
-            }
-        })
-        .collect()
+    random_blocks(rng, nb, |r| {
+        let qs: [i8; 256] = std::array::from_fn(|_| r.q8_sym());
+        let bsums =
+            std::array::from_fn(|k| qs[16 * k..16 * k + 16].iter().map(|&q| q as i16).sum());
+        BlockQ8K {
+            d: r.unit() * 0.01,
+            qs,
+            bsums,
+        }
+    })
 }
 
 /// One row quantized into blocks of `B` by `quantize`, as bytes.

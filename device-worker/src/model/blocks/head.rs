@@ -28,17 +28,13 @@ pub struct OutputHead {
 }
 
 impl OutputHead {
-    /// Binds `output_norm.weight` and `output.weight`, or the table of `embedding` when the
-    /// file has no `output.weight` (tied embeddings).
+    /// Binds `output_norm.weight` `[n_embd]` (RMSNorm with `eps`) and `output.weight`
+    /// `[n_vocab, n_embd]`, or the table of `embedding` when the file has no `output.weight`
+    /// (tied embeddings); `n_vocab` and `n_embd` are the embedding table's.
     ///
     /// Errors: [`ModelError::MissingTensor`], [`ModelError::TensorShape`].
-    pub fn new(
-        loader: &Loader<'_>,
-        embedding: &Embedding,
-        n_vocab: usize,
-        n_embd: usize,
-        eps: f32,
-    ) -> Result<Self, ModelError> {
+    pub fn new(loader: &Loader<'_>, embedding: &Embedding, eps: f32) -> Result<Self, ModelError> {
+        let (n_vocab, n_embd) = (embedding.table().rows, embedding.table().cols);
         let norm = RmsNorm::new(loader, "output_norm", n_embd, eps)?;
         let (output, tied) = match loader.has("output.weight") {
             true => (loader.linear("output.weight", n_vocab, n_embd)?, false),

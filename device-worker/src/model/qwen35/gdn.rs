@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use dsp::gdn::{self, GdnShape};
+use dsp::gdn::{self, GdnInputs, GdnShape};
 use dsp::ops;
 use dsp::pool::ThreadPool;
 
@@ -154,7 +154,7 @@ impl GatedDeltaNet {
     ) -> Result<f64, ModelError> {
         let m = rollback.as_ref().map_or(0, |r| r.slots_for(n));
         let rb = rollback.as_deref_mut().filter(|_| m > 0);
-        let mut rb_ms = self.project_and_conv(ctx, st, h, n, s, rb, m, laps)?;
+        let mut rb_ms = self.project_and_conv(ctx, &mut st.conv, h, n, s, rb, m, laps)?;
         self.normalise_and_gate(ctx.pool, n, s);
         laps.lap("gdn l2norm + gates");
         rb_ms += self.delta(ctx.pool, st, n, s, rollback.filter(|_| m > 0), m)?;
@@ -168,12 +168,13 @@ impl GatedDeltaNet {
     }
 
     /// Projections `qkv, z, alpha, beta`, the conv snapshots of rollback (`m` of them), then
-    /// the causal conv + SiLU into `s.conv_out`. Returns the milliseconds of the snapshots.
+    /// the causal conv + SiLU into `s.conv_out`, advancing the layer's conv state
+    /// `conv_state` `[K − 1, channels]`. Returns the milliseconds of the snapshots.
     #[allow(clippy::too_many_arguments)]
     fn project_and_conv(
         &self,
         ctx: Ctx<'_>,
-        st: &mut GdnLayerState,
+        conv_state: &mut [f32],
         h: &[f32],
         n: usize,
         s: &mut GdnScratch,
@@ -201,7 +202,7 @@ impl GatedDeltaNet {
         if let Some(rb) = rollback {
             let conv_len = rb.conv_len();
             conv_snapshots(
-                &st.conv,
+                conv_state,
                 &s.qkv[..n * ch],
                 n,
                 ch,
@@ -216,7 +217,7 @@ impl GatedDeltaNet {
             n,
             ch,
             &self.conv,
-            &mut st.conv,
+            conv_state,
             &mut s.conv_out[..n * ch],
         )
         .map_err(kernel("ssm_conv1d"))?;
@@ -268,17 +269,17 @@ impl GatedDeltaNet {
     ) -> Result<f64, ModelError> {
         let g = self.shape;
         let (kd, vd, hv) = (g.n_k_heads * g.d_k, g.n_v_heads * g.d_v, g.n_v_heads);
-        let (q, k, v) = (&s.gq[..n * kd], &s.gk[..n * kd], &s.gv[..n * vd]);
-        let (gate, beta, out) = (&s.alpha[..n * hv], &s.beta[..n * hv], &mut s.gout[..n * vd]);
-        let inputs = DeltaInputs {
-            q,
-            k,
-            v,
-            gate,
-            beta,
+        let inputs = GdnInputs {
+            shape: g,
+            q: &s.gq[..n * kd],
+            k: &s.gk[..n * kd],
+            v: &s.gv[..n * vd],
+            gate: &s.alpha[..n * hv],
+            beta: &s.beta[..n * hv],
         };
+        let out = &mut s.gout[..n * vd];
         let Some(rb) = rollback else {
-            return delta_rule(pool, g, &inputs, 0..n, &mut st.ssm, out, None).map(|()| 0.0);
+            return delta_rule(pool, &inputs, 0..n, &mut st.ssm, out, None).map(|()| 0.0);
         };
         let mode = rb.mode;
         let ssm_len = rb.ssm_len();
@@ -287,13 +288,12 @@ impl GatedDeltaNet {
         // after token n − m is slot 0 and the per-token recurrence writes slots 1..m.
         let head = n - m + 1;
         if mode == RollbackPrefill::Aware && head >= CHUNKED_MIN_TOKENS {
-            delta_rule(pool, g, &inputs, 0..head, &mut st.ssm, out, None)?;
+            delta_rule(pool, &inputs, 0..head, &mut st.ssm, out, None)?;
             let t = Instant::now();
             snaps[..ssm_len].copy_from_slice(&st.ssm);
             if m > 1 {
                 delta_rule(
                     pool,
-                    g,
                     &inputs,
                     head..n,
                     &mut st.ssm,
@@ -304,7 +304,7 @@ impl GatedDeltaNet {
             Ok(ms_since(t))
         } else {
             let t = Instant::now();
-            let r = delta_rule(pool, g, &inputs, 0..n, &mut st.ssm, out, Some(snaps));
+            let r = delta_rule(pool, &inputs, 0..n, &mut st.ssm, out, Some(snaps));
             r.map(|()| ms_since(t))
         }
     }
@@ -336,43 +336,24 @@ impl GatedDeltaNet {
     }
 }
 
-/// The GDN inputs of one micro-batch (token-major, shapes of [`gdn::gdn_recurrent`]).
-struct DeltaInputs<'a> {
-    q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
-    gate: &'a [f32],
-    beta: &'a [f32],
-}
-
-/// The gated delta rule over the tokens `range` of a micro-batch: chunked for
+/// The gated delta rule over the tokens `range` of a micro-batch's inputs `x`: chunked for
 /// [`CHUNKED_MIN_TOKENS`] tokens or more (without snapshots), else per token; `out` is the
 /// whole batch's output `[n, H·d_v]`.
 fn delta_rule(
     pool: &ThreadPool,
-    g: GdnShape,
-    x: &DeltaInputs<'_>,
+    x: &GdnInputs<'_>,
     range: std::ops::Range<usize>,
     ssm: &mut [f32],
     out: &mut [f32],
     snapshots: Option<&mut [f32]>,
 ) -> Result<(), ModelError> {
-    let (kd, vd, hv) = (g.n_k_heads * g.d_k, g.n_v_heads * g.d_v, g.n_v_heads);
-    let (a, b) = (range.start, range.end);
-    let (q, k, v) = (
-        &x.q[a * kd..b * kd],
-        &x.k[a * kd..b * kd],
-        &x.v[a * vd..b * vd],
-    );
-    let (gate, beta, out) = (
-        &x.gate[a * hv..b * hv],
-        &x.beta[a * hv..b * hv],
-        &mut out[a * vd..b * vd],
-    );
-    if b - a >= CHUNKED_MIN_TOKENS && snapshots.is_none() {
-        gdn::gdn_chunked_pooled(pool, g, q, k, v, gate, beta, ssm, out, gdn::DEFAULT_CHUNK)
+    let vd = x.shape.n_v_heads * x.shape.d_v;
+    let out = &mut out[range.start * vd..range.end * vd];
+    let x = x.tokens(range.clone());
+    if range.len() >= CHUNKED_MIN_TOKENS && snapshots.is_none() {
+        gdn::gdn_chunked_pooled(pool, x, ssm, out, gdn::DEFAULT_CHUNK)
     } else {
-        gdn::gdn_recurrent_pooled(pool, g, q, k, v, gate, beta, ssm, out, snapshots)
+        gdn::gdn_recurrent_pooled(pool, x, ssm, out, snapshots)
     }
     .map_err(kernel("gated_delta_net"))
 }

@@ -29,7 +29,7 @@ use crate::model::loader::Loader;
 use crate::model::op_profile::Laps;
 use crate::model::project::mm;
 use crate::model::weights::Linear;
-use crate::model::{ModelError, MtpHead};
+use crate::model::{ModelError, MtpHead, MtpPass};
 use crate::state::mtp::MtpCache;
 use gguf::reader::MetaValue;
 
@@ -180,9 +180,8 @@ impl DraftHead {
 }
 
 impl Qwen35Model {
-    /// One MTP pass over `n = next.len()` rows for positions `pos0..pos0 + n` (module docs):
-    /// `hidden` `[n, n_embd]` are the rows' input hidden states (target `h_i`, or the MTP
-    /// block's own output for recursive draft steps), `next` the token after each position.
+    /// One MTP pass over the `n = next.len()` rows of positions `pos0..pos0 + n` (module
+    /// docs; [`MtpPass`]).
     /// The `n` entries are appended to `cache` (RoPE at their positions). The output hidden
     /// `o` of the last row is left in [`crate::model::CausalLm::mtp_hidden`]; with `head`,
     /// the last row's logits (`[n_vocab]` full, `[N]` trimmed) are returned.
@@ -195,11 +194,9 @@ impl Qwen35Model {
         &mut self,
         pool: &ThreadPool,
         cache: &mut MtpCache,
-        pos0: usize,
-        hidden: &[f32],
-        next: &[u32],
-        head: Option<MtpHead>,
+        pass: MtpPass<'_>,
     ) -> Result<Option<&[f32]>, ModelError> {
+        let (pos0, hidden, next, head) = (pass.pos0, pass.hidden, pass.next, pass.head);
         let m = self
             .mtp
             .as_ref()

@@ -167,15 +167,8 @@ impl Attn16 {
     /// cache) as at most `tasks` contiguous ranges, task `t` in scratch slot `t` (as the text
     /// model's `causal_attention`, one tile of queries per kernel call). Each query's bits do
     /// not depend on its tile (the kernel's contract), so neither do they on the thread count.
-    fn attend(
-        &mut self,
-        pool: &ThreadPool,
-        qkv: &[f32],
-        n: usize,
-        n_head: usize,
-        hd: usize,
-        out: &mut [f32],
-    ) {
+    fn attend(&mut self, pool: &ThreadPool, qkv: &[f32], shape: PatchHeads, out: &mut [f32]) {
+        let PatchHeads { n, n_head, head_dim: hd } = shape;
         let e = n_head * hd;
         let head_len = n * hd;
         {
@@ -337,13 +330,14 @@ impl Projector {
         norm(&blk.ln1, &s.h, eps, &mut s.x, "ln1")?;
         affine(pool, bytes, &blk.qkv, &s.x, n, &mut s.qkv)?;
         rope.apply(&mut s.qkv, coords, c.n_head)?;
+        let heads = PatchHeads {
+            n,
+            n_head: c.n_head,
+            head_dim: c.head_dim(),
+        };
         match precision {
-            AttnPrecision::F16 => {
-                s.attn16.attend(pool, &s.qkv, n, c.n_head, c.head_dim(), &mut s.attn)
-            }
-            AttnPrecision::F32 => {
-                attention(pool, &s.qkv, n, c.n_head, c.head_dim(), &mut s.attn)?
-            }
+            AttnPrecision::F16 => s.attn16.attend(pool, &s.qkv, heads, &mut s.attn),
+            AttnPrecision::F32 => attention(pool, &s.qkv, heads, &mut s.attn)?,
         }
         affine(pool, bytes, &blk.out, &s.attn, n, &mut s.x)?;
         add(&mut s.h, &s.x);
@@ -416,6 +410,15 @@ fn add(dst: &mut [f32], src: &[f32]) {
     }
 }
 
+/// The shape of one attention call over the patches: `n` patches, `n_head` heads of
+/// `head_dim` values each (`qkv` `[n, 3·n_head·head_dim]`, output `[n, n_head·head_dim]`).
+#[derive(Clone, Copy, Debug)]
+struct PatchHeads {
+    n: usize,
+    n_head: usize,
+    head_dim: usize,
+}
+
 /// Full attention of every head over all `n` patches in f32 ([`AttnPrecision::F32`]):
 /// `qkv` `[n, 3·n_embd]` (rows `q | k | v`, head `h` at `h·head_dim` in each), `out`
 /// `[n, n_embd]`. One task per block of [`ATTN_QUERIES`] query patches, all heads, through
@@ -423,11 +426,10 @@ fn add(dst: &mut [f32], src: &[f32]) {
 fn attention(
     pool: &ThreadPool,
     qkv: &[f32],
-    n: usize,
-    n_head: usize,
-    hd: usize,
+    shape: PatchHeads,
     out: &mut [f32],
 ) -> Result<(), VisionError> {
+    let PatchHeads { n, n_head, head_dim: hd } = shape;
     let e = n_head * hd;
     let scale = 1.0 / (hd as f32).sqrt();
     let out = DisjointMut::new(out);

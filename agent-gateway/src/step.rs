@@ -136,10 +136,12 @@ impl StepRunner {
                     spb::ChatMessage {
                         role: "system".into(),
                         content: prompt.system,
+                        parts: vec![],
                     },
                     spb::ChatMessage {
                         role: "user".into(),
                         content: prompt.user,
+                        parts: vec![],
                     },
                 ],
             })),

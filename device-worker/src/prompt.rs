@@ -19,6 +19,51 @@ pub struct ChatTokens {
     /// Positions that start a paragraph (a line after an empty line), ascending: see
     /// [`section_starts`].
     pub section_starts: Vec<usize>,
+    /// Where each image's tokens start in `tokens`, in the order of the images (empty for a
+    /// text-only prompt): `n_tokens[i]` image-pad tokens from `image_starts[i]`
+    /// ([`ImageLayout`]).
+    pub image_starts: Vec<usize>,
+}
+
+/// How images are laid out in a rendered prompt: each image is written into its message as
+/// [`IMAGE_MARKER`] (one `<|image_pad|>` between `<|vision_start|>` and `<|vision_end|>`,
+/// the Qwen-VL chat layout, as llama.cpp's mtmd and the Hugging Face processor write it),
+/// and after tokenizing the `i`-th `<|image_pad|>` token is repeated to the image's
+/// `n_tokens[i]` tokens (its merged patch count).
+#[derive(Clone, Copy, Debug)]
+pub struct ImageLayout<'a> {
+    /// The id of `<|image_pad|>` in the model's vocabulary.
+    pub pad: u32,
+    /// Image tokens of each image, in order.
+    pub n_tokens: &'a [usize],
+}
+
+/// The text that stands for one image inside a message (tokens `<|vision_start|>`,
+/// `<|image_pad|>`, `<|vision_end|>`; ids 248053, 248056, 248054 in the Qwen3.5 vocabulary).
+pub const IMAGE_MARKER: &str = "<|vision_start|><|image_pad|><|vision_end|>";
+
+/// `tokens` with its first `n_tokens.len()` `pad` tokens each repeated to `n_tokens[i]`
+/// tokens; returns the new tokens, each image's first index and how many `pad` tokens were
+/// found (all of them, also past `n_tokens.len()`).
+pub fn expand_image_pads(tokens: &[u32], pad: u32, n_tokens: &[usize]) -> (Vec<u32>, Vec<usize>, usize) {
+    let extra: usize = n_tokens.iter().map(|n| n.saturating_sub(1)).sum();
+    let mut out = Vec::with_capacity(tokens.len() + extra);
+    let mut starts = Vec::with_capacity(n_tokens.len());
+    let mut found = 0;
+    for &t in tokens {
+        if t == pad {
+            if let Some(&n) = n_tokens.get(found) {
+                starts.push(out.len());
+                out.extend(std::iter::repeat_n(pad, n));
+            } else {
+                out.push(t);
+            }
+            found += 1;
+        } else {
+            out.push(t);
+        }
+    }
+    (out, starts, found)
 }
 
 /// Renders `messages` with `template` (generation prompt on) and tokenizes, escaping special
@@ -62,7 +107,7 @@ fn check_roles(messages: &[ChatMessage]) -> Result<(), WorkerError> {
 
 /// `messages` with special-token texts in their contents escaped (they stay text), after
 /// [`check_roles`].
-fn escape_contents(tokenizer: &Tokenizer, messages: &[ChatMessage]) -> Result<Vec<ChatMessage>, WorkerError> {
+pub fn escape_contents(tokenizer: &Tokenizer, messages: &[ChatMessage]) -> Result<Vec<ChatMessage>, WorkerError> {
     check_roles(messages)?;
     Ok(messages
         .iter()
@@ -86,12 +131,45 @@ pub fn chat_tokens_within(
     max_tokens: usize,
 ) -> Result<ChatTokens, WorkerError> {
     let msgs = escape_contents(tokenizer, messages)?;
+    chat_tokens_escaped(tokenizer, template, &msgs, max_tokens, None)
+}
+
+/// [`chat_tokens_within`] of messages whose contents are already escaped
+/// ([`escape_contents`]'s rule) and may hold [`IMAGE_MARKER`]s, laid out by `images`
+/// (`None`: no images). `max_tokens` bounds the tokens before the image pads are expanded;
+/// the caller checks the expanded length against the context.
+///
+/// Errors: as [`chat_tokens_within`]; [`WorkerError::InvalidRequest`] when the rendered
+/// prompt does not hold exactly one `<|image_pad|>` per image (a template that drops or
+/// repeats a message's content).
+pub fn chat_tokens_escaped(
+    tokenizer: &Tokenizer,
+    template: &ChatTemplate,
+    msgs: &[ChatMessage],
+    max_tokens: usize,
+    images: Option<ImageLayout<'_>>,
+) -> Result<ChatTokens, WorkerError> {
+    check_roles(msgs)?;
     // The text of [`render_chat`].
-    let tokens = encode_within(tokenizer, &template.render(&msgs, true)?, max_tokens)?;
+    let mut tokens = encode_within(tokenizer, &template.render(msgs, true)?, max_tokens)?;
+    let mut image_starts = Vec::new();
+    if let Some(l) = images {
+        let (expanded, starts, found) = expand_image_pads(&tokens, l.pad, l.n_tokens);
+        if found != l.n_tokens.len() {
+            return Err(WorkerError::InvalidRequest(format!(
+                "the chat template rendered {found} image placeholders for {} images",
+                l.n_tokens.len()
+            )));
+        }
+        (tokens, image_starts) = (expanded, starts);
+    }
     let last_user_start = match msgs.iter().rposition(|m| m.role == "user") {
         Some(i) if i > 0 => {
             // The head is a prefix of the prompt: it fits when the prompt does.
-            let head = tokenizer.encode(&template.render(&msgs[..i], false)?, true)?;
+            let mut head = tokenizer.encode(&template.render(&msgs[..i], false)?, true)?;
+            if let Some(l) = images {
+                head = expand_image_pads(&head, l.pad, l.n_tokens).0;
+            }
             (head.len() < tokens.len() && tokens[..head.len()] == head[..]).then_some(head.len())
         }
         _ => None,
@@ -103,6 +181,7 @@ pub fn chat_tokens_within(
         last_user_start,
         line_starts,
         section_starts,
+        image_starts,
     })
 }
 

@@ -20,7 +20,7 @@ fn seq(start: u32, n: usize) -> Vec<u32> {
 
 /// Plans and applies one request whose output is `out` tokens (fed back except the last).
 fn run(state: &mut CacheState, c: &PlanConfig, prompt: &[u32], last_user: Option<usize>, out: usize) -> device_worker::state::planner::Plan {
-    let req = PlanRequest { prompt, last_user_start: last_user, image_start: None, line_starts: &[], section_starts: &[] };
+    let req = PlanRequest { prompt, last_user_start: last_user, image_start: None, image_end: None, line_starts: &[], section_starts: &[] };
     let p = plan(state, &req, c);
     let mut processed = prompt.to_vec();
     processed.extend((0..out.saturating_sub(1) as u32).map(|i| 900_000 + i));
@@ -100,11 +100,11 @@ fn consolidation_runs_600_tokens_as_88_plus_512_and_stock_as_84_512_4() {
     let a = seq(0, 600);
     let mut c = cfg(Policy::Stock);
     c.consolidate = false;
-    let p = plan(&CacheState::default(), &PlanRequest { prompt: &a, last_user_start: None, image_start: None, line_starts: &[], section_starts: &[] }, &c);
+    let p = plan(&CacheState::default(), &PlanRequest { prompt: &a, last_user_start: None, image_start: None, image_end: None, line_starts: &[], section_starts: &[] }, &c);
     assert_eq!(lens(&p), vec![84, 512, 4]);
     assert_eq!(p.saved, vec![84, 596]);
     let c = cfg(Policy::Divergence);
-    let p = plan(&CacheState::default(), &PlanRequest { prompt: &a, last_user_start: None, image_start: None, line_starts: &[], section_starts: &[] }, &c);
+    let p = plan(&CacheState::default(), &PlanRequest { prompt: &a, last_user_start: None, image_start: None, image_end: None, line_starts: &[], section_starts: &[] }, &c);
     assert_eq!(lens(&p), vec![88, 512]);
 }
 
@@ -116,8 +116,36 @@ fn no_checkpoint_at_or_after_an_image() {
     run(&mut st, &c, &a, None, 3);
     let mut b = a[..200].to_vec();
     b.extend(seq(80_000, 100));
-    let p = plan(&st, &PlanRequest { prompt: &b, last_user_start: None, image_start: Some(150), line_starts: &[], section_starts: &[] }, &c);
+    let p = plan(&st, &PlanRequest { prompt: &b, last_user_start: None, image_start: Some(150), image_end: Some(250), line_starts: &[], section_starts: &[] }, &c);
     assert!(p.saved.is_empty(), "saved {:?} past the image", p.saved);
+}
+
+/// `--checkpoint-after-image`: besides the text checkpoint before the image, the state right
+/// after the image is saved, and a prompt with the same text and image up to there resumes
+/// past the image; off (the default), it resumes before the image.
+#[test]
+fn the_optional_checkpoint_after_an_image_serves_an_identical_image_prefix() {
+    for after_image in [false, true] {
+        let c = PlanConfig { after_image, ..cfg(Policy::Divergence) };
+        let mut st = CacheState::default();
+        // Text 0..100, an image 100..300 (its token ids stand for its content), text after.
+        let image = |p: &mut Vec<u32>| p.extend(seq(1 << 31, 200));
+        let mut a = seq(0, 100);
+        image(&mut a);
+        a.extend(seq(5000, 40));
+        fn req(p: &[u32]) -> PlanRequest<'_> {
+            PlanRequest { prompt: p, last_user_start: Some(60), image_start: Some(100), image_end: Some(300), line_starts: &[], section_starts: &[] }
+        }
+        let p1 = run_request(&mut st, &c, &req(&a));
+        let want: Vec<usize> = if after_image { vec![60, 300] } else { vec![60] };
+        assert_eq!(p1.saved, want, "after_image {after_image}");
+        // Same text and image, another question after it.
+        let mut b = a[..300].to_vec();
+        b.extend(seq(9000, 40));
+        let p2 = run_request(&mut st, &c, &req(&b));
+        assert_eq!(p2.divergence, 300);
+        assert_eq!(p2.resume, if after_image { 300 } else { 60 }, "after_image {after_image}");
+    }
 }
 
 #[test]
@@ -142,7 +170,7 @@ fn prompt_cache_serves_an_earlier_episode_after_the_slot_moved_on() {
 /// Plans and applies `prompt` (with `last_user_start` and line starts) on `st`; its output
 /// (`out` tokens, fed back but the last) continues the prompt.
 fn run_chat(st: &mut CacheState, c: &PlanConfig, prompt: &[u32], last_user: Option<usize>, lines: &[usize]) -> device_worker::state::planner::Plan {
-    run_request(st, c, &PlanRequest { prompt, last_user_start: last_user, image_start: None, line_starts: lines, section_starts: &[] })
+    run_request(st, c, &PlanRequest { prompt, last_user_start: last_user, image_start: None, image_end: None, line_starts: lines, section_starts: &[] })
 }
 
 /// Plans and applies `req` on `st`; two output tokens (fed back but the last) continue it.
@@ -269,7 +297,7 @@ proptest! {
         for (f, shared, suffix, s) in reqs {
             let mut prompt = families[f as usize][..shared].to_vec();
             prompt.extend((0..suffix as u32).map(|i| 5_000_000 + s as u32 * 1000 + i));
-            let req = PlanRequest { prompt: &prompt, last_user_start: None, image_start: None, line_starts: &[], section_starts: &[] };
+            let req = PlanRequest { prompt: &prompt, last_user_start: None, image_start: None, image_end: None, line_starts: &[], section_starts: &[] };
             let p = plan(&st, &req, &c);
             let seq_src = match p.source { Source::Slot => &st.slot, Source::PromptCache(i) => &st.prompt_cache[i].seq };
             // Resume only from a state that belongs to position R of this prompt.
@@ -320,7 +348,7 @@ proptest! {
 
 /// [`run_chat`] for a prompt without a user message, with paragraph starts.
 fn run_sections(st: &mut CacheState, c: &PlanConfig, prompt: &[u32], lines: &[usize], sections: &[usize]) -> device_worker::state::planner::Plan {
-    run_request(st, c, &PlanRequest { prompt, last_user_start: None, image_start: None, line_starts: lines, section_starts: sections })
+    run_request(st, c, &PlanRequest { prompt, last_user_start: None, image_start: None, image_end: None, line_starts: lines, section_starts: sections })
 }
 
 #[test]

@@ -21,7 +21,7 @@ use sha2::{Digest, Sha256};
 use test_support::{corpus_dir, max_abs_diff, GgufBuilder, Val};
 
 mod support;
-use support::vision::{file, grid_thw, json, png, usizes};
+use support::vision::{bomb_png, encode_png, file, grid_thw, json, png, usizes};
 
 /// Largest difference, in 8-bit levels, allowed between our bicubic (= Pillow's) and the
 /// Hugging Face processor's default (torchvision) resize of the same image.
@@ -267,64 +267,6 @@ fn images_without_a_projector_are_invalid_input() {
     assert!(matches!(e, VisionError::NoProjector));
     assert!(e.is_invalid_input());
     assert!(e.to_string().contains("--mmproj"));
-}
-
-/// Minimal CRC-32 (IEEE) for hand-made PNG chunks.
-fn crc32(bytes: &[u8]) -> u32 {
-    let mut c = !0u32;
-    for &b in bytes {
-        c ^= u32::from(b);
-        for _ in 0..8 {
-            c = if c & 1 != 0 {
-                0xEDB8_8320 ^ (c >> 1)
-            } else {
-                c >> 1
-            };
-        }
-    }
-    !c
-}
-
-fn chunk(out: &mut Vec<u8>, kind: &[u8; 4], data: &[u8]) {
-    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
-    let mut body = kind.to_vec();
-    body.extend_from_slice(data);
-    out.extend_from_slice(&body);
-    out.extend_from_slice(&crc32(&body).to_be_bytes());
-}
-
-/// A PNG whose header declares `w × h` RGB8 and whose data is a small zlib stream of zeros
-/// (a decompression bomb: 1.2 GB of pixels for 20000×20000).
-fn bomb_png(w: u32, h: u32) -> Vec<u8> {
-    let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
-    let mut ihdr = w.to_be_bytes().to_vec();
-    ihdr.extend_from_slice(&h.to_be_bytes());
-    ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
-    chunk(&mut out, b"IHDR", &ihdr);
-    // zlib header + a stored empty final block: not enough data, but never read that far.
-    chunk(
-        &mut out,
-        b"IDAT",
-        &[
-            0x78, 0x01, 0x01, 0x00, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x01,
-        ],
-    );
-    chunk(&mut out, b"IEND", &[]);
-    out
-}
-
-fn encode_png(img: &RgbImage) -> Vec<u8> {
-    let mut out = Vec::new();
-    let enc = image::codecs::png::PngEncoder::new(&mut out);
-    image::ImageEncoder::write_image(
-        enc,
-        &img.data,
-        img.width as u32,
-        img.height as u32,
-        image::ExtendedColorType::Rgb8,
-    )
-    .unwrap();
-    out
 }
 
 #[test]

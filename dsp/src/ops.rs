@@ -1,5 +1,5 @@
 //! Row operations of the forward pass: RMS norm, rotary position embedding (RoPE, `norm` and
-//! `neox` layouts), softmax, SiLU / SwiGLU, residual add, and single-head attention over an f16
+//! `neox` layouts, interleaved multimodal `imrope`), softmax, SiLU / SwiGLU, residual add, and single-head attention over an f16
 //! KV cache. Numerics follow ggml's CPU ops (`ggml/src/ggml-cpu/ops.cpp`, `vec.h`).
 //!
 //! Kernels that matter for speed (RMS norm, add, the attention dot products and value
@@ -131,6 +131,77 @@ pub fn rope_neox(
 ) -> Result<(), DspError> {
     check_rope(x, n_heads, head_dim, n_rot_dims)?;
     let cs = rope_angles(n_rot_dims, pos, freq_base);
+    let half = n_rot_dims / 2;
+    rotate_pairs(x, head_dim, &cs, |i| (i, i + half));
+    Ok(())
+}
+
+/// Rotation angles of interleaved multimodal RoPE (ggml `GGML_ROPE_TYPE_IMROPE`, Qwen3-VL
+/// and Qwen3.5; Hugging Face `apply_interleaved_mrope`): `(cos θ_i, sin θ_i)` for `i in
+/// 0..n_rot/2` where pair `i` takes its angle from axis `i mod 3` of `pos` = (t, h, w) while
+/// `i < 3·sections[axis]`, `θ_i = pos[axis] · base^(-2i/n_rot)`. Each axis's angles are the
+/// f32 sequence of [`rope_angles`] (`θ_{i+1} = θ_i · theta_scale` from `θ_0 = pos[axis]`), as
+/// ggml `ggml_mrope_cache_init` computes them, so `pos = (p, p, p)` gives exactly
+/// [`rope_angles`]`(n_rot, p, base)`.
+///
+/// # Errors
+/// `InvalidArgument` unless `sections` sums to `n_rot / 2` and puts every pair in one of the
+/// three (ggml's fourth section, unused by these models, is not supported).
+pub fn mrope_angles(
+    n_rot: usize,
+    pos: [u32; 3],
+    sections: [usize; 3],
+    freq_base: f32,
+) -> Result<Vec<(f32, f32)>, DspError> {
+    if sections.iter().sum::<usize>() != n_rot / 2 {
+        return Err(DspError::InvalidArgument {
+            op: "rope_imrope",
+            what: "sections",
+            detail: format!("{sections:?} must sum to n_rot / 2 = {}", n_rot / 2),
+        });
+    }
+    let theta_scale = freq_base.powf(-2.0 / n_rot as f32);
+    let mut theta = pos.map(|p| p as f32);
+    let mut out = Vec::with_capacity(n_rot / 2);
+    for i in 0..n_rot / 2 {
+        // ggml's order: h, w, t; a pair in none of them would take ggml's fourth
+        // (unsupported) section.
+        let axis = [1, 2, 0]
+            .into_iter()
+            .find(|&a| i % 3 == a && i < 3 * sections[a])
+            .ok_or_else(|| DspError::InvalidArgument {
+                op: "rope_imrope",
+                what: "sections",
+                detail: format!("{sections:?} leave rotary pair {i} in no section"),
+            })?;
+        out.push((theta[axis].cos(), theta[axis].sin()));
+        for t in &mut theta {
+            *t *= theta_scale;
+        }
+    }
+    Ok(out)
+}
+
+/// Interleaved multimodal RoPE (ggml `GGML_ROPE_TYPE_IMROPE`) with split halves as
+/// [`rope_neox`]: for each head, pair `(x[i], x[i + n_rot_dims/2])` is rotated by the angle
+/// of [`mrope_angles`] for the position triple `pos` = (t, h, w). A text token's `(p, p, p)`
+/// rotates exactly as [`rope_neox`] at `p`.
+///
+/// Shapes: `x`: `[n_heads, head_dim]` of one token.
+///
+/// # Errors
+/// As [`rope_norm`] and [`mrope_angles`].
+pub fn rope_imrope(
+    x: &mut [f32],
+    n_heads: usize,
+    head_dim: usize,
+    n_rot_dims: usize,
+    pos: [u32; 3],
+    sections: [usize; 3],
+    freq_base: f32,
+) -> Result<(), DspError> {
+    check_rope(x, n_heads, head_dim, n_rot_dims)?;
+    let cs = mrope_angles(n_rot_dims, pos, sections, freq_base)?;
     let half = n_rot_dims / 2;
     rotate_pairs(x, head_dim, &cs, |i| (i, i + half));
     Ok(())

@@ -1,4 +1,5 @@
-//! Row ops against their textbook definitions: RMS norm, RoPE (norm and neox layouts),
+//! Row ops against their textbook definitions: RMS norm, RoPE (norm and neox layouts;
+//! interleaved multimodal against neox per axis and Hugging Face's pair assignment),
 //! softmax, SiLU / SwiGLU, add; plus shape errors.
 
 mod common;
@@ -152,6 +153,73 @@ fn neox_is_norm_on_interleaved_halves() {
     let mut b = perm(&x);
     ops::rope_norm(&mut b, 1, hd, n_rot, 77, 1e6).expect("norm");
     assert_eq!(perm(&a), b);
+}
+
+/// The axis (0 = t, 1 = h, 2 = w) of each rotary pair as Hugging Face's
+/// `apply_interleaved_mrope` assigns them: all t, then `freqs[..., 1:3·sec[1]:3]` from h and
+/// `freqs[..., 2:3·sec[2]:3]` from w.
+fn hf_interleaved_axes(n_pairs: usize, sec: [usize; 3]) -> Vec<usize> {
+    let mut axis = vec![0; n_pairs];
+    for (a, offset) in [(1, 1), (2, 2)] {
+        for j in (offset..3 * sec[a]).step_by(3) {
+            axis[j] = a;
+        }
+    }
+    axis
+}
+
+#[test]
+fn imrope_of_a_text_position_is_neox_bit_for_bit() {
+    // Qwen3.5's text rotary (64 of 256 dims, sections [11, 11, 10]) and the tiny fixture's
+    // (8 of 32, [2, 1, 1]).
+    for (hd, n_rot, sec, base) in [(256, 64, [11, 11, 10], 1e7), (32, 8, [2, 1, 1], 1e7)] {
+        let mut rng = Rng(hd as u64);
+        let x = rng.vec(3 * hd);
+        for p in [0u32, 1, 17, 4095, 250_000] {
+            let mut a = x.clone();
+            ops::rope_neox(&mut a, 3, hd, n_rot, p, base).expect("neox");
+            let mut b = x.clone();
+            ops::rope_imrope(&mut b, 3, hd, n_rot, [p, p, p], sec, base).expect("imrope");
+            assert_eq!(a, b, "hd {hd} position {p}");
+        }
+    }
+}
+
+#[test]
+fn imrope_rotates_each_pair_by_its_axis_position() {
+    for (hd, n_rot, sec) in [(256, 64, [11, 11, 10]), (32, 8, [2, 1, 1])] {
+        let mut rng = Rng(n_rot as u64);
+        let x = rng.vec(hd);
+        let pos = [40u32, 57, 83];
+        let mut got = x.clone();
+        ops::rope_imrope(&mut got, 1, hd, n_rot, pos, sec, 1e7).expect("imrope");
+        let by_axis: Vec<Vec<f32>> = pos
+            .iter()
+            .map(|&p| {
+                let mut v = x.clone();
+                ops::rope_neox(&mut v, 1, hd, n_rot, p, 1e7).expect("neox");
+                v
+            })
+            .collect();
+        let half = n_rot / 2;
+        for (i, &a) in hf_interleaved_axes(half, sec).iter().enumerate() {
+            for j in [i, i + half] {
+                assert_eq!(got[j], by_axis[a][j], "pair {i} (axis {a}), dim {j}");
+            }
+        }
+        assert_eq!(got[n_rot..], x[n_rot..], "dims past n_rot are left alone");
+        // Every axis is used: the triple is not one position.
+        assert_ne!(got, by_axis[0]);
+    }
+}
+
+#[test]
+fn imrope_refuses_sections_that_do_not_cover_the_rotary_pairs() {
+    let mut x = vec![0f32; 32];
+    assert!(matches!(
+        ops::rope_imrope(&mut x, 1, 32, 8, [0, 0, 0], [2, 1, 0], 1e4),
+        Err(DspError::InvalidArgument { what: "sections", .. })
+    ));
 }
 
 #[test]

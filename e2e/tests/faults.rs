@@ -321,7 +321,7 @@ fn chat(session: &str) -> spb::GenerateRequest {
     spb::GenerateRequest {
         session_id: session.into(),
         prompt: Some(spb::generate_request::Prompt::Chat(spb::ChatPrompt {
-            messages: vec![spb::ChatMessage { role: "user".into(), content: "Open the camera app.".into() }],
+            messages: vec![spb::ChatMessage { role: "user".into(), content: "Open the camera app.".into(), parts: vec![] }],
         })),
         max_tokens: 8,
         sampling: Some(spb::Sampling { mode: Some(spb::sampling::Mode::Greedy(spb::Greedy {})) }),

@@ -101,7 +101,7 @@ async fn engine_token_counts_equal_the_planner_for_every_policy_and_episode() {
                 let ct = chat_tokens(&tokenizer, &template, &messages).expect("tokens");
                 let planned = plan(
                     &state,
-                    &PlanRequest { prompt: &ct.tokens, last_user_start: ct.last_user_start, image_start: None, line_starts: &ct.line_starts, section_starts: &ct.section_starts },
+                    &PlanRequest { prompt: &ct.tokens, last_user_start: ct.last_user_start, image_start: None, image_end: None, line_starts: &ct.line_starts, section_starts: &ct.section_starts },
                     &cfg,
                 );
                 let req = pb::GenerateRequest {
@@ -109,7 +109,7 @@ async fn engine_token_counts_equal_the_planner_for_every_policy_and_episode() {
                     prompt: Some(pb::generate_request::Prompt::Chat(pb::ChatPrompt {
                         messages: messages
                             .iter()
-                            .map(|m| pb::ChatMessage { role: m.role.clone(), content: m.content.clone() })
+                            .map(|m| pb::ChatMessage { role: m.role.clone(), content: m.content.clone(), parts: vec![] })
                             .collect(),
                     })),
                     max_tokens: 4,

@@ -94,10 +94,12 @@ async fn run(s: &Setup, episodes: &[Episode], n_steps: usize, passes: usize) -> 
                         pb::ChatMessage {
                             role: "system".into(),
                             content: p.system.clone(),
+                            parts: vec![],
                         },
                         pb::ChatMessage {
                             role: "user".into(),
                             content: p.user.clone(),
+                            parts: vec![],
                         },
                     ],
                 })),

@@ -242,7 +242,7 @@ fn plan_format(
             let req = PlanRequest {
                 prompt: &ct.tokens,
                 last_user_start: ct.last_user_start,
-                image_start: None,
+                image_start: None, image_end: None,
                 line_starts: &ct.line_starts,
                 section_starts: &ct.section_starts,
             };

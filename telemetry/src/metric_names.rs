@@ -64,6 +64,13 @@ pub const WORKER_REQUESTS_TOTAL: &str = "worker_requests_total";
 pub const WORKER_PREFILL_TOKENS_TOTAL: &str = "worker_prefill_tokens_total";
 /// Counter, tokens: the LCP bound of the KV cache per request.
 pub const WORKER_KV_BOUND_TOKENS_TOTAL: &str = "worker_kv_bound_tokens_total";
+/// Counter, tokens: image tokens in prompts (issue 19).
+pub const WORKER_IMAGE_TOKENS_TOTAL: &str = "worker_image_tokens_total";
+/// Counter: prompt images past the reused prefix. Label [`LABEL_OUTCOME`]: `"encoded"` (the
+/// projector ran) or `"cache_hit"` (embeddings from the image cache).
+pub const WORKER_IMAGES_TOTAL: &str = "worker_images_total";
+/// Histogram, seconds: image preprocessing and encoding per request with images.
+pub const WORKER_ENCODER_DURATION_SECONDS: &str = "worker_encoder_duration_seconds";
 /// Counter, tokens: output tokens.
 pub const WORKER_DECODE_TOKENS_TOTAL: &str = "worker_decode_tokens_total";
 /// Histogram, seconds: prefill time per request.

@@ -4,7 +4,8 @@
 //! Request and response shapes follow the OpenAI API reference, "Create chat completion"
 //! (`POST /v1/chat/completions`) and "The chat completion chunk object". Accepted fields:
 //! `model` (echoed, not checked), `messages` (roles `system`/`developer`/`user`/`assistant`;
-//! content a string or a list of `{"type":"text","text":...}` parts), `max_completion_tokens`
+//! content a string or a list of `{"type":"text","text":...}` and `{"type":"image_url",
+//! "image_url":{"url":"data:image/png;base64,..."}}` parts; remote image URLs are refused), `max_completion_tokens`
 //! or `max_tokens`, `temperature` (absent or 0: greedy), `top_p`, `top_k` (extension), `seed`,
 //! `stop` (a string or up to 4 strings), `stream`, `stream_options.include_usage`,
 //! `response_format` (`text`, `json_object`, `json_schema`), `user` (episode affinity), `n`
@@ -126,10 +127,15 @@ impl ChatCompletionRequest {
         }
     }
 
-    /// The chat messages for the worker (`developer` becomes `system`).
+    /// The chat messages for the worker (`developer` becomes `system`). A list of content
+    /// parts keeps its order: the text before the first image is the message's `content`, the
+    /// rest are `parts`; an `image_url` part must carry the image inline as a base64 `data:`
+    /// URI (`{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}`): the
+    /// gateway fetches nothing.
     ///
     /// Errors: [`ApiError::InvalidParam`] (`messages`) for no messages, an unsupported role
-    /// (`tool`, `function`) or a non-text content part.
+    /// (`tool`, `function`), a part that is neither text nor image, an http(s) or other
+    /// non-`data:` image URL, or a `data:` URI that is not valid base64.
     pub fn chat_messages(&self) -> Result<Vec<spb::ChatMessage>, ApiError> {
         let bad = |expected: &'static str, found: String| ApiError::InvalidParam { param: "messages", expected, found };
         if self.messages.is_empty() {
@@ -145,22 +151,13 @@ impl ChatCompletionRequest {
                     "assistant" => "assistant",
                     other => return Err(bad("role system, developer, user or assistant", format!("message {i}: role {other:?}"))),
                 };
-                let content = match &m.content {
-                    Value::Null => String::new(),
-                    Value::String(s) => s.clone(),
-                    Value::Array(parts) => {
-                        let mut text = String::new();
-                        for p in parts {
-                            match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
-                                (Some("text"), Some(t)) => text.push_str(t),
-                                _ => return Err(bad("text content parts only", format!("message {i}: part {}", brief(p)))),
-                            }
-                        }
-                        text
-                    }
-                    other => return Err(bad("content as a string or a list of text parts", format!("message {i}: {}", brief(other)))),
+                let (content, parts) = match &m.content {
+                    Value::Null => (String::new(), vec![]),
+                    Value::String(s) => (s.clone(), vec![]),
+                    Value::Array(list) => content_parts(i, list)?,
+                    other => return Err(bad("content as a string or a list of text and image_url parts", format!("message {i}: {}", brief(other)))),
                 };
-                Ok(spb::ChatMessage { role: role.to_string(), content })
+                Ok(spb::ChatMessage { role: role.to_string(), content, parts })
             })
             .collect()
     }
@@ -310,6 +307,67 @@ pub fn usage_chunk_json(id: &str, created: u64, model: &str, done: &spb::FinalSt
     })
 }
 
+/// What an `image_url` part must hold, as error text.
+pub const IMAGE_URL_RULE: &str = "an image inline as a base64 data: URI (data:image/png;base64,...): the gateway fetches nothing";
+
+/// Message `i`'s content parts: the text before the first image as `content`, then text and
+/// image parts in order.
+///
+/// Errors: [`ApiError::InvalidParam`] (`messages`) as [`ChatCompletionRequest::chat_messages`].
+fn content_parts(i: usize, list: &[Value]) -> Result<(String, Vec<spb::ContentPart>), ApiError> {
+    use spb::content_part::Part;
+    let bad = |expected: &'static str, found: String| ApiError::InvalidParam { param: "messages", expected, found };
+    let (mut content, mut parts) = (String::new(), Vec::new());
+    for (j, p) in list.iter().enumerate() {
+        match p.get("type").and_then(Value::as_str) {
+            Some("text") => {
+                let t = p.get("text").and_then(Value::as_str).ok_or_else(|| bad("a text part with a string text", format!("message {i}: part {j}: {}", brief(p))))?;
+                if parts.is_empty() {
+                    content.push_str(t);
+                } else {
+                    parts.push(spb::ContentPart { part: Some(Part::Text(t.to_string())) });
+                }
+            }
+            Some("image_url") => {
+                let url = p.pointer("/image_url/url").or_else(|| p.get("image_url")).and_then(Value::as_str).unwrap_or("");
+                let bytes = data_uri_bytes(url).map_err(|why| bad(IMAGE_URL_RULE, format!("message {i}: part {j}: {why}")))?;
+                parts.push(spb::ContentPart { part: Some(Part::Image(bytes)) });
+            }
+            _ => return Err(bad("text and image_url content parts only", format!("message {i}: part {j}: {}", brief(p)))),
+        }
+    }
+    Ok((content, parts))
+}
+
+/// The bytes of a base64 `data:` URI (`data:[<media type>][;params];base64,<data>`, RFC 2397).
+///
+/// Errors: why the URL is refused: a remote (http, https) or other URL, a `data:` URI without
+/// `;base64`, invalid base64.
+pub fn data_uri_bytes(url: &str) -> Result<Vec<u8>, String> {
+    use base64::Engine as _;
+    let scheme = url.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
+    match scheme.as_deref() {
+        Some("data") => {}
+        Some("http" | "https") => return Err(format!("a remote URL ({}); the gateway fetches nothing", brief_str(url))),
+        _ => return Err(format!("not a data: URI ({})", brief_str(url))),
+    }
+    let (head, data) = url["data:".len()..].split_once(',').ok_or_else(|| "a data: URI without a comma".to_string())?;
+    if !head.split(';').any(|p| p.eq_ignore_ascii_case("base64")) {
+        return Err("a data: URI that is not base64 (;base64 missing)".into());
+    }
+    base64::engine::general_purpose::STANDARD
+        .decode(data.trim())
+        .map_err(|e| format!("invalid base64 in the data: URI: {e}"))
+}
+
+/// The first 64 characters of `s` for an error message.
+fn brief_str(s: &str) -> String {
+    match s.char_indices().nth(64) {
+        Some((cut, _)) => format!("{:?}… ({} bytes)", &s[..cut], s.len()),
+        None => format!("{s:?}"),
+    }
+}
+
 /// `v` as compact JSON, cut to its first 120 characters (an error names the offending value
 /// without echoing a multi-megabyte image or document back into the reply and the log).
 fn brief(v: &Value) -> String {
@@ -384,6 +442,40 @@ mod tests {
         let r = req(json!({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})).unwrap();
         assert_eq!(r.json_schema().unwrap(), r#"{"type":"object"}"#);
         assert_eq!(r.model_name(), "tandem");
+    }
+
+    #[test]
+    fn image_url_parts_with_data_uris_become_image_parts_in_order() {
+        // "PNG!" and "JPG" in base64.
+        let r = req(json!({"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "Screen: "},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,UE5HIQ=="}},
+            {"type": "text", "text": " then "},
+            {"type": "image_url", "image_url": {"url": "DATA:image/jpeg;charset=x;BASE64,SlBH"}},
+        ]}]}))
+        .unwrap();
+        let m = r.chat_messages().unwrap();
+        use spb::content_part::Part;
+        let parts: Vec<Part> = m[0].parts.iter().map(|p| p.part.clone().unwrap()).collect();
+        assert_eq!(m[0].content, "Screen: ");
+        assert_eq!(parts, vec![Part::Image(b"PNG!".to_vec()), Part::Text(" then ".into()), Part::Image(b"JPG".to_vec())]);
+    }
+
+    #[test]
+    fn remote_and_malformed_image_urls_are_refused() {
+        for (url, says) in [
+            ("http://example.com/a.png", "fetches nothing"),
+            ("https://example.com/a.png", "fetches nothing"),
+            ("file:///etc/passwd", "not a data: URI"),
+            ("data:image/png,rawbytes", "not base64"),
+            ("data:image/png;base64,@@@", "invalid base64"),
+        ] {
+            let r = req(json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]})).unwrap();
+            let e = r.chat_messages().unwrap_err();
+            assert_eq!(e.http_status(), 400, "{url}");
+            let text = e.to_string();
+            assert!(text.contains(says) && text.contains("the gateway fetches nothing"), "{url}: {text}");
+        }
     }
 
     #[test]

@@ -29,6 +29,9 @@ pub const CHECKPOINTS: usize = 8;
 pub const CHECKPOINT_MIN_GAP: usize = 20;
 /// Host prompt cache, MiB (DESIGN.md: 512 MiB).
 pub const PROMPT_CACHE_MIB: usize = 512;
+/// Image-embedding cache (`--image-cache-mib`): a dozen 1080×2400 screenshots of a 0.8B
+/// projector (10 MiB each), four of a 4B one (2560 wide, 25 MiB).
+pub const IMAGE_CACHE_MIB: usize = 128;
 /// Speculative drafters (`--drafters`).
 pub const DRAFTERS: &str = "experience,prompt-lookup";
 /// Most drafts verified per pass (DESIGN.md: up to 3).

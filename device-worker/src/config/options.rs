@@ -32,6 +32,11 @@ pub struct EngineOptions {
     /// is 4096; a 1080×2400 screenshot takes 2550): larger images are downscaled.
     #[arg(long, default_value_t = crate::model::vision::preprocess::DEFAULT_MAX_TOKENS)]
     pub image_max_tokens: usize,
+    /// Image embeddings kept by content (SHA-256 of the image bytes), in MiB, so an unchanged
+    /// screenshot is not encoded again (0 disables it). A 1080×2400 screenshot at the default
+    /// budget is 2550 tokens × hidden × 4 bytes (10 MiB at hidden 1024).
+    #[arg(long, default_value_t = d::IMAGE_CACHE_MIB)]
+    pub image_cache_mib: usize,
     /// Compute threads (the engine thread included). Default: all cores.
     #[arg(long, short = 't', value_parser = at_least_one)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -111,6 +116,12 @@ pub struct EngineOptions {
     /// Host prompt cache for earlier slot contents, in MiB (0 disables it).
     #[arg(long, default_value_t = d::PROMPT_CACHE_MIB)]
     pub prompt_cache_mib: usize,
+    /// Also save a checkpoint right after the prompt's last image (hybrid models), so a
+    /// prompt with the same text and image up to there does not encode or prefill the image
+    /// again. Off by default (Tandem §4.5: no reuse beyond the divergence checkpoints on
+    /// agent traces, one more state copy per screenshot step).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub checkpoint_after_image: bool,
     /// Speculative decoding: drafters asked for a draft each round, comma-separated:
     /// `experience` (continuations of the agent's own earlier outputs), `prompt-lookup`
     /// (n-gram match of the output against the prompt), `mtp` (the model's MTP block;
@@ -244,6 +255,7 @@ impl Default for EngineOptions {
             mmproj: None,
             image_min_tokens: crate::model::vision::preprocess::DEFAULT_MIN_TOKENS,
             image_max_tokens: crate::model::vision::preprocess::DEFAULT_MAX_TOKENS,
+            image_cache_mib: d::IMAGE_CACHE_MIB,
             threads: None,
             kernels: KernelArgs::default(),
             ctx_size: d::CTX_SIZE,
@@ -263,6 +275,7 @@ impl Default for EngineOptions {
             checkpoints: d::CHECKPOINTS,
             checkpoint_min_gap: d::CHECKPOINT_MIN_GAP,
             prompt_cache_mib: d::PROMPT_CACHE_MIB,
+            checkpoint_after_image: false,
             drafters: d::DRAFTERS.parse().expect("the default drafters parse"),
             n_draft: d::N_DRAFT,
             draft_length: DraftLengthMode::Adaptive,

@@ -35,12 +35,14 @@ fn at_least_min_ctx(ctx_size: usize) -> Result<usize, ConfigError> {
     Ok(ctx_size)
 }
 
-/// The projector file and the image-token budget (`--mmproj`, `--image-min-tokens`,
-/// `--image-max-tokens`).
+/// The projector file, the image-token budget and the embedding cache (`--mmproj`,
+/// `--image-min-tokens`, `--image-max-tokens`, `--image-cache-mib`).
 #[derive(Clone, Debug)]
 pub struct VisionSettings {
     pub mmproj: PathBuf,
     pub budget: crate::model::vision::ImageBudget,
+    /// Byte limit of the image-embedding cache (0: off).
+    pub cache_bytes: usize,
 }
 
 /// Everything the engine runs with.
@@ -92,6 +94,8 @@ pub struct PlannerSettings {
     /// Save the end-of-prompt state from the last batch's rollback states
     /// ([`PlanConfig::end_state`]); on when speculative decoding keeps rollback states.
     pub end_state: bool,
+    /// Save right after the prompt's last image ([`PlanConfig::after_image`]).
+    pub after_image: bool,
 }
 
 impl Default for PlannerSettings {
@@ -103,6 +107,7 @@ impl Default for PlannerSettings {
             min_gap: d::CHECKPOINT_MIN_GAP,
             prompt_cache_bytes: d::PROMPT_CACHE_MIB << 20,
             end_state: true,
+            after_image: false,
         }
     }
 }
@@ -123,6 +128,7 @@ impl Default for PlanConfig {
             kv_bytes_per_token: 0,
             prompt_cache_bytes: p.prompt_cache_bytes,
             end_state: p.end_state,
+            after_image: p.after_image,
         }
     }
 }
@@ -142,6 +148,7 @@ impl PlannerSettings {
             kv_bytes_per_token: shape.kv_bytes_per_token(),
             prompt_cache_bytes: self.prompt_cache_bytes,
             end_state: self.end_state,
+            after_image: self.after_image,
         }
     }
 }
@@ -186,7 +193,8 @@ impl EngineOptions {
                     value: format!("{} (--image-max-tokens {})", self.image_min_tokens, self.image_max_tokens),
                     reason: "must be at least 1 and at most --image-max-tokens",
                 })?;
-        let vision = self.mmproj.clone().map(|mmproj| VisionSettings { mmproj, budget });
+        let cache_bytes = self.image_cache_mib << 20;
+        let vision = self.mmproj.clone().map(|mmproj| VisionSettings { mmproj, budget, cache_bytes });
         Ok(EngineSettings {
             model: self.model_path(),
             vision,
@@ -214,6 +222,7 @@ impl EngineOptions {
                 prompt_cache_bytes: self.prompt_cache_mib << 20,
                 // The rollback states exist only with speculative decoding on.
                 end_state: speculative.is_some(),
+                after_image: self.checkpoint_after_image,
             },
             speculative,
         })

@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::admission::Admission;
 use super::compute::Compute;
+use super::images::ImageAdmission;
 use super::request::{EngineEvent, EngineRequest};
 use super::step;
 use super::EngineState;
@@ -184,7 +185,12 @@ impl Engine {
                 let tokenizer = Tokenizer::from_gguf(&file)?;
                 let template = ChatTemplate::from_gguf(&file)?;
                 let constraints = ConstraintFactory::new(&tokenizer)?;
+                let vision = match &compute.projector {
+                    Some(p) => Some(ImageAdmission::new(&tokenizer, p.config.clone(), compute.image_options)?),
+                    None => None,
+                };
                 Arc::new(Admission {
+                    vision,
                     n_vocab: compute.model.n_vocab(),
                     tokenizer,
                     template,

@@ -7,6 +7,7 @@ use std::time::Instant;
 use tandem_proto::step::v1 as pb;
 use tokio::sync::mpsc;
 
+use super::images::{chat_tokens_with_parts, has_parts, mark_image_tokens, text_bytes, ImageAdmission};
 use super::request::{EngineEvent, EngineRequest};
 use crate::sampling::SamplingMode;
 use crate::prompt::{chat_tokens_within, encode_within, line_starts, section_starts};
@@ -24,6 +25,9 @@ pub struct Admission {
     pub n_ctx: usize,
     pub n_vocab: usize,
     pub default_max_tokens: u32,
+    /// How images are laid out (`--mmproj`); `None` for a text-only worker, which refuses
+    /// images ([`crate::model::vision::VisionError::NoProjector`]).
+    pub vision: Option<ImageAdmission>,
 }
 
 impl Admission {
@@ -41,7 +45,7 @@ impl Admission {
     fn check_text_length(&self, req: &pb::GenerateRequest) -> Result<(), WorkerError> {
         let n_bytes = match &req.prompt {
             Some(pb::generate_request::Prompt::Text(t)) => t.len(),
-            Some(pb::generate_request::Prompt::Chat(c)) => c.messages.iter().map(|m| m.content.len()).sum(),
+            Some(pb::generate_request::Prompt::Chat(c)) => c.messages.iter().map(text_bytes).sum(),
             _ => return Ok(()),
         };
         let min_tokens = n_bytes / self.tokenizer.max_token_bytes();
@@ -62,7 +66,9 @@ impl Admission {
     ///
     /// Errors (all map to INVALID_ARGUMENT): [`WorkerError::EmptyPrompt`],
     /// [`WorkerError::PromptTooLong`] (token ids), [`WorkerError::PromptTextTooLong`],
-    /// [`WorkerError::PromptOverContext`], [`WorkerError::InvalidRequest`] (unknown token ids),
+    /// [`WorkerError::PromptOverContext`], [`WorkerError::InvalidRequest`] (unknown token ids;
+    /// an image the worker cannot take, naming `messages[i].parts[j]`:
+    /// [`super::images::chat_tokens_with_parts`]),
     /// [`WorkerError::InvalidField`] (sampling out of range, [`tandem_proto::limits`]),
     /// constraint errors for an invalid schema, template errors.
     pub fn admit(
@@ -72,6 +78,7 @@ impl Admission {
     ) -> Result<EngineRequest, WorkerError> {
         let enqueued_at = Instant::now();
         let mut last_user_start = None;
+        let mut images = Vec::new();
         self.check_text_length(&req)?;
         let prompt = match req.prompt {
             None => return Err(WorkerError::EmptyPrompt),
@@ -79,20 +86,35 @@ impl Admission {
                 if chat.messages.is_empty() {
                     return Err(WorkerError::EmptyPrompt);
                 }
-                // Message contents are data: `chat_tokens` escapes special-token texts inside
-                // them so they stay text (the template's own markers are the only turn
-                // boundaries), and finds where the last user message starts.
-                let msgs: Vec<ChatMessage> = chat
-                    .messages
-                    .into_iter()
-                    .map(|m| ChatMessage {
-                        role: m.role,
-                        content: m.content,
-                    })
-                    .collect();
-                let ct = chat_tokens_within(&self.tokenizer, &self.template, &msgs, self.max_prompt_tokens())?;
-                last_user_start = ct.last_user_start;
-                ct.tokens
+                if has_parts(&chat.messages) {
+                    // Content parts (text and images, issue 19): laid out in order, images as
+                    // vision tokens with their image-token count.
+                    let (ct, placed) = chat_tokens_with_parts(
+                        &self.tokenizer,
+                        &self.template,
+                        self.vision.as_ref(),
+                        chat.messages,
+                        self.max_prompt_tokens(),
+                    )?;
+                    last_user_start = ct.last_user_start;
+                    images = placed;
+                    ct.tokens
+                } else {
+                    // Message contents are data: `chat_tokens` escapes special-token texts
+                    // inside them so they stay text (the template's own markers are the only
+                    // turn boundaries), and finds where the last user message starts.
+                    let msgs: Vec<ChatMessage> = chat
+                        .messages
+                        .into_iter()
+                        .map(|m| ChatMessage {
+                            role: m.role,
+                            content: m.content,
+                        })
+                        .collect();
+                    let ct = chat_tokens_within(&self.tokenizer, &self.template, &msgs, self.max_prompt_tokens())?;
+                    last_user_start = ct.last_user_start;
+                    ct.tokens
+                }
             }
             Some(pb::generate_request::Prompt::Text(text)) => {
                 encode_within(&self.tokenizer, &text, self.max_prompt_tokens())?
@@ -141,12 +163,15 @@ impl Admission {
         };
         let line_starts = line_starts(&self.tokenizer, &prompt);
         let section_starts = section_starts(&self.tokenizer, &prompt, &line_starts);
+        let mut prompt = prompt;
+        mark_image_tokens(&mut prompt, &images);
         Ok(EngineRequest {
             session_id: req.session_id,
             last_user_start,
             line_starts,
             section_starts,
             prompt,
+            images,
             max_tokens,
             stop: req.stop.into_iter().filter(|s| !s.is_empty()).collect(),
             sampling,

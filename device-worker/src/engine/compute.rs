@@ -8,7 +8,8 @@ use gguf::reader::GgufFile;
 
 use crate::config::EngineSettings;
 use crate::error::WorkerError;
-use crate::model::vision::Projector;
+use crate::model::vision::{PreprocessOptions, Projector};
+use crate::state::image_cache::ImageCache;
 use crate::model::Model;
 use crate::state::planner::{
     resume_point, CachedSequence, CheckpointMeta, PlanConfig, SharedPromptCache,
@@ -34,11 +35,16 @@ pub(super) struct Compute {
     /// The slot holding the prompt cache now, if lent.
     lent_to: Option<usize>,
     /// The vision projector (`--mmproj`), checked against the model's hidden size; `None`
-    /// for a text-only worker (images get [`crate::model::vision::VisionError::NoProjector`]).
-    // Read by the image encoder (issue 19, item 2); loading it now fails a bad --mmproj at
-    // startup.
-    #[allow(dead_code)]
+    /// for a text-only worker (admission refuses images:
+    /// [`crate::model::vision::VisionError::NoProjector`]).
     pub projector: Option<Arc<Projector>>,
+    /// How images are resampled for the projector (the budget of `--image-min-tokens` /
+    /// `--image-max-tokens`, as admission sized them).
+    pub image_options: PreprocessOptions,
+    /// Image embeddings by content (`--image-cache-mib`).
+    pub image_cache: ImageCache,
+    /// Images encoded since the model was loaded (the encoder's runs).
+    pub images_encoded: u64,
 }
 
 impl Compute {
@@ -97,6 +103,12 @@ impl Compute {
             live_evictions: 0,
             lent_to: None,
             projector,
+            image_options: PreprocessOptions {
+                budget: cfg.vision.as_ref().map(|v| v.budget).unwrap_or_default(),
+                ..PreprocessOptions::default()
+            },
+            image_cache: ImageCache::new(cfg.vision.as_ref().map_or(0, |v| v.cache_bytes)),
+            images_encoded: 0,
         })
     }
 

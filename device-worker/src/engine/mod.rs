@@ -16,6 +16,7 @@ mod actor;
 pub mod admission;
 mod batch;
 mod compute;
+pub mod images;
 pub mod request;
 mod step;
 

@@ -5,6 +5,7 @@ use std::time::Instant;
 use tandem_proto::step::v1 as pb;
 use tokio::sync::mpsc;
 
+use super::images::PromptImage;
 use crate::sampling::SamplingMode;
 use crate::constraint::Constraint;
 use crate::error::WorkerError;
@@ -20,6 +21,9 @@ pub struct EngineRequest {
     pub line_starts: Vec<usize>,
     /// Paragraph starts of `prompt` (see [`crate::state::planner::PlanRequest::section_starts`]).
     pub section_starts: Vec<usize>,
+    /// The prompt's images (chat content parts, issue 19), ascending by place: each covers
+    /// `image.n_tokens` `<|image_pad|>` tokens of `prompt` from `start`.
+    pub images: Vec<PromptImage>,
     pub max_tokens: u32,
     pub stop: Vec<String>,
     pub sampling: SamplingMode,

@@ -15,7 +15,7 @@ use gguf::reader::GgufFile;
 
 use super::blocks::{
     Attention, AttentionConfig, AttentionScratch, Ctx, Embedding, Mlp, MlpScratch, OutputHead,
-    Outputs, RmsNorm, Rope,
+    Outputs, RmsNorm, Rope, RopePositions,
 };
 use super::loader::Loader;
 use super::op_profile::{Laps, OpProfile};
@@ -173,7 +173,7 @@ impl Layer {
         let (x, h, o) = (&mut s.x[..n * e], &mut s.h[..n * e], &mut s.o[..n * e]);
         self.attn_norm.forward(x, h)?;
         laps.lap("norms + residuals");
-        self.attn.forward(ctx, kv, (pos0, pos0), h, n, &mut s.attn, o, laps)?;
+        self.attn.forward(ctx, kv, (pos0, RopePositions::Linear(pos0)), h, n, &mut s.attn, o, laps)?;
         ops::add_inplace(x, o).map_err(kernel("residual"))?;
         self.ffn_norm.forward(x, h)?;
         laps.lap("norms + residuals");

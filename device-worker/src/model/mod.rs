@@ -5,12 +5,15 @@
 //! - One file per architecture (`llama.rs`, `qwen35.rs` with its GDN and MTP blocks) wires
 //!   the blocks in its graph's order and implements [`CausalLm`]; [`ARCHITECTURES`] lists
 //!   them (adding an architecture = its file and one line there).
+//! - [`multimodal`]: images inside a text sequence (their embeddings and multimodal rotary
+//!   positions), handed to a model with [`CausalLm::set_images`].
 //! - [`Model`] is the loaded model the engine, the drafters and the bench use; it owns its
 //!   activation buffers, so no buffer of another architecture can be handed to it.
 pub mod blocks;
 pub mod error;
 pub mod llama;
 pub mod loader;
+pub mod multimodal;
 pub mod op_profile;
 pub mod parallel;
 pub(crate) mod project;
@@ -148,6 +151,20 @@ pub trait CausalLm: Send + Sync {
         tokens: &[u32],
         outputs: Outputs,
     ) -> Result<Option<&[f32]>, ModelError>;
+
+    /// Sets (or clears, `None`) the images of the sequence the following passes extend: in
+    /// their spans the passes take the image embeddings instead of the token embeddings,
+    /// and every position rotates by its multimodal position
+    /// ([`multimodal::SequenceImages`]). Without images a pass is exactly the text pass.
+    /// Default: no architecture without multimodal positions takes images.
+    ///
+    /// Errors: [`ModelError::Invalid`] for images on a model that cannot take them.
+    fn set_images(&mut self, images: Option<std::sync::Arc<multimodal::SequenceImages>>) -> Result<(), ModelError> {
+        match images {
+            None => Ok(()),
+            Some(_) => Err(ModelError::Invalid("this architecture takes no images".into())),
+        }
+    }
 
     /// Output-normed hidden states `[rows, n_embd]` of the positions that got logits in the
     /// last pass (1 row after a prefill's last batch or a decode step, `n` after a

@@ -15,8 +15,11 @@
 //! - `attn_q` of attention layers has the output gate fused, per head `[q_h | gate_h]`.
 //! - `{arch}.block_count` counts the MTP layers; `nextn_predict_layers` of them are at the end.
 //!
-//! Rotary embedding: Qwen3.5 uses multimodal RoPE with sections; for text every section's
-//! position is the token index, so it reduces to NEOX rope over `rope.dimension_count` dims.
+//! Rotary embedding: Qwen3.5 uses interleaved multimodal RoPE with sections; for text every
+//! section's position is the token index, so it reduces to NEOX rope over
+//! `rope.dimension_count` dims (bit for bit, [`dsp::ops::rope_imrope`]). With images in the
+//! sequence ([`CausalLm::set_images`]) a pass takes their embeddings and (t, h, w) positions
+//! ([`super::multimodal`]).
 
 
 mod gdn;
@@ -32,8 +35,9 @@ use gguf::reader::{GgufFile, MetaValue};
 
 use super::blocks::{
     Attention, AttentionConfig, AttentionScratch, Ctx, Embedding, Mlp, MlpScratch, OutputHead,
-    Outputs, RmsNorm, Rope,
+    Outputs, RmsNorm, Rope, RopePositions,
 };
+use super::multimodal::{rope_sections, SequenceImages};
 use super::loader::Loader;
 use super::op_profile::{Laps, OpProfile};
 use super::project::kernel;
@@ -98,6 +102,10 @@ pub struct Qwen35Config {
     pub conv_kernel: usize,
     /// Per main layer: `true` for GDN, `false` for full attention.
     pub recurrent: Vec<bool>,
+    /// Rotary pairs per axis (t, h, w) of the interleaved multimodal RoPE
+    /// (`rope.dimension_sections`, e.g. `[11, 11, 10, 0]`); `None` in a file without them
+    /// (no images: text positions rotate as plain NEOX either way).
+    pub mrope_sections: Option<[usize; 3]>,
 }
 
 impl Qwen35Config {
@@ -157,7 +165,7 @@ impl Qwen35Config {
             &key("full_attention_interval"),
             n_layer,
         )?;
-        let cfg = Self {
+        let mut cfg = Self {
             n_layer,
             n_nextn,
             n_embd,
@@ -181,7 +189,9 @@ impl Qwen35Config {
             gdn,
             conv_kernel: u("ssm.conv_kernel")?,
             recurrent,
+            mrope_sections: None,
         };
+        cfg.mrope_sections = rope_sections(file, &key("rope.dimension_sections"), cfg.n_rot)?;
         if let Some(inner) = file.get_u32_opt(&key("ssm.inner_size")) {
             if inner as usize != gdn.n_v_heads * gdn.d_v {
                 return Err(ModelError::Invalid(format!(
@@ -281,13 +291,13 @@ enum Mixer {
 }
 
 /// The sequence state a pass's layers read and write: the KV cache (cache index `pos0` for
-/// the first token, RoPE position `rope0`) and the recurrent state of the GDN layers (none
+/// the first token, rotary positions `rope`) and the recurrent state of the GDN layers (none
 /// for the MTP block's attention-only layer).
 struct LayerIo<'a> {
     kv: &'a mut KvCache,
     rec: Option<&'a mut RecurrentState>,
     pos0: usize,
-    rope0: usize,
+    rope: RopePositions<'a>,
 }
 
 /// One decoder block: `x += mixer(attn_norm(x)); x += mlp(post_attention_norm(x))` (HF
@@ -348,7 +358,7 @@ impl Layer {
                 s.rollback_ms += g.forward(ctx, st, h, n, &mut s.gdn, s.rollback.as_mut(), o, laps)?;
             }
             Mixer::Attention(a) => {
-                a.forward(ctx, io.kv, (io.pos0, io.rope0), h, n, &mut s.attn, o, laps)?
+                a.forward(ctx, io.kv, (io.pos0, io.rope), h, n, &mut s.attn, o, laps)?
             }
         }
         ops::add_inplace(x, o).map_err(kernel("residual"))?;
@@ -436,6 +446,8 @@ pub struct Qwen35Model {
     head: OutputHead,
     mtp: Option<MtpBlock>,
     scratch: Scratch,
+    /// The images of the sequence the next passes extend ([`CausalLm::set_images`]).
+    images: Option<Arc<SequenceImages>>,
 }
 
 impl Qwen35Model {
@@ -475,6 +487,7 @@ impl Qwen35Model {
             head,
             mtp,
             scratch,
+            images: None,
         })
     }
 
@@ -589,13 +602,28 @@ impl CausalLm for Qwen35Model {
         let e = c.n_embd;
         let mut profile = s.profile.take();
         let mut laps = Laps::new(profile.as_mut());
-        self.tok_embd.forward(ctx.bytes, tokens, &mut s.x[..n * e])?;
+        let positions: Vec<[u32; 3]>;
+        let rope = match (&self.images, c.mrope_sections) {
+            (None, _) => {
+                self.tok_embd.forward(ctx.bytes, tokens, &mut s.x[..n * e])?;
+                RopePositions::Linear(pos0)
+            }
+            (Some(im), sections) => {
+                let sections = sections.ok_or_else(|| {
+                    ModelError::Invalid("images need rope.dimension_sections in the model file".into())
+                })?;
+                let tok = &self.tok_embd;
+                im.embed(pos0, tokens, e, &mut s.x[..n * e], |id, row| tok.forward(ctx.bytes, &[id], row))?;
+                positions = (pos0..pos0 + n).map(|i| im.position(i)).collect();
+                RopePositions::Multi { pos: &positions, sections }
+            }
+        };
         laps.lap("embedding");
         let mut io = LayerIo {
             kv,
             rec: Some(rec),
             pos0,
-            rope0: pos0,
+            rope,
         };
         for layer in &self.layers {
             layer.forward(ctx, &mut io, n, s, &mut laps)?;
@@ -618,6 +646,17 @@ impl CausalLm for Qwen35Model {
 
     fn hidden(&self) -> &[f32] {
         &self.scratch.hidden[..self.scratch.rows * self.cfg.n_embd]
+    }
+
+    /// Needs `rope.dimension_sections` in the file for images.
+    fn set_images(&mut self, images: Option<Arc<SequenceImages>>) -> Result<(), ModelError> {
+        if images.is_some() && self.cfg.mrope_sections.is_none() {
+            return Err(ModelError::Invalid(
+                "this qwen35 file has no rope.dimension_sections: it cannot take images".into(),
+            ));
+        }
+        self.images = images;
+        Ok(())
     }
 
     /// Allocates `k` states per GDN layer; see [`crate::state::rollback`].

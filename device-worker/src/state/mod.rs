@@ -5,7 +5,7 @@
 //!   (the MTP block's own KV cache, beside the slot's sequence).
 //! - Saved copies: [`checkpoint`] (a recurrent state at one position), [`rollback`] (the
 //!   states a pass keeps so speculative drafts can be rolled back), [`prompt_cache`] (earlier
-//!   slot contents on the host).
+//!   slot contents on the host), [`image_cache`] (image embeddings by content).
 //! - [`slot`]: a slot (tokens, state, saved copies, session) and the choice of slot.
 //! - [`planner`]: where checkpoints go and what a request processes (policy, a pure plan, its
 //!   execution on a slot), the same code the dry run uses.
@@ -14,6 +14,7 @@
 
 pub mod checkpoint;
 pub mod error;
+pub mod image_cache;
 pub mod kv;
 pub mod mtp;
 pub mod planner;

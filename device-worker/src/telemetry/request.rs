@@ -76,6 +76,12 @@ impl RequestObserver {
     pub fn on_prefill(&mut self, p: &pb::PrefillStats) {
         self.queue_ms = Some(p.queue_ms);
         ::metrics::histogram!(m::WORKER_QUEUE_WAIT_SECONDS).record(p.queue_ms / 1e3);
+        if p.image_tokens > 0 {
+            ::metrics::counter!(m::WORKER_IMAGE_TOKENS_TOTAL).increment(u64::from(p.image_tokens));
+            ::metrics::counter!(m::WORKER_IMAGES_TOTAL, m::LABEL_OUTCOME => "encoded").increment(u64::from(p.images_encoded));
+            ::metrics::counter!(m::WORKER_IMAGES_TOTAL, m::LABEL_OUTCOME => "cache_hit").increment(u64::from(p.image_cache_hits));
+            ::metrics::histogram!(m::WORKER_ENCODER_DURATION_SECONDS).record(p.encoder_ms / 1e3);
+        }
         if let Some(s) = &self.phase {
             s.record("prompt_tokens", p.prompt_tokens);
         }
@@ -285,6 +291,28 @@ pub(crate) mod tests {
             ("worker_draft_tokens_total{drafter=\"prompt-lookup\",outcome=\"accepted\"}", 5.0),
             ("worker_requests_total{outcome=\"ok\"}", 1.0),
             ("worker_requests_in_flight", 0.0),
+        ]);
+    }
+
+    #[test]
+    fn a_prompt_with_images_records_image_tokens_encodings_and_cache_hits() {
+        let text = with_recorder(|| {
+            let mut obs = RequestObserver::new(tracing::Span::none());
+            obs.on_prefill(&pb::PrefillStats {
+                image_tokens: 460,
+                images_encoded: 1,
+                image_cache_hits: 1,
+                encoder_ms: 250.0,
+                ..Default::default()
+            });
+            obs.on_prefill(&pb::PrefillStats { image_tokens: 230, image_cache_hits: 1, ..Default::default() });
+        });
+        assert_samples(&text, &[
+            ("worker_image_tokens_total", 690.0),
+            ("worker_images_total{outcome=\"encoded\"}", 1.0),
+            ("worker_images_total{outcome=\"cache_hit\"}", 2.0),
+            ("worker_encoder_duration_seconds_sum", 0.25),
+            ("worker_encoder_duration_seconds_count", 2.0),
         ]);
     }
 

@@ -63,10 +63,12 @@ pub fn chat(session: &str, system: &str, user: &str, max_tokens: u32) -> pb::Gen
                 pb::ChatMessage {
                     role: "system".into(),
                     content: system.into(),
+                    parts: vec![],
                 },
                 pb::ChatMessage {
                     role: "user".into(),
                     content: user.into(),
+                    parts: vec![],
                 },
             ],
         })),

@@ -1,11 +1,13 @@
 //! One request through the engine, in stages (DESIGN.md "Request path of one step", 4):
 //! admission (the handler's, `engine/admission.rs`) → [`restore`] (slot, plan, checkpoint or
-//! prompt-cache restore) → [`prefill`] (the planned batches) → [`decode`] (plain steps, or
+//! prompt-cache restore) → [`encode`] (the images past the resume point, from the image cache
+//! or the projector) → [`prefill`] (the planned batches) → [`decode`] (plain steps, or
 //! speculative rounds of draft → verify → accept → rollback) → [`finish`] (final stats).
 //! A request whose client went away stops at the next batch or token; its slot keeps only
 //! what was fully computed.
 
 mod decode;
+mod encode;
 mod finish;
 mod prefill;
 mod restore;
@@ -85,16 +87,25 @@ pub(super) fn serve(
     // whatever way the request ends.
     let out = (|| {
         let restored = restore::run(c, &req)?;
-        let Some(prefilled) = prefill::run(&mut env, c, &restored, &req, logits)? else {
+        let encoded = encode::run(c, &req, restored.plan.resume)?;
+        let Some(prefilled) = prefill::run(&mut env, c, &restored, &req, &encoded, logits)? else {
             return Ok(());
         };
-        let spec = spec.filter(|_| req.sampling == crate::sampling::SamplingMode::Greedy);
+        // Drafts are token ids: a prompt with images (whose tokens are no vocabulary ids)
+        // decodes plainly.
+        let spec = spec.filter(|_| {
+            req.sampling == crate::sampling::SamplingMode::Greedy && req.images.is_empty()
+        });
         let decoded =
             decode::run(&mut env, c, admission, spec, &restored, &prefilled, &mut req, logits)?;
         finish::run(&env, c, &restored, &prefilled, decoded, &req);
         Ok(())
     })();
     c.return_prompt_cache();
+    if !req.images.is_empty() {
+        // The next request brings its own images (or none).
+        c.model.set_images(None)?;
+    }
     out
 }
 

@@ -6,6 +6,7 @@ use tandem_proto::step::v1 as pb;
 
 use super::super::compute::Compute;
 use super::super::request::{EngineEvent, EngineRequest};
+use super::encode::Encoded;
 use super::restore::Restored;
 use super::{ms, StepEnv};
 use crate::error::WorkerError;
@@ -30,6 +31,7 @@ pub(super) fn run(
     c: &mut Compute,
     restored: &Restored,
     req: &EngineRequest,
+    encoded: &Encoded,
     logits: &mut Vec<f32>,
 ) -> Result<Option<Prefilled>, WorkerError> {
     let (si, plan) = (restored.slot, &restored.plan);
@@ -72,7 +74,8 @@ pub(super) fn run(
             }
         }
         slot.tokens.extend_from_slice(tokens);
-        if let Some(m) = slot.mtp.as_mut() {
+        // The MTP block embeds the next token of each position: none for image tokens.
+        if let Some(m) = slot.mtp.as_mut().filter(|_| req.images.is_empty()) {
             m.push_hidden(b.start, model.hidden_rows());
             if let Err(e) = fill_with_model(model, pool, m, &slot.tokens) {
                 tracing::warn!(error = %e, "MTP entries not filled (MTP cache reset)");
@@ -95,6 +98,10 @@ pub(super) fn run(
         passes: env.passes,
         queue_ms: env.queue_ms,
         prefill_ms: prefilled.prefill_ms,
+        image_tokens: encoded.image_tokens,
+        images_encoded: encoded.encoded,
+        image_cache_hits: encoded.cache_hits,
+        encoder_ms: encoded.encoder_ms,
     };
     if req.events.blocking_send(EngineEvent::Prefill(stats)).is_err() {
         // The slot's state now holds the whole prompt: its metadata must say so, or the next

@@ -54,7 +54,8 @@ pub(super) fn run(c: &mut Compute, req: &EngineRequest) -> Result<Restored, Work
         &PlanRequest {
             prompt: &req.prompt,
             last_user_start: req.last_user_start,
-            image_start: None,
+            image_start: req.images.first().map(|i| i.start),
+            image_end: req.images.last().map(|i| i.start + i.image.n_tokens),
             line_starts: &req.line_starts,
             section_starts: &req.section_starts,
         },

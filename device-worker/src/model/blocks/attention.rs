@@ -135,8 +135,9 @@ impl Attention {
     /// Attention of `n` tokens with normalised input `h` `[n, n_embd]`; writes `out`
     /// `[n, n_embd]`. Their keys and values go to `kv` at cache indices `pos0..pos0 + n`
     /// (layer `cache_layer`), token `t` attends to indices `0..=pos0 + t`, and RoPE rotates
-    /// it to position `rope0 + t` (`rope0 = pos0` for a model's own cache; the MTP cache's
-    /// indices are not positions). The caller sets the cache length after its last layer.
+    /// it as `rope` says ([`RopePositions::Linear`]`(rope0)`: position `rope0 + t`, with
+    /// `rope0 = pos0` for a model's own text cache; the MTP cache's indices are not
+    /// positions). The caller sets the cache length after its last layer.
     ///
     /// Errors: [`ModelError::Kernel`] naming the weight or op.
     #[allow(clippy::too_many_arguments)]
@@ -144,7 +145,7 @@ impl Attention {
         &self,
         ctx: Ctx<'_>,
         kv: &mut KvCache,
-        (pos0, rope0): (usize, usize),
+        (pos0, rope): (usize, RopePositions<'_>),
         h: &[f32],
         n: usize,
         s: &mut AttentionScratch,
@@ -178,7 +179,7 @@ impl Attention {
             qn.forward_inplace(q)?;
             kn.forward_inplace(k)?;
         }
-        self.rope(q, k, n, rope0)?;
+        self.rope(q, k, n, rope)?;
         laps.lap(if c.qk_norm_eps.is_some() { "attn q/k norm + rope" } else { "attn rope" });
         kv.write(self.cache_layer, pos0, n, k, v);
         let attn = &mut s.attn[..n * nq];
@@ -195,24 +196,55 @@ impl Attention {
     }
 
     /// RoPE of every token's queries `q` `[n, n_head·head_dim]` and keys `k`, token `t` at
-    /// position `rope0 + t`.
-    fn rope(&self, q: &mut [f32], k: &mut [f32], n: usize, rope0: usize) -> Result<(), ModelError> {
+    /// its position in `rope`.
+    ///
+    /// Errors: [`ModelError::Kernel`]; [`ModelError::Invalid`] for multimodal positions on a
+    /// `Norm` rotary or fewer positions than tokens.
+    fn rope(&self, q: &mut [f32], k: &mut [f32], n: usize, rope: RopePositions<'_>) -> Result<(), ModelError> {
         let c = &self.cfg;
         let hd = c.head_dim;
         let (nq, nkv) = (c.n_head * hd, c.n_head_kv * hd);
-        let rope = match c.rope {
-            Rope::Norm => ops::rope_norm,
-            Rope::Neox => ops::rope_neox,
-        };
-        for t in 0..n {
-            let pos = (rope0 + t) as u32;
-            rope(&mut q[t * nq..(t + 1) * nq], c.n_head, hd, c.n_rot, pos, c.rope_freq_base)
-                .map_err(kernel("rope q"))?;
-            rope(&mut k[t * nkv..(t + 1) * nkv], c.n_head_kv, hd, c.n_rot, pos, c.rope_freq_base)
-                .map_err(kernel("rope k"))?;
+        let rows = q.chunks_exact_mut(nq).zip(k.chunks_exact_mut(nkv)).take(n);
+        match rope {
+            RopePositions::Linear(rope0) => {
+                let rope = match c.rope {
+                    Rope::Norm => ops::rope_norm,
+                    Rope::Neox => ops::rope_neox,
+                };
+                for (t, (qt, kt)) in rows.enumerate() {
+                    let pos = (rope0 + t) as u32;
+                    rope(qt, c.n_head, hd, c.n_rot, pos, c.rope_freq_base).map_err(kernel("rope q"))?;
+                    rope(kt, c.n_head_kv, hd, c.n_rot, pos, c.rope_freq_base).map_err(kernel("rope k"))?;
+                }
+            }
+            RopePositions::Multi { pos, sections } => {
+                if c.rope != Rope::Neox || pos.len() < n {
+                    return Err(ModelError::Invalid(format!(
+                        "multimodal rotary positions need the neox layout and one triple per token ({} for {n})",
+                        pos.len()
+                    )));
+                }
+                for ((qt, kt), &p) in rows.zip(pos) {
+                    ops::rope_imrope(qt, c.n_head, hd, c.n_rot, p, sections, c.rope_freq_base)
+                        .map_err(kernel("rope q"))?;
+                    ops::rope_imrope(kt, c.n_head_kv, hd, c.n_rot, p, sections, c.rope_freq_base)
+                        .map_err(kernel("rope k"))?;
+                }
+            }
         }
         Ok(())
     }
+}
+
+/// The rotary positions of a pass's tokens.
+#[derive(Clone, Copy, Debug)]
+pub enum RopePositions<'a> {
+    /// Token `t` at position `rope0 + t` (text).
+    Linear(usize),
+    /// Token `t` at the triple `pos[t]` = (t, h, w) of interleaved multimodal RoPE
+    /// ([`ops::rope_imrope`]) with `sections` rotary pairs per axis (images in the sequence:
+    /// [`crate::model::multimodal::SequenceImages::position`]).
+    Multi { pos: &'a [[u32; 3]], sections: [usize; 3] },
 }
 
 /// Tokens per attention task: the task's queries (these tokens × the query heads of one KV

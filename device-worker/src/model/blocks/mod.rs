@@ -12,7 +12,7 @@ pub mod norm;
 
 use dsp::pool::ThreadPool;
 
-pub use attention::{Attention, AttentionConfig, AttentionScratch, Rope};
+pub use attention::{Attention, AttentionConfig, AttentionScratch, Rope, RopePositions};
 pub use embedding::Embedding;
 pub use head::{OutputHead, Outputs};
 pub use mlp::{Mlp, MlpScratch};

@@ -24,7 +24,7 @@
 use dsp::pool::ThreadPool;
 
 use super::{Layer, LayerIo, Mixer, Qwen35Config, Qwen35Model, Scratch};
-use crate::model::blocks::{Attention, Ctx, Embedding, RmsNorm};
+use crate::model::blocks::{Attention, Ctx, Embedding, RmsNorm, RopePositions};
 use crate::model::loader::Loader;
 use crate::model::op_profile::Laps;
 use crate::model::project::mm;
@@ -223,7 +223,7 @@ impl Qwen35Model {
             kv: cache.kv_mut(),
             rec: None,
             pos0: idx0,
-            rope0: pos0,
+            rope: RopePositions::Linear(pos0),
         };
         m.layer.forward(ctx, &mut io, n, s, &mut Laps::new(None))?;
         cache.commit_entries(pos0, n);

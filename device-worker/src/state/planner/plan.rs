@@ -32,6 +32,9 @@ pub struct PlanRequest<'a> {
     /// Position of the first image token, if the prompt has an image (no checkpoint at or
     /// after it: Tandem §4.2).
     pub image_start: Option<usize>,
+    /// One past the last token of the prompt's last image, if any (the optional save right
+    /// after it, [`PlanConfig::after_image`]).
+    pub image_end: Option<usize>,
     /// Positions that start a line (the token before ends with a newline), ascending. The
     /// divergence policy saves at the line start at or before `L` (empty: at `L` itself).
     pub line_starts: &'a [usize],
@@ -293,6 +296,9 @@ fn saves(
                     }
                 }
             }
+        }
+        if let Some(e) = req.image_end.filter(|&e| cfg.after_image && e > r && e < n) {
+            saves.push(e);
         }
         saves.sort_unstable();
         saves.dedup();

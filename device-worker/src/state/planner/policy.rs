@@ -74,5 +74,9 @@ pub struct PlanConfig {
     /// rollback states (`state/rollback.rs`), so an identical prompt processes one token. Only
     /// when the model keeps rollback states (speculative decoding on: `K = n_draft + 1 ≥ 2`).
     pub end_state: bool,
+    /// Save a checkpoint right after the prompt's last image (`--checkpoint-after-image`,
+    /// off by default as in Tandem §4.5), so a prompt with the same text and image up to
+    /// there resumes past the image (not encoded or prefilled again).
+    pub after_image: bool,
 }
 

@@ -262,6 +262,22 @@ fn synthetic_projector_binds_and_each_missing_tensor_is_named() {
 }
 
 #[test]
+fn an_unreadable_projector_file_is_named_as_the_mmproj() {
+    // Not a GGUF (the tokenizer JSON), and a projector cut short: both errors name --mmproj
+    // and the file, never the text model.
+    let json = file("tokenizer.json");
+    let e = Projector::open(&json, 64).unwrap_err();
+    assert!(matches!(e, VisionError::Open { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.starts_with("--mmproj ") && msg.contains("tokenizer.json"), "{msg}");
+    let whole = std::fs::read(file("mmproj-tiny-qwen35vl-f32.gguf")).unwrap();
+    let cut = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(cut.path(), &whole[..2000]).unwrap();
+    let msg = Projector::open(cut.path(), 64).unwrap_err().to_string();
+    assert!(msg.starts_with("--mmproj ") && msg.contains("truncated"), "{msg}");
+}
+
+#[test]
 fn images_without_a_projector_are_invalid_input() {
     let e = require(None).unwrap_err();
     assert!(matches!(e, VisionError::NoProjector));

@@ -10,8 +10,16 @@ use crate::model::ModelError;
 /// INVALID_ARGUMENT ([`VisionError::is_invalid_input`]).
 #[derive(Debug, thiserror::Error)]
 pub enum VisionError {
-    #[error(transparent)]
+    /// The projector's metadata (a key missing or of the wrong type).
+    #[error("mmproj: {0}")]
     Gguf(#[from] GgufError),
+    /// The `--mmproj` file cannot be opened or is no readable GGUF (named, so a bad projector
+    /// is never taken for a bad `--model`).
+    #[error("--mmproj {}: {error}", .path.display())]
+    Open {
+        path: std::path::PathBuf,
+        error: GgufError,
+    },
     /// A missing tensor or one of the wrong shape ([`ModelError::MissingTensor`],
     /// [`ModelError::TensorShape`]), or one that cannot be dequantized.
     #[error("mmproj: {0}")]

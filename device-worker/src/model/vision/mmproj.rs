@@ -246,11 +246,14 @@ impl Projector {
     /// Opens the mmproj GGUF at `path` and binds it for a text model of hidden size
     /// `text_hidden`.
     ///
-    /// Errors: [`VisionError::Gguf`] (unreadable file), everything of
+    /// Errors: [`VisionError::Open`] (unreadable file, naming it), everything of
     /// [`VisionConfig::from_gguf`] and [`Projector::bind`].
     pub fn open(path: &Path, text_hidden: usize) -> Result<Self, VisionError> {
-        let file = Arc::new(GgufFile::open(path)?);
-        Self::bind(file, text_hidden)
+        let file = GgufFile::open(path).map_err(|error| VisionError::Open {
+            path: path.to_path_buf(),
+            error,
+        })?;
+        Self::bind(Arc::new(file), text_hidden)
     }
 
     /// Binds the tensors of `file` (see [`Projector::open`]).

@@ -51,31 +51,19 @@ fn history_text(history: &[&str]) -> String {
     history.iter().map(|h| format!("- {h}\n")).collect()
 }
 
-/// One screenshot step: the rules, then the task, history, screenshot and question.
+/// One screenshot step: the rules, then the task, history, screenshot and question (the
+/// shared system + user chat, with the image and the question as the user message's parts).
 fn step(session: &str, history: &[&str], image: Vec<u8>) -> pb::GenerateRequest {
     let part = |p| pb::ContentPart { part: Some(p) };
-    pb::GenerateRequest {
-        session_id: session.into(),
-        prompt: Some(pb::generate_request::Prompt::Chat(pb::ChatPrompt {
-            messages: vec![
-                pb::ChatMessage {
-                    role: "system".into(),
-                    content: SYSTEM.into(),
-                    parts: vec![],
-                },
-                pb::ChatMessage {
-                    role: "user".into(),
-                    content: format!("{TASK}{}", history_text(history)),
-                    parts: vec![
-                        part(pb::content_part::Part::Image(image)),
-                        part(pb::content_part::Part::Text(AFTER.into())),
-                    ],
-                },
-            ],
-        })),
-        max_tokens: 6,
-        ..Default::default()
-    }
+    let mut req = common::chat(session, SYSTEM, &format!("{TASK}{}", history_text(history)), 6);
+    let Some(pb::generate_request::Prompt::Chat(chat)) = req.prompt.as_mut() else {
+        unreachable!("common::chat builds a chat prompt")
+    };
+    chat.messages[1].parts = vec![
+        part(pb::content_part::Part::Image(image)),
+        part(pb::content_part::Part::Text(AFTER.into())),
+    ];
+    req
 }
 
 /// Tokens of the ChatML text up to the user message (`head`) and up to the end of its

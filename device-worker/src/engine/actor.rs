@@ -231,6 +231,12 @@ impl Engine {
                 vocab_size: compute.model.n_vocab() as u32,
                 threads: threads as u32,
                 kernel_backend: dsp::backend::select().name().into(),
+                // What the gateway's `--screenshots auto|always` reads (issue 19).
+                vision: cfg.vision.as_ref().map(|v| pb::VisionInfo {
+                    mmproj_path: v.mmproj.display().to_string(),
+                    image_min_tokens: v.budget.min_tokens as u32,
+                    image_max_tokens: v.budget.max_tokens as u32,
+                }),
             });
             s.requests_served
         };

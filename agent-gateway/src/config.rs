@@ -7,6 +7,8 @@ use std::str::FromStr;
 
 use tandem_auth::https::HttpLimits;
 
+use crate::screenshot::{ScreenshotMode, ScreenshotPolicy};
+
 /// `serve --config`'s help, with this program's keys as examples.
 const CONFIG_HELP: &str = "TOML file of options: its keys are this command's long flags (`worker = [\"http://127.0.0.1:50051\"]`, `listen = \"127.0.0.1:50052\"`, `max-controls = 60`); flags and environment variables override it. `--print-config` writes one";
 
@@ -32,6 +34,22 @@ pub struct ServeOptions {
     /// controls with text, then the rest) and says how many were left out.
     #[arg(long, default_value_t = crate::observation::DEFAULT_MAX_CONTROLS, value_parser = max_controls)]
     pub max_controls: usize,
+    /// When an observation's screenshot (`Observation.screenshot_png`, PNG or JPEG) is sent to
+    /// the model, after the text of the step's user message: `never` (text-only steps), `auto`
+    /// (when the episode's worker has a vision projector, `device-worker serve --mmproj`, and
+    /// the screen lists fewer controls than --screenshot-sparse-below: the tree then says
+    /// little and the pixels matter; dense screens stay text-only, which is faster), `always`
+    /// (every screenshot; a step with one fails with FAILED_PRECONDITION when its worker has
+    /// no vision projector, and the gateway refuses to start when a worker already answers
+    /// without one).
+    #[arg(long, value_enum, default_value_t = ScreenshotMode::Auto)]
+    pub screenshots: ScreenshotMode,
+    /// `--screenshots auto` attaches the screenshot when the prompt lists fewer controls than
+    /// this (after --max-controls selection). The default 10 is about what the system bars
+    /// alone give (status icons, back/home/recents): below it the tree holds next to no app
+    /// controls (a game, a map, a canvas, a web view without accessibility nodes).
+    #[arg(long, default_value_t = crate::screenshot::DEFAULT_SPARSE_BELOW)]
+    pub screenshot_sparse_below: usize,
     /// Address for the OpenAI-compatible HTTP endpoint (`/v1/chat/completions`,
     /// `/v1/models`, `/health`), or `off`.
     #[arg(long, default_value = "127.0.0.1:8080")]
@@ -71,6 +89,11 @@ pub struct ServeOptions {
 }
 
 impl ServeOptions {
+    /// The screenshot policy from `--screenshots` and `--screenshot-sparse-below`.
+    pub fn screenshot_policy(&self) -> ScreenshotPolicy {
+        ScreenshotPolicy { mode: self.screenshots, sparse_below: self.screenshot_sparse_below }
+    }
+
     /// The HTTP endpoint's connection limits from the `--http-*` flags.
     pub fn http_limits(&self) -> HttpLimits {
         HttpLimits {

@@ -4,7 +4,8 @@
 //! - [`observation`]: uiautomator XML and AndroidWorld UI elements → indexed controls.
 //! - [`prompt`]: the agent prompt (rules, task, last actions, controls).
 //! - [`action`]: AndroidWorld-compatible JSON actions, their schema and validation.
-//! - [`step`], [`episode`], [`worker`]: running a step on a worker.
+//! - [`step`], [`episode`], [`worker`]: running a step on a worker; [`screenshot`]: whether
+//!   and where a step's screenshot goes into its prompt.
 //! - [`metrics`]: Prometheus metrics (`GET /metrics`); [`telemetry`]: spans and trace context.
 //! - [`service`]: the gRPC AgentService. [`http`]: the OpenAI-compatible HTTP endpoint. [`replay`]: corpus replay client. [`load`]: the bounded load generator. [`corpus`]: episodes.
 pub mod action;
@@ -20,6 +21,7 @@ pub mod observation;
 pub mod prompt;
 pub mod prompt_dump;
 pub mod replay;
+pub mod screenshot;
 pub mod service;
 pub mod step;
 pub mod telemetry;

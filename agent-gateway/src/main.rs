@@ -81,7 +81,25 @@ fn main() -> anyhow::Result<()> {
                 };
                 let metrics = agent_gateway::metrics::install()?;
                 let router = agent_gateway::worker::Router::connect(&cfg.workers, worker_token, worker_tls.as_ref())?;
-                let runner = Arc::new(agent_gateway::step::StepRunner::new(router.clone()).with_max_controls(cfg.max_controls));
+                let screenshots = cfg.screenshot_policy();
+                if screenshots.mode == agent_gateway::screenshot::ScreenshotMode::Always {
+                    // Refuse at startup what would fail every screenshot step; a worker that
+                    // does not answer yet (still loading, not started) is checked per step.
+                    for w in router.workers() {
+                        if w.vision().await == agent_gateway::screenshot::WorkerVision::No {
+                            anyhow::bail!(
+                                "--screenshots always: worker {} has no vision projector (start it with --mmproj, or use --screenshots auto or never)",
+                                w.addr
+                            );
+                        }
+                    }
+                }
+                tracing::info!(mode = screenshots.mode.as_str(), sparse_below = screenshots.sparse_below, "screenshots");
+                let runner = Arc::new(
+                    agent_gateway::step::StepRunner::new(router.clone())
+                        .with_max_controls(cfg.max_controls)
+                        .with_screenshots(screenshots),
+                );
                 let listener = tandem_auth::Listener::bind(&tandem_auth::ListenAddr::Tcp(cfg.listen)).await?;
                 tracing::info!(addr = %listener.local_addr()?, workers = ?cfg.workers, tls = tls.is_some(), mutual_tls = tls.as_ref().is_some_and(|t| t.mutual()), reflection = cfg.auth.reflection, "AgentService listening");
                 let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {

@@ -34,6 +34,13 @@ pub fn install() -> Result<PrometheusHandle, GatewayError> {
     GATEWAY_SERIES.call_once(|| {
         describe();
         ::metrics::counter!(m::AGENT_WORKER_RETRIES_TOTAL).increment(0);
+        for d in crate::screenshot::Decision::ALL {
+            ::metrics::counter!(m::AGENT_SCREENSHOTS_TOTAL, m::LABEL_OUTCOME => d.as_str()).increment(0);
+        }
+        ::metrics::counter!(m::AGENT_IMAGE_TOKENS_TOTAL).increment(0);
+        for outcome in ["encoded", "cache_hit"] {
+            ::metrics::counter!(m::AGENT_IMAGES_TOTAL, m::LABEL_OUTCOME => outcome).increment(0);
+        }
         ::metrics::gauge!(m::AGENT_STEPS_IN_FLIGHT).increment(0.0);
     });
     Ok(handle)
@@ -51,6 +58,10 @@ fn describe() {
     describe_counter!(m::AGENT_KV_BOUND_TOKENS_TOTAL, "Prompt tokens an ideal LCP KV cache would reuse.");
     describe_counter!(m::AGENT_DECODE_TOKENS_TOTAL, "Output tokens.");
     describe_counter!(m::AGENT_WORKER_RETRIES_TOTAL, "Generate calls retried after UNAVAILABLE.");
+    describe_counter!(m::AGENT_SCREENSHOTS_TOTAL, "Observations by what became of their screenshot (sent to the model or why not).");
+    describe_counter!(m::AGENT_IMAGE_TOKENS_TOTAL, "Image tokens in the steps' prompts.");
+    describe_counter!(m::AGENT_IMAGES_TOTAL, "Prompt images past the reused prefix: encoded by the worker or from its image cache.");
+    describe_histogram!(m::AGENT_ENCODER_DURATION_SECONDS, Unit::Seconds, "Worker image preprocessing and encoding time per step that encoded an image.");
     describe_gauge!(m::AGENT_STEPS_IN_FLIGHT, "Steps running now.");
     describe_counter!(m::GATEWAY_HTTP_REQUESTS_TOTAL, "HTTP requests answered, by route and status code.");
     describe_gauge!(m::GATEWAY_HTTP_REQUESTS_IN_FLIGHT, "HTTP requests being handled now (a stream until its body ends).");
@@ -108,10 +119,13 @@ impl StepOutcome {
 
 /// Records one finished step: its duration (`stats.step_ms`, ms → s), outcome, and the
 /// worker's token and time figures from `result.stats` (prompt tokens new/reused, KV bound,
-/// decode tokens; prefill and decode seconds of steps the worker finished). A no-op without an installed recorder.
-pub fn record_step(kind: StepKind, has_image: bool, outcome: StepOutcome, result: &apb::StepResult) {
+/// decode tokens, image tokens, images encoded or from the image cache, encoder seconds;
+/// prefill and decode seconds of steps the worker finished). `image_sent`: the step's
+/// screenshot went to the model (the `has_image` label). A no-op without an installed
+/// recorder.
+pub fn record_step(kind: StepKind, image_sent: bool, outcome: StepOutcome, result: &apb::StepResult) {
     let s = result.stats.clone().unwrap_or_default();
-    let has_image = if has_image { "true" } else { "false" };
+    let has_image = if image_sent { "true" } else { "false" };
     ::metrics::histogram!(m::AGENT_STEP_DURATION_SECONDS, m::LABEL_KIND => kind.as_str(), m::LABEL_HAS_IMAGE => has_image)
         .record(s.step_ms / 1e3);
     ::metrics::counter!(m::AGENT_STEPS_TOTAL, m::LABEL_KIND => kind.as_str(), m::LABEL_OUTCOME => outcome.as_str()).increment(1);
@@ -119,10 +133,21 @@ pub fn record_step(kind: StepKind, has_image: bool, outcome: StepOutcome, result
     ::metrics::counter!(m::AGENT_PROMPT_TOKENS_TOTAL, m::LABEL_KIND => "reused").increment(u64::from(s.reused_tokens));
     ::metrics::counter!(m::AGENT_KV_BOUND_TOKENS_TOTAL).increment(u64::from(s.kv_bound_tokens));
     ::metrics::counter!(m::AGENT_DECODE_TOKENS_TOTAL).increment(u64::from(s.decode_tokens));
+    ::metrics::counter!(m::AGENT_IMAGE_TOKENS_TOTAL).increment(u64::from(s.image_tokens));
+    ::metrics::counter!(m::AGENT_IMAGES_TOTAL, m::LABEL_OUTCOME => "encoded").increment(u64::from(s.images_encoded));
+    ::metrics::counter!(m::AGENT_IMAGES_TOTAL, m::LABEL_OUTCOME => "cache_hit").increment(u64::from(s.image_cache_hits));
+    if s.images_encoded > 0 {
+        ::metrics::histogram!(m::AGENT_ENCODER_DURATION_SECONDS).record(s.encoder_ms / 1e3);
+    }
     if outcome != StepOutcome::WorkerError && outcome != StepOutcome::ObservationError {
         ::metrics::histogram!(m::AGENT_PREFILL_DURATION_SECONDS).record(s.prefill_ms / 1e3);
         ::metrics::histogram!(m::AGENT_DECODE_DURATION_SECONDS).record(s.decode_ms / 1e3);
     }
+}
+
+/// Counts one observation under what became of its screenshot ([`m::AGENT_SCREENSHOTS_TOTAL`]).
+pub fn record_screenshot(decision: crate::screenshot::Decision) {
+    ::metrics::counter!(m::AGENT_SCREENSHOTS_TOTAL, m::LABEL_OUTCOME => decision.as_str()).increment(1);
 }
 
 /// Records the time to the first action token of a step, seconds.

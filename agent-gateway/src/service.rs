@@ -79,7 +79,6 @@ impl AgentService for AgentServiceImpl {
                                 .await;
                             break;
                         };
-                        let has_image = !obs.screenshot_png.is_empty();
                         let result = match parse_observation(&obs) {
                             Ok(screen) => {
                                 let input = StepInput {
@@ -88,9 +87,10 @@ impl AgentService for AgentServiceImpl {
                                     foreground_app: Some(&obs.foreground_app),
                                     max_tokens: ep.max_tokens,
                                     kind: StepKind::Episode,
-                                    has_image,
+                                    screenshot: &obs.screenshot_png,
                                 };
-                                runner.run(input, screen, &tx).await
+                                // A refused screenshot is the step's error; the stream stays open.
+                                runner.run(input, screen, &tx).await.result
                             }
                             Err(e) => {
                                 let st = runner.episodes.begin_step(&ep.episode_id, &ep.task);
@@ -101,7 +101,7 @@ impl AgentService for AgentServiceImpl {
                                     error: format!("observation rejected: {e}"),
                                     ..Default::default()
                                 };
-                                record_step(StepKind::Episode, has_image, StepOutcome::ObservationError, &r);
+                                record_step(StepKind::Episode, false, StepOutcome::ObservationError, &r);
                                 r
                             }
                         };
@@ -123,9 +123,8 @@ impl AgentService for AgentServiceImpl {
             Status::invalid_argument(e.to_string())
         })?;
         let obs = req.observation.ok_or_else(|| Status::invalid_argument("observation is missing"))?;
-        let has_image = !obs.screenshot_png.is_empty();
         let screen = parse_observation(&obs).map_err(|e| {
-            record_step(StepKind::Step, has_image, StepOutcome::ObservationError, &apb::StepResult::default());
+            record_step(StepKind::Step, false, StepOutcome::ObservationError, &apb::StepResult::default());
             Status::invalid_argument(format!("observation rejected: {e}"))
         })?;
         let episode_id = if req.episode_id.is_empty() { new_episode_id() } else { req.episode_id };
@@ -138,10 +137,16 @@ impl AgentService for AgentServiceImpl {
                 foreground_app: Some(&obs.foreground_app),
                 max_tokens: req.max_tokens,
                 kind: StepKind::Step,
-                has_image,
+                screenshot: &obs.screenshot_png,
             };
-            let result = runner.run(input, screen, &tx).await;
-            let _ = tx.send(Ok(result_event(result))).await;
+            let done = runner.run(input, screen, &tx).await;
+            // A screenshot the model cannot take ends the call with its status (INVALID_ARGUMENT
+            // or FAILED_PRECONDITION) instead of a result.
+            let event = match done.refusal {
+                Some(status) => Err(status),
+                None => Ok(result_event(done.result)),
+            };
+            let _ = tx.send(event).await;
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }

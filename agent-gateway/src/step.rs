@@ -18,6 +18,7 @@ use crate::metrics::{
 };
 use crate::observation::{parse_android_world, parse_uiautomator, select_controls, Screen, DEFAULT_MAX_CONTROLS};
 use crate::prompt::{build_prompt, PromptInput};
+use crate::screenshot::{observation_error, step_messages, sniff, Decision, ScreenshotPolicy, WorkerVision, OBSERVATION_PATH};
 use crate::worker::Router;
 
 /// Output budget per step when the caller gives none. An action is ~15–40 tokens.
@@ -40,6 +41,9 @@ pub struct StepRunner {
     pub episodes: EpisodeStore,
     /// Most controls a prompt lists (`serve --max-controls`; see [`crate::prompt`]).
     pub max_controls: usize,
+    /// When a step's screenshot goes to the model (`serve --screenshots`, see
+    /// [`crate::screenshot`]).
+    pub screenshots: ScreenshotPolicy,
 }
 
 /// What one step is asked to do, besides the screen.
@@ -53,8 +57,21 @@ pub struct StepInput<'a> {
     pub max_tokens: u32,
     /// The API the step came through (metric label).
     pub kind: StepKind,
-    /// The observation carried a screenshot (metric label).
-    pub has_image: bool,
+    /// The observation's screenshot (PNG or JPEG bytes; empty: none). Whether it is sent is
+    /// [`StepRunner::screenshots`]' decision.
+    pub screenshot: &'a [u8],
+}
+
+/// A finished step: its result, and for a step refused because of its input (a screenshot
+/// the model cannot take) the status a unary `Step` answers with instead of the result.
+#[derive(Debug)]
+pub struct Finished {
+    /// The result (`error` set when no valid action came out; also for a refusal).
+    pub result: apb::StepResult,
+    /// INVALID_ARGUMENT naming `observation.screenshot_png` (bytes that are no PNG/JPEG, or
+    /// that the worker could not decode), or FAILED_PRECONDITION (`--screenshots always` and
+    /// a worker without a vision projector).
+    pub refusal: Option<Status>,
 }
 
 impl StepRunner {
@@ -63,7 +80,14 @@ impl StepRunner {
             router,
             episodes: EpisodeStore::new(4096),
             max_controls: DEFAULT_MAX_CONTROLS,
+            screenshots: ScreenshotPolicy::default(),
         }
+    }
+
+    /// The runner with the screenshot policy `screenshots`.
+    pub fn with_screenshots(mut self, screenshots: ScreenshotPolicy) -> Self {
+        self.screenshots = screenshots;
+        self
     }
 
     /// The runner with prompts listing at most `max_controls` controls.
@@ -74,7 +98,8 @@ impl StepRunner {
 
     /// Runs one step on an already parsed `screen`, sending [`apb::ActionToken`] events to
     /// `events` as the worker produces them, and returns the step's result (with `error` set
-    /// when no valid action came out). A closed `events` channel cancels the worker request.
+    /// when no valid action came out, and a refusal status for a screenshot the model cannot
+    /// take, see [`Finished`]). A closed `events` channel cancels the worker request.
     ///
     /// Records the step's metrics ([`crate::metrics::record_step`]) and runs inside a `step`
     /// span (children: `route`, `generate`; see [`crate::telemetry`]).
@@ -83,7 +108,7 @@ impl StepRunner {
         input: StepInput<'_>,
         screen: Screen,
         events: &mpsc::Sender<Result<apb::StepEvent, Status>>,
-    ) -> apb::StepResult {
+    ) -> Finished {
         let span = tracing::info_span!("step", episode = %input.episode_id, step = tracing::field::Empty, kind = input.kind.as_str());
         self.run_in_span(input, screen, events)
             .instrument(span)
@@ -95,14 +120,14 @@ impl StepRunner {
         input: StepInput<'_>,
         screen: Screen,
         events: &mpsc::Sender<Result<apb::StepEvent, Status>>,
-    ) -> apb::StepResult {
+    ) -> Finished {
         let StepInput {
             episode_id,
             task,
             foreground_app,
             max_tokens,
             kind,
-            has_image,
+            screenshot,
         } = input;
         let _in_flight = InFlight::enter();
         let t0 = Instant::now();
@@ -129,21 +154,37 @@ impl StepRunner {
             tracing::debug!(worker = %w.addr, "routed");
             w
         });
+        let has_screenshot = !screenshot.is_empty();
+        let vision = if self.screenshots.may_attach(has_screenshot) {
+            worker.vision().await
+        } else {
+            WorkerVision::Unknown
+        };
+        let decision = self.screenshots.decide(has_screenshot, listed.controls.len(), vision);
+        let refused = match decision {
+            Decision::Refused => Some(Status::failed_precondition(format!(
+                "{OBSERVATION_PATH}: the gateway runs with --screenshots always, but worker {} has no vision projector (start it with --mmproj, or run the gateway with --screenshots auto or never)",
+                worker.addr
+            ))),
+            Decision::Sent => sniff(screenshot)
+                .err()
+                .map(|e| Status::invalid_argument(format!("{OBSERVATION_PATH}: {e}"))),
+            _ => None,
+        };
+        crate::metrics::record_screenshot(decision);
+        let sent = decision == Decision::Sent;
+        if let Some(status) = refused {
+            let outcome = if status.code() == tonic::Code::InvalidArgument {
+                StepOutcome::ObservationError
+            } else {
+                StepOutcome::WorkerError
+            };
+            return self.refuse(episode_id, step, t0, kind, outcome, status, worker.addr.clone());
+        }
         let request = spb::GenerateRequest {
             session_id: episode_id.to_string(),
             prompt: Some(spb::generate_request::Prompt::Chat(spb::ChatPrompt {
-                messages: vec![
-                    spb::ChatMessage {
-                        role: "system".into(),
-                        content: prompt.system,
-                        parts: vec![],
-                    },
-                    spb::ChatMessage {
-                        role: "user".into(),
-                        content: prompt.user,
-                        parts: vec![],
-                    },
-                ],
+                messages: step_messages(prompt, sent.then(|| screenshot.to_vec())),
             })),
             max_tokens: if max_tokens == 0 {
                 DEFAULT_MAX_TOKENS
@@ -164,6 +205,7 @@ impl StepRunner {
             stats: Some(apb::StepStats {
                 controls: screen.controls.len() as u32,
                 worker: worker.addr.clone(),
+                screenshot_sent: sent,
                 ..Default::default()
             }),
             ..Default::default()
@@ -184,9 +226,17 @@ impl StepRunner {
         }
         let stats = result.stats.get_or_insert_with(Default::default);
         stats.step_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let mut refusal = None;
         let metric_outcome = match outcome {
+            // The worker refused the attached screenshot: the observation's fault.
+            Err(Attempt::Image(why)) => {
+                result.error = format!("observation rejected: {why}");
+                refusal = Some(Status::invalid_argument(why));
+                self.episodes.end_step(episode_id, None);
+                StepOutcome::ObservationError
+            }
             Err(e) => {
-                result.error = e;
+                result.error = e.into_message();
                 self.episodes.end_step(episode_id, None);
                 StepOutcome::WorkerError
             }
@@ -210,11 +260,41 @@ impl StepRunner {
                 }
             }
         };
-        record_step(kind, has_image, metric_outcome, &result);
+        record_step(kind, sent, metric_outcome, &result);
         if !result.error.is_empty() {
             tracing::info!(step, outcome = metric_outcome.as_str(), error = %result.error, "step failed");
         }
-        result
+        Finished { result, refusal }
+    }
+
+    /// Ends step `step` of `episode_id` (started at `t0`) without a worker call, refused with
+    /// `status`; records it as `outcome`.
+    #[allow(clippy::too_many_arguments)]
+    fn refuse(
+        &self,
+        episode_id: &str,
+        step: u32,
+        t0: Instant,
+        kind: StepKind,
+        outcome: StepOutcome,
+        status: Status,
+        worker: String,
+    ) -> Finished {
+        self.episodes.end_step(episode_id, None);
+        let result = apb::StepResult {
+            episode_id: episode_id.to_string(),
+            step,
+            error: format!("observation rejected: {}", status.message()),
+            stats: Some(apb::StepStats {
+                worker,
+                step_ms: t0.elapsed().as_secs_f64() * 1e3,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        record_step(kind, false, outcome, &result);
+        tracing::info!(step, outcome = outcome.as_str(), error = %result.error, "step refused");
+        Finished { result, refusal: Some(status) }
     }
 
     /// Streams the worker's tokens to `events`; returns the output text or an error message.
@@ -228,7 +308,7 @@ impl StepRunner {
         events: &mpsc::Sender<Result<apb::StepEvent, Status>>,
         result: &mut apb::StepResult,
         progress: &mut Progress,
-    ) -> Result<String, String> {
+    ) -> Result<String, Attempt> {
         match self
             .generate_once(client.clone(), request.clone(), events, result, progress)
             .await
@@ -253,11 +333,9 @@ impl StepRunner {
                 } else {
                     client
                 };
-                self.generate_once(client, request, events, result, progress)
-                    .await
-                    .map_err(Attempt::into_message)
+                self.generate_once(client, request, events, result, progress).await
             }
-            other => other.map_err(Attempt::into_message),
+            other => other,
         }
     }
 
@@ -312,6 +390,10 @@ impl StepRunner {
                     stats.reused_tokens = p.reused_tokens;
                     stats.new_tokens = p.new_tokens;
                     stats.prefill_ms = p.prefill_ms;
+                    stats.image_tokens = p.image_tokens;
+                    stats.images_encoded = p.images_encoded;
+                    stats.image_cache_hits = p.image_cache_hits;
+                    stats.encoder_ms = p.encoder_ms;
                 }
                 Some(spb::generate_event::Event::Token(t)) => {
                     if t.index < progress.sent {
@@ -398,6 +480,9 @@ impl Progress {
 enum Attempt {
     /// UNAVAILABLE from the worker: worth one retry.
     Unavailable(String),
+    /// INVALID_ARGUMENT about the attached screenshot, as the controller's error
+    /// (`observation.screenshot_png: ...`, [`observation_error`]).
+    Image(String),
     Failed(String),
 }
 
@@ -418,16 +503,19 @@ fn effective_code(s: &Status) -> tonic::Code {
 
 impl Attempt {
     fn from_status(msg: String, s: &Status) -> Self {
-        if effective_code(s) == tonic::Code::Unavailable {
-            Self::Unavailable(msg)
-        } else {
-            Self::Failed(msg)
+        match effective_code(s) {
+            tonic::Code::Unavailable => Self::Unavailable(msg),
+            tonic::Code::InvalidArgument => match observation_error(s.message()) {
+                Some(why) => Self::Image(why),
+                None => Self::Failed(msg),
+            },
+            _ => Self::Failed(msg),
         }
     }
 
     fn into_message(self) -> String {
         match self {
-            Self::Unavailable(m) | Self::Failed(m) => m,
+            Self::Unavailable(m) | Self::Image(m) | Self::Failed(m) => m,
         }
     }
 }
@@ -542,7 +630,8 @@ mod tests {
                 &mut result,
                 &mut progress,
             )
-            .await;
+            .await
+            .map_err(Attempt::into_message);
         drop(tx);
         let mut seen = Vec::new();
         while let Some(Ok(ev)) = rx.recv().await {

@@ -7,15 +7,17 @@
 //! order (they lose their cached prefix there, not their answers).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tandem_auth::{BearerInterceptor, ClientTls};
 use tandem_proto::step::v1::step_service_client::StepServiceClient;
+use tandem_proto::step::v1::StatusRequest;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::error::GatewayError;
+use crate::screenshot::WorkerVision;
 
 /// One configured worker.
 #[derive(Clone)]
@@ -23,6 +25,45 @@ pub struct Worker {
     /// The address as configured (`http://127.0.0.1:50051`, `https://...`, `unix:PATH`).
     pub addr: String,
     pub client: WorkerClient,
+    /// Its image support as its Status last reported it ([`Worker::vision`]).
+    vision: Arc<Mutex<Option<(bool, Instant)>>>,
+}
+
+/// How long a worker's reported image support is trusted before [`Worker::vision`] asks again
+/// (a worker restarted with or without `--mmproj` is seen within this time).
+pub const VISION_TTL: Duration = Duration::from_secs(30);
+
+/// How long [`Worker::vision`] waits for the worker's Status.
+pub const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
+
+impl Worker {
+    /// Whether the worker takes images: its `StatusResponse.model.vision` (a vision projector,
+    /// `--mmproj`), cached for [`VISION_TTL`]. [`WorkerVision::Unknown`] (not cached) when the
+    /// Status call fails or times out ([`STATUS_TIMEOUT`]) or no model is loaded yet.
+    pub async fn vision(&self) -> WorkerVision {
+        if let Some((v, at)) = *self.vision.lock().unwrap_or_else(PoisonError::into_inner) {
+            if at.elapsed() < VISION_TTL {
+                return if v { WorkerVision::Yes } else { WorkerVision::No };
+            }
+        }
+        let mut client = self.client.clone();
+        let answer = tokio::time::timeout(STATUS_TIMEOUT, client.status(StatusRequest {})).await;
+        let model = match answer {
+            Ok(Ok(r)) => r.into_inner().model,
+            Ok(Err(s)) => {
+                tracing::debug!(worker = %self.addr, status = %s, "worker status failed; image support unknown");
+                None
+            }
+            Err(_) => {
+                tracing::debug!(worker = %self.addr, "worker status timed out; image support unknown");
+                None
+            }
+        };
+        let Some(model) = model else { return WorkerVision::Unknown };
+        let v = model.vision.is_some();
+        *self.vision.lock().unwrap_or_else(PoisonError::into_inner) = Some((v, Instant::now()));
+        if v { WorkerVision::Yes } else { WorkerVision::No }
+    }
 }
 
 /// A StepService client that sends the gateway's bearer token (`--worker-token-file`), if any.
@@ -79,7 +120,11 @@ impl Router {
             .iter()
             .map(|a| {
                 let (addr, channel) = channel(a, tls)?;
-                Ok(Worker { addr, client: StepServiceClient::with_interceptor(channel, token.clone()) })
+                Ok(Worker {
+                    addr,
+                    client: StepServiceClient::with_interceptor(channel, token.clone()),
+                    vision: Arc::default(),
+                })
             })
             .collect::<Result<Vec<_>, GatewayError>>()?;
         let down_until_ms = Arc::new(workers.iter().map(|_| AtomicU64::new(0)).collect());

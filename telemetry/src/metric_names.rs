@@ -11,7 +11,8 @@
 
 /// Histogram, seconds: one agent step, observation received to validated action (or
 /// error). Labels: [`LABEL_KIND`] (`"episode"`: a `RunEpisode` stream, `"step"`: unary
-/// `Step`), [`LABEL_HAS_IMAGE`] (`"true"`/`"false"`: the observation carried a screenshot).
+/// `Step`), [`LABEL_HAS_IMAGE`] (`"true"`/`"false"`: the step's screenshot was sent to the
+/// model, `serve --screenshots`; an observation's screenshot that was not sent is `"false"`).
 pub const AGENT_STEP_DURATION_SECONDS: &str = "agent_step_duration_seconds";
 /// Histogram, seconds: step start to the first action token forwarded to the controller.
 /// Labels: [`LABEL_KIND`].
@@ -34,6 +35,22 @@ pub const AGENT_PREFILL_DURATION_SECONDS: &str = "agent_prefill_duration_seconds
 /// Histogram, seconds: worker decode time of each step (`FinalStats.decode_ms`); the rate of
 /// its `_sum` over the rate of [`AGENT_DECODE_TOKENS_TOTAL`] is seconds per output token.
 pub const AGENT_DECODE_DURATION_SECONDS: &str = "agent_decode_duration_seconds";
+/// Counter: observations by what became of their screenshot (`serve --screenshots`). Label
+/// [`LABEL_OUTCOME`]: `"sent"` (attached to the prompt), `"none"` (the observation had none),
+/// `"off"` (`never`), `"dense"` (`auto`, the tree lists enough controls), `"no_vision"`
+/// (`auto`, the worker has no vision projector or did not say), `"refused"` (`always`, the
+/// worker has no vision projector: the step failed).
+pub const AGENT_SCREENSHOTS_TOTAL: &str = "agent_screenshots_total";
+/// Counter, tokens: image tokens in the steps' prompts (`PrefillStats.image_tokens`).
+pub const AGENT_IMAGE_TOKENS_TOTAL: &str = "agent_image_tokens_total";
+/// Counter: images of the steps' prompts past the reused prefix. Label [`LABEL_OUTCOME`]:
+/// `"encoded"` (the worker's projector ran) or `"cache_hit"` (embeddings from its image
+/// cache).
+pub const AGENT_IMAGES_TOTAL: &str = "agent_images_total";
+/// Histogram, seconds: the worker's image preprocessing and encoding time of each step that
+/// encoded an image (`PrefillStats.encoder_ms`; steps whose images all came from the image
+/// cache record none).
+pub const AGENT_ENCODER_DURATION_SECONDS: &str = "agent_encoder_duration_seconds";
 /// Counter: Generate calls retried after the worker answered UNAVAILABLE.
 pub const AGENT_WORKER_RETRIES_TOTAL: &str = "agent_worker_retries_total";
 /// Counter: requests the gateway's HTTP endpoint answered. Labels: [`LABEL_ROUTE`] (a served
@@ -119,7 +136,7 @@ pub const WORKER_ENERGY_AVAILABLE: &str = "worker_energy_available";
 
 /// Label: the step's API (`agent_*`) or the token kind (`*_tokens_total`).
 pub const LABEL_KIND: &str = "kind";
-/// Label: `"true"`/`"false"`.
+/// Label: `"true"`/`"false"` (an image was sent to the model).
 pub const LABEL_HAS_IMAGE: &str = "has_image";
 /// Label: how something ended.
 pub const LABEL_OUTCOME: &str = "outcome";
@@ -158,6 +175,7 @@ pub const HISTOGRAMS: &[(&str, &[f64])] = &[
     (AGENT_TIME_TO_FIRST_TOKEN_SECONDS, LATENCY_BUCKETS_SECONDS),
     (AGENT_PREFILL_DURATION_SECONDS, LATENCY_BUCKETS_SECONDS),
     (AGENT_DECODE_DURATION_SECONDS, LATENCY_BUCKETS_SECONDS),
+    (AGENT_ENCODER_DURATION_SECONDS, LATENCY_BUCKETS_SECONDS),
     (WORKER_REQUEST_DURATION_SECONDS, LATENCY_BUCKETS_SECONDS),
     (WORKER_QUEUE_WAIT_SECONDS, LATENCY_BUCKETS_SECONDS),
     (WORKER_TIME_TO_FIRST_TOKEN_SECONDS, LATENCY_BUCKETS_SECONDS),

@@ -3,6 +3,8 @@
 //!
 //! Sources read:
 //! - LlamaTouch traces, `llamatouch_evaluator/trace_*/`: `N.xml` uiautomator dumps (step N),
+//!   `N.png` the step's screenshot when present (1080×2400 in `trace_18` and `trace_7`; sent
+//!   by `replay --screenshots auto|always`, see [`EpisodeStepData::screenshot`]),
 //!   `N.activity` (foreground `package/activity`; `null` or a bare window name give `None`), `instruction.txt` (an id line,
 //!   then the task), `eventStructs.txt` (one action per line, `[Home]` or
 //!   `[Click] Screen Resolution (w, h), Click Position (x, y)` in a down-scaled resolution).
@@ -70,6 +72,9 @@ pub struct EpisodeStepData {
     pub foreground_app: Option<String>,
     /// The recorded action as compact AndroidWorld JSON, when the log holds a valid one.
     pub recorded_action: Option<String>,
+    /// The step's screenshot file (PNG), when the source has one (LlamaTouch traces' `N.png`);
+    /// read when sent ([`EpisodeStepData::to_observation_with_screenshot`]).
+    pub screenshot: Option<PathBuf>,
 }
 
 impl EpisodeStepData {
@@ -84,6 +89,18 @@ impl EpisodeStepData {
             screenshot_png: vec![],
             foreground_app: self.foreground_app.clone().unwrap_or_default(),
         }
+    }
+
+    /// [`EpisodeStepData::to_observation`] with the step's screenshot bytes in
+    /// `screenshot_png` (none when the step has no screenshot file).
+    ///
+    /// Errors: [`CorpusError::Io`] when the screenshot file cannot be read.
+    pub fn to_observation_with_screenshot(&self) -> Result<tandem_proto::agent::v1::Observation, CorpusError> {
+        let mut obs = self.to_observation();
+        if let Some(p) = &self.screenshot {
+            obs.screenshot_png = read_bytes(p)?;
+        }
+        Ok(obs)
     }
 }
 
@@ -276,10 +293,12 @@ fn load_llamatouch(root: &Path, dir: &Path) -> Result<Episode, CorpusError> {
             .get(i)
             .and_then(|e| llamatouch_action(e, width, height))
             .map(|a| a.to_compact_json());
+        let png = dir.join(format!("{i}.png"));
         steps.push(EpisodeStepData {
             observation: ObservationSource::Xml(String::from_utf8_lossy(&bytes).into_owned()),
             foreground_app,
             recorded_action,
+            screenshot: png.is_file().then_some(png),
         });
     }
     Ok(Episode { id: format!("llamatouch/{}", file_name(dir)), source: rel(root, dir), task, steps })
@@ -358,6 +377,7 @@ fn load_llamatouch_records(root: &Path, dir: &Path) -> Result<Episode, CorpusErr
             observation: ObservationSource::Xml(String::from_utf8_lossy(&xml).into_owned()),
             foreground_app: None,
             recorded_action,
+            screenshot: None,
         });
     }
     if steps.is_empty() {
@@ -443,6 +463,7 @@ fn load_androidworld_log(root: &Path, path: &Path) -> Result<Episode, CorpusErro
                 observation: ObservationSource::UiElementsJson(elements.to_string()),
                 foreground_app: None,
                 recorded_action,
+                screenshot: None,
             });
         }
     } else if let Some(observations) = v.get("observations").and_then(Value::as_array) {
@@ -457,6 +478,7 @@ fn load_androidworld_log(root: &Path, path: &Path) -> Result<Episode, CorpusErro
                 observation: ObservationSource::UiElementsJson(elements.to_string()),
                 foreground_app: None,
                 recorded_action,
+                screenshot: None,
             });
         }
     } else {

@@ -14,6 +14,7 @@ use tokio_stream::StreamExt;
 
 use crate::corpus::{load_episode, load_episodes, Episode};
 use crate::error::GatewayError;
+use crate::screenshot::ScreenshotMode;
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct ReplayConfig {
@@ -35,6 +36,12 @@ pub struct ReplayConfig {
     /// Output budget per step (0: the gateway's default).
     #[arg(long, default_value_t = 0)]
     pub max_tokens: u32,
+    /// Send the corpus screenshots (`N.png` of the LlamaTouch traces) in the observations:
+    /// `auto` and `always` send every step's screenshot (whether the model sees it is the
+    /// gateway's own `serve --screenshots`; give both the same value), `never` sends
+    /// text-only observations.
+    #[arg(long, value_enum, default_value_t = ScreenshotMode::Never)]
+    pub screenshots: ScreenshotMode,
     /// Bearer token for a gateway that requires one: the first token of this file (the
     /// gateway's `--auth-token-file` format).
     #[arg(long, env = "TANDEM_TOKEN_FILE")]
@@ -74,6 +81,14 @@ pub struct StepRecord {
     /// Draft tokens proposed and accepted, per drafter (speculative decoding).
     pub drafts: Vec<DraftRecord>,
     pub step_ms: f64,
+    /// The step's screenshot went to the model (`StepStats.screenshot_sent`).
+    pub screenshot_sent: bool,
+    /// Image tokens of the prompt, images encoded or found in the worker's image cache, and
+    /// the worker's encoder time, ms.
+    pub image_tokens: u32,
+    pub images_encoded: u32,
+    pub image_cache_hits: u32,
+    pub encoder_ms: f64,
     /// Milliseconds from sending the observation to the first action token.
     pub first_token_ms: Option<f64>,
     pub action: String,
@@ -197,7 +212,11 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
             .map_err(|s| GatewayError::Gateway(format!("RunEpisode: {}", s.message())))?
             .into_inner();
         for (i, st) in ep.steps.iter().take(n).enumerate() {
-            let obs = st.to_observation();
+            let obs = if cfg.screenshots == ScreenshotMode::Never {
+                st.to_observation()
+            } else {
+                st.to_observation_with_screenshot()?
+            };
             let sent = Instant::now();
             tx.send(apb::EpisodeInput {
                 input: Some(apb::episode_input::Input::Observation(obs)),
@@ -254,6 +273,11 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
                     })
                     .collect(),
                 step_ms: s.step_ms,
+                screenshot_sent: s.screenshot_sent,
+                image_tokens: s.image_tokens,
+                images_encoded: s.images_encoded,
+                image_cache_hits: s.image_cache_hits,
+                encoder_ms: s.encoder_ms,
                 first_token_ms,
                 action: result.action_json.clone(),
                 error: result.error.clone(),
@@ -292,6 +316,17 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
         .iter()
         .flat_map(|r| &r.drafts)
         .fold((0u32, 0u32), |(p, a), d| (p + d.proposed, a + d.accepted));
+    let shots = records.iter().filter(|r| r.screenshot_sent).count();
+    if shots > 0 {
+        let sum = |f: fn(&StepRecord) -> u32| records.iter().map(f).sum::<u32>();
+        println!(
+            "screenshots: {shots} sent, {} image token(s), {} image(s) encoded in {:.1} ms, {} from the image cache",
+            sum(|r| r.image_tokens),
+            sum(|r| r.images_encoded),
+            records.iter().map(|r| r.encoder_ms).sum::<f64>(),
+            sum(|r| r.image_cache_hits)
+        );
+    }
     if tokens > 0 {
         println!(
             "decode: {tokens} token(s), {:.1} ms/token, {:.2} target passes/token; drafts {accepted}/{proposed} accepted",

@@ -10,17 +10,31 @@
 //!
 //! Two prompt formats: `system-user` (the rules as a system message, as the gateway sends)
 //! and `single-user` (everything in one user message, the source paper's agent).
+//!
+//! Screenshots (`--screenshots auto|always --mmproj MMPROJ.gguf`): the steps that have one
+//! (LlamaTouch traces' `N.png`) carry it after the user message's text as the gateway sends it
+//! ([`agent_gateway::screenshot::step_messages`]; `auto` with the gateway's sparse-tree rule),
+//! and the prompt goes through the worker's own admission of images
+//! ([`device_worker::engine::images::chat_tokens_with_parts`]: decode, llama.cpp's
+//! smart-resize within `--image-min-tokens`/`--image-max-tokens`, one token per merged 2×2
+//! patch block, image ids from the content hash), so image tokens are counted exactly as the
+//! engine counts them and the planner sees the image span as the engine's planner does.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use agent_gateway::corpus::{load_episode, load_episodes, Episode};
+use agent_gateway::observation::select_controls;
+use agent_gateway::screenshot::{step_messages, Decision, ScreenshotMode, ScreenshotPolicy, WorkerVision};
 use device_worker::config::defaults as d;
 use device_worker::config::{at_least_one, PlannerSettings};
-use device_worker::prompt::chat_tokens;
+use device_worker::engine::images::{chat_tokens_with_parts, mark_image_tokens, ImageAdmission};
+use device_worker::model::vision::preprocess::{DEFAULT_MAX_TOKENS, DEFAULT_MIN_TOKENS};
+use device_worker::model::vision::{ImageBudget, PreprocessOptions, VisionConfig};
 use device_worker::state::planner::{plan, CacheState, PlanConfig, PlanRequest, Policy};
 use device_worker::state::sequence::SequenceShape;
-use gguf::{ChatMessage, ChatTemplate, GgufFile, Tokenizer};
+use gguf::{ChatTemplate, GgufFile, Tokenizer};
+use tandem_proto::step::v1 as spb;
 
 use crate::error::ToolsError;
 
@@ -82,6 +96,24 @@ pub struct DryRunArgs {
     /// `none`), for comparison.
     #[arg(long)]
     pub no_end_state: bool,
+    /// Steps with a corpus screenshot carry it (the gateway's `serve --screenshots`: `auto`
+    /// attaches below --screenshot-sparse-below listed controls, `always` every one); needs
+    /// --mmproj.
+    #[arg(long, value_enum, default_value_t = ScreenshotMode::Never)]
+    pub screenshots: ScreenshotMode,
+    /// The gateway's `--screenshot-sparse-below` (for `--screenshots auto`).
+    #[arg(long, default_value_t = agent_gateway::screenshot::DEFAULT_SPARSE_BELOW)]
+    pub screenshot_sparse_below: usize,
+    /// The worker's vision projector GGUF (`device-worker serve --mmproj`): its patch and
+    /// merge sizes give the image-token counts. Only metadata is read.
+    #[arg(long, value_name = "GGUF")]
+    pub mmproj: Option<PathBuf>,
+    /// The worker's `--image-min-tokens`.
+    #[arg(long, default_value_t = DEFAULT_MIN_TOKENS)]
+    pub image_min_tokens: usize,
+    /// The worker's `--image-max-tokens`.
+    #[arg(long, default_value_t = DEFAULT_MAX_TOKENS)]
+    pub image_max_tokens: usize,
 }
 
 impl Default for DryRunArgs {
@@ -96,6 +128,11 @@ impl Default for DryRunArgs {
             per_step: false,
             repeats: 0,
             no_end_state: false,
+            screenshots: ScreenshotMode::Never,
+            screenshot_sparse_below: agent_gateway::screenshot::DEFAULT_SPARSE_BELOW,
+            mmproj: None,
+            image_min_tokens: DEFAULT_MIN_TOKENS,
+            image_max_tokens: DEFAULT_MAX_TOKENS,
         }
     }
 }
@@ -106,6 +143,8 @@ pub struct StepPlan {
     pub episode: String,
     pub step: usize,
     pub prompt_tokens: usize,
+    /// Image tokens of the prompt (0 without a screenshot), counted in `prompt_tokens`.
+    pub image_tokens: usize,
     /// New tokens a KV cache would process (`n − min(L, n − 1)`).
     pub kv_bound_new: usize,
     /// `(config name, new tokens, passes, checkpoints saved)` in [`CONFIGS`] order.
@@ -118,6 +157,8 @@ pub struct FormatSummary {
     pub format: String,
     pub steps: usize,
     pub mean_prompt_tokens: f64,
+    /// Mean image tokens per step (0 without screenshots).
+    pub mean_image_tokens: f64,
     pub mean_kv_bound_new: f64,
     /// `(config, mean new tokens, mean passes, ratio to the KV bound, checkpoints saved)`.
     pub configs: Vec<(String, f64, f64, f64, usize)>,
@@ -153,6 +194,23 @@ pub fn run(
         device_worker::model::sequence_shape(&f)
     }
     .map_err(|e| model_err(&shapes_path, "state shapes", &e))?;
+    let vision = match (&args.mmproj, args.screenshots) {
+        (_, ScreenshotMode::Never) => None,
+        (None, mode) => {
+            return Err(ToolsError::Model {
+                path: path.clone(),
+                reason: format!("--screenshots {} needs --mmproj (the worker's projector: its patch and merge sizes give the image tokens)", mode.as_str()),
+            })
+        }
+        (Some(mmproj), _) => {
+            let f = GgufFile::open(mmproj).map_err(|e| model_err(mmproj, "cannot read", &e))?;
+            let config = VisionConfig::from_gguf(&f).map_err(|e| model_err(mmproj, "projector", &e))?;
+            let budget = ImageBudget::new(args.image_min_tokens, args.image_max_tokens)
+                .map_err(|e| model_err(mmproj, "image budget", &e))?;
+            let options = PreprocessOptions { budget, ..PreprocessOptions::default() };
+            Some(ImageAdmission::new(&tokenizer, config, options).map_err(|e| model_err(&path, "vision tokens", &e))?)
+        }
+    };
     let episodes: Vec<Episode> = if episode_ids.is_empty() {
         load_episodes(corpus)?
     } else {
@@ -186,7 +244,7 @@ pub fn run(
     );
     let mut out = Vec::new();
     for &format in formats {
-        let steps = plan_format(&episodes, format, &tokenizer, &template, &shape, args)?;
+        let steps = plan_format(&episodes, format, &tokenizer, &template, vision.as_ref(), &shape, args)?;
         let summary = summarize(format, &steps);
         print_summary(&summary, &steps, args.per_step);
         out.push(summary);
@@ -195,14 +253,44 @@ pub fn run(
     Ok(out)
 }
 
+/// The chat messages of step `i` of `ep` in `format`, with its screenshot when `policy`
+/// attaches it (the gateway's decision for a worker with vision).
+fn step_chat(ep: &Episode, i: usize, format: PromptFormat, policy: ScreenshotPolicy) -> Result<Vec<spb::ChatMessage>, ToolsError> {
+    let step = &ep.steps[i];
+    let p = ep.step_prompt(i)?;
+    let listed = select_controls(&step.observation.parse().map_err(agent_gateway::error::GatewayError::from)?, agent_gateway::observation::DEFAULT_MAX_CONTROLS)
+        .shown
+        .controls
+        .len();
+    let shot = match (&step.screenshot, policy.decide(step.screenshot.is_some(), listed, WorkerVision::Yes)) {
+        (Some(path), Decision::Sent) => Some(std::fs::read(path).map_err(|source| {
+            agent_gateway::error::CorpusError::Io { path: path.clone(), source }
+        })?),
+        _ => None,
+    };
+    let mut messages = step_messages(p, shot);
+    if format == PromptFormat::SingleUser {
+        let user = messages.pop().expect("system and user");
+        let system = messages.pop().expect("system and user");
+        messages = vec![spb::ChatMessage {
+            role: "user".into(),
+            content: format!("{}\n\n{}", system.content, user.content),
+            parts: user.parts,
+        }];
+    }
+    Ok(messages)
+}
+
 fn plan_format(
     episodes: &[Episode],
     format: PromptFormat,
     tokenizer: &Tokenizer,
     template: &ChatTemplate,
+    vision: Option<&ImageAdmission>,
     shape: &SequenceShape,
     args: &DryRunArgs,
 ) -> Result<Vec<StepPlan>, ToolsError> {
+    let policy = ScreenshotPolicy { mode: args.screenshots, sparse_below: args.screenshot_sparse_below };
     let cfgs: Vec<PlanConfig> = CONFIGS
         .iter()
         .map(|&(_, policy, consolidate)| {
@@ -221,19 +309,13 @@ fn plan_format(
     let mut steps = Vec::new();
     for ep in episodes {
         for (i, step) in ep.steps.iter().enumerate() {
-            let p = ep.step_prompt(i)?;
-            let messages = match format {
-                PromptFormat::SingleUser => {
-                    vec![ChatMessage::new("user", format!("{}\n\n{}", p.system, p.user))]
-                }
-                _ => vec![
-                    ChatMessage::new("system", p.system),
-                    ChatMessage::new("user", p.user),
-                ],
-            };
-            let ct = chat_tokens(tokenizer, template, &messages).map_err(|e| {
-                ToolsError::Prompt { episode: ep.id.clone(), step: i, reason: e.to_string() }
-            })?;
+            let messages = step_chat(ep, i, format, policy)?;
+            // The worker's admission: images decoded and sized by its own code, then the
+            // image tokens' content-hash ids.
+            let (mut ct, images) = chat_tokens_with_parts(tokenizer, template, vision, messages, usize::MAX)
+                .map_err(|e| ToolsError::Prompt { episode: ep.id.clone(), step: i, reason: e.to_string() })?;
+            mark_image_tokens(&mut ct.tokens, &images);
+            let image_tokens: usize = images.iter().map(|im| im.image.n_tokens).sum();
             let output: Vec<u32> = step
                 .recorded_action
                 .as_deref()
@@ -242,7 +324,8 @@ fn plan_format(
             let req = PlanRequest {
                 prompt: &ct.tokens,
                 last_user_start: ct.last_user_start,
-                image_start: None, image_end: None,
+                image_start: images.first().map(|im| im.start),
+                image_end: images.last().map(|im| im.start + im.image.n_tokens),
                 line_starts: &ct.line_starts,
                 section_starts: &ct.section_starts,
             };
@@ -253,6 +336,7 @@ fn plan_format(
                     episode: ep.id.clone(),
                     step: i,
                     prompt_tokens: ct.tokens.len(),
+                    image_tokens,
                     kv_bound_new: 0,
                     configs: Vec::new(),
                 };
@@ -288,6 +372,7 @@ fn summarize(format: PromptFormat, steps: &[StepPlan]) -> FormatSummary {
         format: format!("{format:?}"),
         steps: steps.len(),
         mean_prompt_tokens: steps.iter().map(|s| s.prompt_tokens as f64).sum::<f64>() / n,
+        mean_image_tokens: steps.iter().map(|s| s.image_tokens as f64).sum::<f64>() / n,
         mean_kv_bound_new: kv,
         configs,
     }
@@ -295,19 +380,19 @@ fn summarize(format: PromptFormat, steps: &[StepPlan]) -> FormatSummary {
 
 fn print_summary(s: &FormatSummary, steps: &[StepPlan], per_step: bool) {
     println!(
-        "\n== {} format: {} steps, {:.0} prompt tokens per step, KV bound {:.1} new tokens per step ==",
-        s.format, s.steps, s.mean_prompt_tokens, s.mean_kv_bound_new
+        "\n== {} format: {} steps, {:.0} prompt tokens per step ({:.0} of them image tokens), KV bound {:.1} new tokens per step ==",
+        s.format, s.steps, s.mean_prompt_tokens, s.mean_image_tokens, s.mean_kv_bound_new
     );
     if per_step {
-        print!("{:<44} {:>4} {:>6} {:>6}", "episode", "step", "prompt", "kv");
+        print!("{:<44} {:>4} {:>6} {:>6} {:>6}", "episode", "step", "prompt", "image", "kv");
         for (name, _, _) in CONFIGS {
             print!(" {name:>11}");
         }
         println!();
         for st in steps {
             print!(
-                "{:<44} {:>4} {:>6} {:>6}",
-                st.episode, st.step, st.prompt_tokens, st.kv_bound_new
+                "{:<44} {:>4} {:>6} {:>6} {:>6}",
+                st.episode, st.step, st.prompt_tokens, st.image_tokens, st.kv_bound_new
             );
             for c in &st.configs {
                 print!(" {:>6}/{:<4}", c.1, c.2);

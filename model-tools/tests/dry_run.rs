@@ -54,6 +54,7 @@ fn divergence_with_consolidation_stays_within_5_percent_of_the_kv_bound() {
         per_step: std::env::var_os("DRY_RUN_PER_STEP").is_some(),
         repeats: 0,
         no_end_state: false,
+        ..DryRunArgs::default()
     };
     let summaries = run(&corpus, &[], &args).expect("dry run");
     assert_eq!(summaries.len(), 2);

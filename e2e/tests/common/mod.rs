@@ -25,6 +25,7 @@ pub fn replay_config(gateway: &str, max_steps: usize, out: PathBuf) -> agent_gat
         count: 1,
         max_steps,
         max_tokens: 0,
+        screenshots: agent_gateway::screenshot::ScreenshotMode::Never,
         token_file: None,
         tls: Default::default(),
         out,
@@ -117,7 +118,15 @@ pub async fn start(model: PathBuf) -> Servers {
 pub async fn serve_gateway(
     router: agent_gateway::worker::Router,
 ) -> (String, tokio::sync::oneshot::Sender<()>) {
-    let runner = Arc::new(agent_gateway::step::StepRunner::new(router));
+    serve_runner(agent_gateway::step::StepRunner::new(router)).await
+}
+
+/// Serves a gateway (AgentService) running steps with `runner` on a free loopback port.
+/// Returns its address `http://127.0.0.1:PORT` and the stop handle.
+pub async fn serve_runner(
+    runner: agent_gateway::step::StepRunner,
+) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let runner = Arc::new(runner);
     let gl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let gateway = format!("http://{}", gl.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -1,7 +1,7 @@
 """tandem_client: Python client of the tandem agent-gateway.
 
 - :class:`AgentClient` (gRPC ``AgentService``: ``step``, ``run_episode``), :class:`Token`,
-  :class:`StepResult`, :func:`make_observation`.
+  :class:`StepResult`, :func:`make_observation` (with a screenshot: :func:`encode_png`).
 - :mod:`tandem_client.androidworld`: :class:`~tandem_client.androidworld.TandemAgent`, an
   AndroidWorld agent backed by the gateway.
 
@@ -16,7 +16,9 @@ from tandem_client.client import (
     Token,
     collect,
     elements_to_json,
+    encode_png,
     make_observation,
+    screenshot_bytes,
 )
 
 __all__ = [
@@ -27,5 +29,7 @@ __all__ = [
     "Token",
     "collect",
     "elements_to_json",
+    "encode_png",
     "make_observation",
+    "screenshot_bytes",
 ]

@@ -4,8 +4,10 @@
 (``android_world.agents.base_agent.EnvironmentInteractingAgent``: ``step(goal) ->
 AgentInteractionResult(done, data)``, ``reset(go_home)``). Each step it reads the
 accessibility elements of ``env.get_state().ui_elements``, sends them to the gateway on the
-episode's ``RunEpisode`` stream, and turns the returned JSON action into a ``JSONAction`` for
-``env.execute_action``. A ``status`` action ends the episode (it is not executed).
+episode's ``RunEpisode`` stream with the screenshot (``State.pixels``, PNG-encoded; the
+gateway's ``serve --screenshots`` decides whether the model sees it), and turns the returned
+JSON action into a ``JSONAction`` for ``env.execute_action``. A ``status`` action ends the
+episode (it is not executed).
 
 Actions: android_world's fourteen types (``json_action._ACTION_TYPES``: click, double_tap,
 long_press, input_text, scroll, swipe, navigate_back, navigate_home, open_app,
@@ -29,7 +31,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Optional
 
-from tandem_client.client import DEFAULT_TARGET, AgentClient, Episode, StepResult, Token
+from tandem_client.client import DEFAULT_TARGET, AgentClient, Episode, StepResult, Token, encode_png
 
 try:  # pragma: no cover - depends on the environment
     from android_world.agents import base_agent as _base_agent
@@ -166,10 +168,14 @@ class TandemAgent(EnvironmentInteractingAgent):
     ``max_tokens``: output budget per step (0: gateway default). ``on_token``: called with
     each streamed :class:`Token`. ``press_key``: presses a ``KEYCODE_...`` key for
     ``keyboard_enter`` actions that name one (default: AndroidWorld's adb on ``env.controller``).
+    ``screenshots``: send ``state.pixels`` (an ``(height, width, 3)`` uint8 array, AndroidWorld's
+    screenshot) PNG-encoded with each observation when the state has them (default True).
 
     ``step(goal)`` returns ``AgentInteractionResult(done, data)``; ``data`` holds ``goal``,
     ``episode_id``, ``step``, ``action`` (the dict), ``action_json``, ``raw_output``, ``error``,
-    ``stats`` (the gateway's StepStats), ``n_ui_elements`` and ``first_token_s`` / ``step_s``
+    ``stats`` (the gateway's StepStats; ``stats["screenshot_sent"]``: the model saw the
+    screenshot), ``screenshot_bytes`` (PNG bytes sent, 0 for none), ``n_ui_elements`` and
+    ``first_token_s`` / ``step_s``
     (client-side seconds), and for an executed action ``json_action`` and ``executed_by``
     (``"env"`` or ``"key"``, see :func:`execute`). A step without a valid action executes
     nothing and is not done.
@@ -178,8 +184,10 @@ class TandemAgent(EnvironmentInteractingAgent):
     def __init__(self, env: Any, name: str = "tandem", *, client: Optional[AgentClient] = None,
                  target: str = DEFAULT_TARGET, max_tokens: int = 0, transition_pause: Optional[float] = 1.0,
                  on_token: Optional[Callable[[Token], None]] = None, token: Optional[str] = None,
-                 token_file: Optional[str] = None, press_key: Optional[Callable[[str], None]] = None):
+                 token_file: Optional[str] = None, press_key: Optional[Callable[[str], None]] = None,
+                 screenshots: bool = True):
         super().__init__(env, name, transition_pause)
+        self.screenshots = screenshots
         self.client = client if client is not None else AgentClient(target, token=token, token_file=token_file)
         self.max_tokens = max_tokens
         self.on_token = on_token
@@ -206,7 +214,9 @@ class TandemAgent(EnvironmentInteractingAgent):
             self._episode = self.client.run_episode(goal, max_tokens=self.max_tokens)
         state = self.get_post_transition_state()
         elements = list(state.ui_elements)
+        pixels = getattr(state, "pixels", None) if self.screenshots else None
         t0 = time.perf_counter()
+        png = encode_png(pixels) if pixels is not None else None
         first_token_s: list[float] = []
 
         def on_token(tok: Token) -> None:
@@ -215,7 +225,7 @@ class TandemAgent(EnvironmentInteractingAgent):
             if self.on_token is not None:
                 self.on_token(tok)
 
-        result: StepResult = self._episode.step(elements, on_token=on_token)
+        result: StepResult = self._episode.step(elements, on_token=on_token, screenshot=png)
         data: dict = {
             "goal": goal,
             "episode_id": result.episode_id,
@@ -225,6 +235,7 @@ class TandemAgent(EnvironmentInteractingAgent):
             "raw_output": result.raw_output,
             "error": result.error,
             "stats": result.stats,
+            "screenshot_bytes": len(png) if png is not None else 0,
             "n_ui_elements": len(elements),
             "first_token_s": first_token_s[0] if first_token_s else None,
             "step_s": time.perf_counter() - t0,

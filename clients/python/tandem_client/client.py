@@ -4,7 +4,9 @@
   (one bidirectional stream per episode, see :class:`Episode`).
 - :class:`Token` / :class:`StepResult`: the two kinds of event a step streams.
 - :func:`make_observation`: builds an ``Observation`` from AndroidWorld UI elements
-  (dataclasses or dicts), their JSON, or a uiautomator XML dump.
+  (dataclasses or dicts), their JSON, or a uiautomator XML dump, with an optional screenshot
+  (PNG/JPEG bytes, or RGB pixels such as AndroidWorld's ``State.pixels``, PNG-encoded by
+  :func:`encode_png`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import collections
 import dataclasses
 import json
 import queue
+import struct
 import threading
+import zlib
 from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 import grpc
@@ -76,6 +80,58 @@ class StepResult:
 
 Event = Union[Token, StepResult]
 ObservationLike = Union["agent_pb2.Observation", str, bytes, list, tuple]
+#: A screenshot: encoded PNG or JPEG bytes, or RGB(A) pixels (see :func:`encode_png`).
+ScreenshotLike = Union[bytes, bytearray, memoryview, Any]
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_JPEG_SIGNATURE = b"\xff\xd8\xff"
+
+
+def encode_png(pixels: Any) -> bytes:
+    """PNG bytes (8-bit RGB, or RGBA for 4 channels; zlib level 6, no filter) of ``pixels``:
+    an array of shape ``(height, width, 3 or 4)`` of uint8 values, such as AndroidWorld's
+    ``State.pixels`` (a numpy array), or any object with that ``shape`` and a ``tobytes()``
+    giving its row-major bytes. No numpy or Pillow needed.
+
+    Raises ``ValueError`` for another shape or a byte count that does not match it.
+    """
+    shape = tuple(getattr(pixels, "shape", ()))
+    if len(shape) != 3 or shape[2] not in (3, 4) or shape[0] < 1 or shape[1] < 1:
+        raise ValueError(f"screenshot pixels must have shape (height, width, 3 or 4), got {shape}")
+    height, width, channels = (int(x) for x in shape)
+    dtype = getattr(pixels, "dtype", None)
+    if dtype is not None and str(dtype) != "uint8":
+        raise ValueError(f"screenshot pixels must be uint8, got {dtype}")
+    raw = pixels.tobytes()
+    stride = width * channels
+    if len(raw) != height * stride:
+        raise ValueError(f"screenshot pixels: {len(raw)} bytes for shape {shape} (expected {height * stride})")
+    # Each row: filter type 0 (none), then the row's bytes.
+    rows = b"".join(b"\x00" + raw[y * stride:(y + 1) * stride] for y in range(height))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    color_type = 2 if channels == 3 else 6
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, color_type, 0, 0, 0)
+    return _PNG_SIGNATURE + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(rows, 6)) + chunk(b"IEND", b"")
+
+
+def screenshot_bytes(screenshot: Optional[ScreenshotLike]) -> bytes:
+    """The bytes ``Observation.screenshot_png`` carries for ``screenshot``: ``b""`` for None,
+    PNG or JPEG bytes as they are, pixels PNG-encoded (:func:`encode_png`).
+
+    Raises ``ValueError`` for bytes that are neither PNG nor JPEG (the gateway would refuse
+    them with INVALID_ARGUMENT) and for pixels :func:`encode_png` cannot encode.
+    """
+    if screenshot is None:
+        return b""
+    if isinstance(screenshot, (bytes, bytearray, memoryview)):
+        data = bytes(screenshot)
+        if not (data.startswith(_PNG_SIGNATURE) or data.startswith(_JPEG_SIGNATURE)):
+            raise ValueError(f"screenshot bytes are neither PNG nor JPEG (start {data[:8].hex(' ')!r})")
+        return data
+    return encode_png(screenshot)
 
 
 def _element_dict(e: Any) -> Any:
@@ -97,25 +153,37 @@ def elements_to_json(elements: Iterable[Any]) -> str:
     return json.dumps([_element_dict(e) for e in elements], default=str)
 
 
-def make_observation(screen: ObservationLike, foreground_app: str = "") -> "agent_pb2.Observation":
-    """An ``Observation`` from ``screen``: an ``Observation`` (returned as is), a list of UI
-    elements (see :func:`elements_to_json`), UI-element JSON text (starting with ``[`` or ``{``)
-    or uiautomator XML text (starting with ``<``).
+def make_observation(screen: ObservationLike, foreground_app: str = "",
+                     screenshot: Optional[ScreenshotLike] = None) -> "agent_pb2.Observation":
+    """An ``Observation`` from ``screen``: an ``Observation`` (returned as is, with
+    ``screenshot`` set when given), a list of UI elements (see :func:`elements_to_json`),
+    UI-element JSON text (starting with ``[`` or ``{``) or uiautomator XML text (starting with
+    ``<``); ``screenshot`` (see :func:`screenshot_bytes`) goes into ``screenshot_png``. Whether
+    the model sees it is the gateway's ``serve --screenshots`` (default ``auto``: when its
+    worker has a vision projector and the screen lists few controls).
 
-    Raises ``ValueError`` for text that is neither, ``TypeError`` for other types.
+    Raises ``ValueError`` for text that is neither or a bad screenshot, ``TypeError`` for other
+    types.
     """
+    shot = screenshot_bytes(screenshot)
     if isinstance(screen, agent_pb2.Observation):
+        if shot:
+            obs = agent_pb2.Observation()
+            obs.CopyFrom(screen)
+            obs.screenshot_png = shot
+            return obs
         return screen
     if isinstance(screen, bytes):
         screen = screen.decode("utf-8")
     if isinstance(screen, (list, tuple)):
-        return agent_pb2.Observation(ui_elements_json=elements_to_json(screen), foreground_app=foreground_app)
+        return agent_pb2.Observation(ui_elements_json=elements_to_json(screen), foreground_app=foreground_app,
+                                     screenshot_png=shot)
     if isinstance(screen, str):
         head = screen.lstrip()[:1]
         if head in ("[", "{"):
-            return agent_pb2.Observation(ui_elements_json=screen, foreground_app=foreground_app)
+            return agent_pb2.Observation(ui_elements_json=screen, foreground_app=foreground_app, screenshot_png=shot)
         if head == "<":
-            return agent_pb2.Observation(uiautomator_xml=screen, foreground_app=foreground_app)
+            return agent_pb2.Observation(uiautomator_xml=screen, foreground_app=foreground_app, screenshot_png=shot)
         raise ValueError(f"screen text is neither UI-element JSON nor uiautomator XML: {screen[:40]!r}")
     raise TypeError(f"cannot make an observation from {type(screen).__name__}")
 
@@ -162,15 +230,17 @@ class Episode:
         #: The episode id the gateway reports (set after the first step).
         self.episode_id = episode_id
 
-    def stream(self, screen: ObservationLike, foreground_app: str = "") -> Iterator[Event]:
-        """Sends one observation and yields its ``Token`` events as they arrive, then its
-        ``StepResult``. Raises ``grpc.RpcError`` when the stream fails, ``RuntimeError`` after
-        :meth:`close`.
+    def stream(self, screen: ObservationLike, foreground_app: str = "",
+               screenshot: Optional[ScreenshotLike] = None) -> Iterator[Event]:
+        """Sends one observation (with ``screenshot``, see :func:`make_observation`) and yields
+        its ``Token`` events as they arrive, then its ``StepResult``. Raises ``grpc.RpcError``
+        when the stream fails, ``RuntimeError`` after :meth:`close`.
         """
+        obs = make_observation(screen, foreground_app, screenshot)
         with self._lock:
             if self._closed:
                 raise RuntimeError("episode is closed")
-            self._inputs.put(agent_pb2.EpisodeInput(observation=make_observation(screen, foreground_app)))
+            self._inputs.put(agent_pb2.EpisodeInput(observation=obs))
             for raw in self._responses:
                 ev = _event(raw)
                 if ev is None:
@@ -183,9 +253,11 @@ class Episode:
             raise RuntimeError("the gateway closed the episode stream before the step's result")
 
     def step(self, screen: ObservationLike, foreground_app: str = "",
-             on_token: Optional[Callable[[Token], None]] = None) -> StepResult:
-        """One step: sends ``screen``, calls ``on_token`` per streamed token, returns the result."""
-        return collect(self.stream(screen, foreground_app), on_token)
+             on_token: Optional[Callable[[Token], None]] = None,
+             screenshot: Optional[ScreenshotLike] = None) -> StepResult:
+        """One step: sends ``screen`` (and ``screenshot``), calls ``on_token`` per streamed
+        token, returns the result."""
+        return collect(self.stream(screen, foreground_app, screenshot), on_token)
 
     def close(self) -> None:
         """Ends the episode stream (idempotent)."""
@@ -298,14 +370,17 @@ class AgentClient:
         grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
 
     def step(self, screen: ObservationLike, *, task: str, episode_id: str = "", max_tokens: int = 0,
-             foreground_app: str = "") -> Iterator[Event]:
+             foreground_app: str = "", screenshot: Optional[ScreenshotLike] = None) -> Iterator[Event]:
         """``AgentService.Step``: yields the step's ``Token`` events as the gateway streams them,
         then its ``StepResult``. The gateway keeps the history of ``episode_id`` across calls
-        (``""``: a new episode). Raises ``grpc.RpcError`` (``INVALID_ARGUMENT`` for a screen
-        that cannot be parsed).
+        (``""``: a new episode). ``screenshot``: PNG/JPEG bytes or RGB pixels (see
+        :func:`make_observation`); ``result.stats["screenshot_sent"]`` says whether the model
+        saw it. Raises ``grpc.RpcError`` (``INVALID_ARGUMENT`` for a screen that cannot be
+        parsed or a screenshot the worker cannot decode; ``FAILED_PRECONDITION`` for a
+        screenshot under ``--screenshots always`` when the worker has no vision projector).
         """
         req = agent_pb2.StepRequest(episode_id=episode_id, task=task, max_tokens=max_tokens,
-                                    observation=make_observation(screen, foreground_app))
+                                    observation=make_observation(screen, foreground_app, screenshot))
         for raw in self.stub.Step(req, timeout=self.timeout_s):
             ev = _event(raw)
             if ev is not None:

@@ -157,6 +157,50 @@ def servers(tmp_path_factory, model_path):
             child_procs.stop(p)
 
 
+#: The tiny Qwen3.5-VL fixture (text GGUF and projector; device-worker/tests/fixtures/qwen35vl/README.md).
+VL_FIXTURE = REPO / "device-worker/tests/fixtures/qwen35vl"
+#: The VL worker's --image-max-tokens in these tests (small: a step encodes quickly).
+VL_IMAGE_MAX_TOKENS = 64
+
+
+@pytest.fixture(scope="session")
+def vl_servers(tmp_path_factory):
+    """A device-worker on the tiny VL fixture with its projector (``--mmproj``,
+    ``--image-max-tokens 64``) and an agent-gateway with ``--screenshots always`` in front of
+    it. Yields a namespace: `grpc_target`, `worker_target`."""
+    model, mmproj = VL_FIXTURE / "tiny-qwen35vl-f32.gguf", VL_FIXTURE / "mmproj-tiny-qwen35vl-f32.gguf"
+    for f in (model, mmproj):
+        if not f.is_file():
+            missing_input(f"VL fixture {f}; run tools/fixtures/make_qwen35vl_fixture.py")
+    bins = _bin_dir()
+    worker_bin, gateway_bin = bins / "device-worker", bins / "agent-gateway"
+    for b in (worker_bin, gateway_bin):
+        if not b.exists():
+            pytest.fail(f"{b} not found; build with `cargo build -p device-worker -p agent-gateway`")
+    logs = tmp_path_factory.mktemp("vl-logs")
+    wp, gp = _free_port(), _free_port()
+    procs: list[subprocess.Popen] = []
+    try:
+        wlog = logs / "worker.log"
+        worker = subprocess.Popen(
+            [str(worker_bin), "serve", "--model", str(model), "--mmproj", str(mmproj), "--image-max-tokens",
+             str(VL_IMAGE_MAX_TOKENS), "--listen", f"127.0.0.1:{wp}", "--threads", "2", "--slots", "2"],
+            stdout=wlog.open("w"), stderr=subprocess.STDOUT)
+        procs.append(worker)
+        _wait_health(gateway_bin, worker, f"http://127.0.0.1:{wp}", "tandem.step.v1.StepService", wlog, 120)
+        glog = logs / "gateway.log"
+        gateway = subprocess.Popen(
+            [str(gateway_bin), "serve", "--listen", f"127.0.0.1:{gp}", "--worker", f"http://127.0.0.1:{wp}",
+             "--http-listen", "off", "--screenshots", "always"],
+            stdout=glog.open("w"), stderr=subprocess.STDOUT)
+        procs.append(gateway)
+        _wait_health(gateway_bin, gateway, f"http://127.0.0.1:{gp}", "", glog, 30)
+        yield types.SimpleNamespace(grpc_target=f"127.0.0.1:{gp}", worker_target=f"127.0.0.1:{wp}", logs=logs)
+    finally:
+        for p in reversed(procs):
+            child_procs.stop(p)
+
+
 @pytest.fixture(scope="module")
 def authed_gateway(servers, tmp_path_factory):
     """A second agent-gateway in front of the same worker that requires a bearer token

@@ -45,9 +45,10 @@ pub struct ServeOptions {
     #[arg(long, value_enum, default_value_t = ScreenshotMode::Auto)]
     pub screenshots: ScreenshotMode,
     /// `--screenshots auto` attaches the screenshot when the prompt lists fewer controls than
-    /// this (after --max-controls selection). The default 10 is about what the system bars
-    /// alone give (status icons, back/home/recents): below it the tree holds next to no app
-    /// controls (a game, a map, a canvas, a web view without accessibility nodes).
+    /// this (after --max-controls selection). Default 4: the sparsest real screens of the
+    /// corpus (confirmation dialogs, 4–5 controls; the launcher, 9) are fully described by
+    /// their tree, while a tree with fewer holds next to nothing of the screen (a game, a map,
+    /// a canvas or a video with a button or two).
     #[arg(long, default_value_t = crate::screenshot::DEFAULT_SPARSE_BELOW)]
     pub screenshot_sparse_below: usize,
     /// Address for the OpenAI-compatible HTTP endpoint (`/v1/chat/completions`,

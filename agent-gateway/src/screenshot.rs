@@ -28,11 +28,13 @@ pub const WORKER_IMAGE_PATH: &str = "messages[1].parts[1]";
 pub const OBSERVATION_PATH: &str = "observation.screenshot_png";
 
 /// Default of `--screenshot-sparse-below`: a screen listing fewer controls than this is
-/// "sparse" for `--screenshots auto`. The system bars alone give about 5–8 controls in a
-/// uiautomator dump (status icons, back/home/recents), so a screen under 10 has next to no
-/// app controls in its tree: a game, a canvas, a map, a web view or an image without
-/// accessibility nodes, where only the pixels say what is there.
-pub const DEFAULT_SPARSE_BELOW: usize = 10;
+/// "sparse" for `--screenshots auto`. Measured on the corpus's 17 LlamaTouch screens
+/// (`trace_18`, `trace_7`; `agent-gateway prompt`): they list 4 to 44 controls, the sparsest
+/// being confirmation dialogs (4–5 controls, their whole text) and the launcher (9), all fully
+/// described by their tree, so none of them gets a screenshot at 4. A tree with fewer holds
+/// next to nothing of the screen (a game, a map, a canvas or a video with a button or two),
+/// where only the pixels say what is there.
+pub const DEFAULT_SPARSE_BELOW: usize = 4;
 
 /// `serve --screenshots`: when an observation's screenshot is sent to the model.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -212,6 +214,7 @@ mod tests {
     #[test]
     fn decisions_follow_the_mode_the_tree_and_the_worker() {
         let p = |mode| ScreenshotPolicy { mode, sparse_below: 10 };
+        assert_eq!(ScreenshotPolicy::default(), ScreenshotPolicy { mode: Auto, sparse_below: DEFAULT_SPARSE_BELOW });
         use ScreenshotMode::*;
         use WorkerVision::*;
         assert_eq!(p(Auto).decide(false, 3, Yes), Decision::NoScreenshot);

@@ -200,4 +200,22 @@ async fn a_replay_of_trace_18_with_screenshots_completes() {
     let jsonl = std::fs::read_to_string(out.path().join("replay.jsonl")).unwrap();
     assert_eq!(jsonl.lines().count(), 5);
     assert!(jsonl.contains("\"screenshot_sent\":true"));
+
+    // The dry run counts the image tokens the engine counted, step for step (same admission
+    // code), and its first step's prompt is the engine's (later ones differ: the dry run's
+    // history is the recorded actions, the replay's the model's).
+    let args = model_tools::dry_run::DryRunArgs {
+        model: Some(vl_file("tiny-qwen35vl-f32.gguf")),
+        mmproj: Some(vl_file("mmproj-tiny-qwen35vl-f32.gguf")),
+        image_max_tokens: IMAGE_MAX_TOKENS,
+        screenshots: ScreenshotMode::Always,
+        format: model_tools::dry_run::PromptFormat::SystemUser,
+        ..Default::default()
+    };
+    let plans = model_tools::dry_run::plan_steps(&common::corpus(), &["llamatouch/trace_18".into()], &args).expect("dry run");
+    assert_eq!(plans.len(), 5);
+    for (p, r) in plans.iter().zip(&records) {
+        assert_eq!(p.image_tokens as u32, r.image_tokens, "step {}", p.step);
+    }
+    assert_eq!(plans[0].prompt_tokens as u32, records[0].prompt_tokens);
 }

@@ -164,61 +164,84 @@ pub struct FormatSummary {
     pub configs: Vec<(String, f64, f64, f64, usize)>,
 }
 
+/// What a dry run plans with: the tokenizer and template of `--model`, the state sizes of
+/// `--state-shapes`, the worker's image admission (with `--screenshots`), the episodes.
+struct Setup {
+    path: PathBuf,
+    shapes_path: PathBuf,
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    shape: SequenceShape,
+    vision: Option<ImageAdmission>,
+    episodes: Vec<Episode>,
+}
+
+impl Setup {
+    /// Errors: as [`run`].
+    fn load(corpus: &std::path::Path, episode_ids: &[String], args: &DryRunArgs) -> Result<Self, ToolsError> {
+        let path = args.model.clone().unwrap_or_else(device_worker::config::default_model_path);
+        let model_err = |path: &std::path::Path, what: &str, e: &dyn std::fmt::Display| ToolsError::Model {
+            path: path.to_path_buf(),
+            reason: format!("{what}: {e}"),
+        };
+        let file = Arc::new(GgufFile::open(&path).map_err(|e| model_err(&path, "cannot read", &e))?);
+        let tokenizer = Tokenizer::from_gguf(&file).map_err(|e| model_err(&path, "tokenizer", &e))?;
+        let template = ChatTemplate::from_gguf(&file).map_err(|e| model_err(&path, "chat template", &e))?;
+        let shapes_path = args.state_shapes.clone().unwrap_or_else(|| path.clone());
+        let shape = if shapes_path == path {
+            device_worker::model::sequence_shape(&file)
+        } else {
+            let f = GgufFile::open(&shapes_path).map_err(|e| model_err(&shapes_path, "cannot read", &e))?;
+            device_worker::model::sequence_shape(&f)
+        }
+        .map_err(|e| model_err(&shapes_path, "state shapes", &e))?;
+        let vision = match (&args.mmproj, args.screenshots) {
+            (_, ScreenshotMode::Never) => None,
+            (None, mode) => {
+                return Err(ToolsError::Model {
+                    path: path.clone(),
+                    reason: format!(
+                        "--screenshots {} needs --mmproj (the worker's projector: its patch and merge sizes give the image tokens)",
+                        mode.as_str()
+                    ),
+                })
+            }
+            (Some(mmproj), _) => {
+                let f = GgufFile::open(mmproj).map_err(|e| model_err(mmproj, "cannot read", &e))?;
+                let config = VisionConfig::from_gguf(&f).map_err(|e| model_err(mmproj, "projector", &e))?;
+                let budget = ImageBudget::new(args.image_min_tokens, args.image_max_tokens)
+                    .map_err(|e| model_err(mmproj, "image budget", &e))?;
+                let options = PreprocessOptions { budget, ..PreprocessOptions::default() };
+                Some(ImageAdmission::new(&tokenizer, config, options).map_err(|e| model_err(&path, "vision tokens", &e))?)
+            }
+        };
+        let episodes: Vec<Episode> = if episode_ids.is_empty() {
+            load_episodes(corpus)?
+        } else {
+            episode_ids.iter().map(|id| load_episode(corpus, id)).collect::<Result<_, _>>()?
+        };
+        Ok(Self { path, shapes_path, tokenizer, template, shape, vision, episodes })
+    }
+
+    fn plan(&self, format: PromptFormat, args: &DryRunArgs) -> Result<Vec<StepPlan>, ToolsError> {
+        plan_format(&self.episodes, format, &self.tokenizer, &self.template, self.vision.as_ref(), &self.shape, args)
+    }
+}
+
 /// Runs the dry run over the episodes with the given ids (empty: every corpus episode) and
 /// prints the tables.
 ///
-/// Errors: corpus or model-metadata problems (a missing file, an unsupported architecture),
-/// a prompt that cannot be rendered/tokenized.
+/// Errors: corpus or model-metadata problems (a missing file, an unsupported architecture,
+/// `--screenshots` without a readable `--mmproj`), a prompt that cannot be rendered/tokenized
+/// (or a corpus screenshot the worker's admission refuses).
 pub fn run(
     corpus: &std::path::Path,
     episode_ids: &[String],
     args: &DryRunArgs,
 ) -> Result<Vec<FormatSummary>, ToolsError> {
     let t0 = std::time::Instant::now();
-    let path = args
-        .model
-        .clone()
-        .unwrap_or_else(device_worker::config::default_model_path);
-    let model_err = |path: &std::path::Path, what: &str, e: &dyn std::fmt::Display| {
-        ToolsError::Model { path: path.to_path_buf(), reason: format!("{what}: {e}") }
-    };
-    let file = Arc::new(GgufFile::open(&path).map_err(|e| model_err(&path, "cannot read", &e))?);
-    let tokenizer = Tokenizer::from_gguf(&file).map_err(|e| model_err(&path, "tokenizer", &e))?;
-    let template =
-        ChatTemplate::from_gguf(&file).map_err(|e| model_err(&path, "chat template", &e))?;
-    let shapes_path = args.state_shapes.clone().unwrap_or_else(|| path.clone());
-    let shape = if shapes_path == path {
-        device_worker::model::sequence_shape(&file)
-    } else {
-        let f = GgufFile::open(&shapes_path).map_err(|e| model_err(&shapes_path, "cannot read", &e))?;
-        device_worker::model::sequence_shape(&f)
-    }
-    .map_err(|e| model_err(&shapes_path, "state shapes", &e))?;
-    let vision = match (&args.mmproj, args.screenshots) {
-        (_, ScreenshotMode::Never) => None,
-        (None, mode) => {
-            return Err(ToolsError::Model {
-                path: path.clone(),
-                reason: format!("--screenshots {} needs --mmproj (the worker's projector: its patch and merge sizes give the image tokens)", mode.as_str()),
-            })
-        }
-        (Some(mmproj), _) => {
-            let f = GgufFile::open(mmproj).map_err(|e| model_err(mmproj, "cannot read", &e))?;
-            let config = VisionConfig::from_gguf(&f).map_err(|e| model_err(mmproj, "projector", &e))?;
-            let budget = ImageBudget::new(args.image_min_tokens, args.image_max_tokens)
-                .map_err(|e| model_err(mmproj, "image budget", &e))?;
-            let options = PreprocessOptions { budget, ..PreprocessOptions::default() };
-            Some(ImageAdmission::new(&tokenizer, config, options).map_err(|e| model_err(&path, "vision tokens", &e))?)
-        }
-    };
-    let episodes: Vec<Episode> = if episode_ids.is_empty() {
-        load_episodes(corpus)?
-    } else {
-        episode_ids
-            .iter()
-            .map(|id| load_episode(corpus, id))
-            .collect::<Result<_, _>>()?
-    };
+    let setup = Setup::load(corpus, episode_ids, args)?;
+    let shape = &setup.shape;
     let formats: &[PromptFormat] = match args.format {
         PromptFormat::Both => &[PromptFormat::SystemUser, PromptFormat::SingleUser],
         PromptFormat::SystemUser => &[PromptFormat::SystemUser],
@@ -228,11 +251,11 @@ pub fn run(
         "dry run: {} episodes, tokenizer and template of {}, planned as {} with the state \
          sizes of {} ({} bytes per checkpoint, {} KV bytes per token; micro-batch {}, {} \
          checkpoints per slot, divergence min gap {}, one slot, {} MiB prompt cache; end-of-prompt \
-         state {}, every prompt sent {} time(s))",
-        episodes.len(),
-        path.display(),
+         state {}, every prompt sent {} time(s); screenshots {})",
+        setup.episodes.len(),
+        setup.path.display(),
         if shape.hybrid() { "a hybrid model" } else { "an attention-only model" },
-        shapes_path.display(),
+        setup.shapes_path.display(),
         shape.checkpoint_bytes(),
         shape.kv_bytes_per_token(),
         args.micro_batch,
@@ -240,17 +263,30 @@ pub fn run(
         args.checkpoint_min_gap,
         PlannerSettings::default().prompt_cache_bytes >> 20,
         if args.no_end_state { "off" } else { "on" },
-        args.repeats + 1
+        args.repeats + 1,
+        args.screenshots.as_str()
     );
     let mut out = Vec::new();
     for &format in formats {
-        let steps = plan_format(&episodes, format, &tokenizer, &template, vision.as_ref(), &shape, args)?;
+        let steps = setup.plan(format, args)?;
         let summary = summarize(format, &steps);
         print_summary(&summary, &steps, args.per_step);
         out.push(summary);
     }
     println!("dry run took {:.0} ms", t0.elapsed().as_secs_f64() * 1e3);
     Ok(out)
+}
+
+/// The per-step plans of [`run`] for one format (`args.format`; `both` plans `system-user`,
+/// the gateway's), without printing.
+///
+/// Errors: as [`run`].
+pub fn plan_steps(corpus: &std::path::Path, episode_ids: &[String], args: &DryRunArgs) -> Result<Vec<StepPlan>, ToolsError> {
+    let format = match args.format {
+        PromptFormat::Both => PromptFormat::SystemUser,
+        f => f,
+    };
+    Setup::load(corpus, episode_ids, args)?.plan(format, args)
 }
 
 /// The chat messages of step `i` of `ep` in `format`, with its screenshot when `policy`

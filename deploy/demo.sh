@@ -5,9 +5,20 @@
 #
 #   deploy/demo.sh [replay options...]     e.g. deploy/demo.sh --count 3 --max-steps 4
 #
+# Screenshots (issue 19): `--screenshots never|auto|always` goes to the gateway's `serve` and to
+# the replay (which then sends the corpus screenshots); the worker gets the projector from
+# TANDEM_MMPROJ. The tiny VL fixture end to end on trace_18:
+#   TANDEM_MODEL=device-worker/tests/fixtures/qwen35vl/tiny-qwen35vl-f32.gguf \
+#   TANDEM_MMPROJ=device-worker/tests/fixtures/qwen35vl/mmproj-tiny-qwen35vl-f32.gguf \
+#   deploy/demo.sh --screenshots always --episode llamatouch/trace_18
+#
 # Environment: TANDEM_CACHE (model cache, default ~/.cache/tandem), TANDEM_MODEL (another
-# GGUF), WORKER_PORT (50051), GATEWAY_PORT (50052), HTTP_LISTEN (the gateway's OpenAI endpoint,
-# e.g. 127.0.0.1:8080; default off), THREADS (all cores), CARGO_TARGET_DIR.
+# GGUF), TANDEM_MMPROJ (its vision projector GGUF: the worker's --mmproj), IMAGE_MAX_TOKENS
+# (the worker's --image-max-tokens with TANDEM_MMPROJ; default 1024 here: llama.cpp's 4096 gives
+# a 1080x2400 screenshot 2550 tokens, which with the ~2000-token text prompt overflows the
+# worker's default 4096-token context), WORKER_PORT (50051), GATEWAY_PORT
+# (50052), HTTP_LISTEN (the gateway's OpenAI endpoint, e.g. 127.0.0.1:8080; default off),
+# THREADS (all cores), CARGO_TARGET_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +28,25 @@ if ! command -v cargo >/dev/null; then
 fi
 
 MODEL="${TANDEM_MODEL:-$(tools/fetch_model.sh)}"
+MMPROJ="${TANDEM_MMPROJ:-}"
+IMAGE_MAX_TOKENS="${IMAGE_MAX_TOKENS:-1024}"
+if [[ -n "$MMPROJ" && ! -f "$MMPROJ" ]]; then
+  echo "error: TANDEM_MMPROJ=$MMPROJ is not a file (the vision projector GGUF for --mmproj)" >&2
+  exit 1
+fi
+# The replay's --screenshots also sets the gateway's (same value).
+SCREENSHOTS=""
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case "${args[i]}" in
+    --screenshots) SCREENSHOTS="${args[i + 1]:-}" ;;
+    --screenshots=*) SCREENSHOTS="${args[i]#--screenshots=}" ;;
+  esac
+done
+if [[ "$SCREENSHOTS" == always && -z "$MMPROJ" ]]; then
+  echo "error: --screenshots always needs a vision model: set TANDEM_MMPROJ to its projector GGUF (and TANDEM_MODEL to the text GGUF)" >&2
+  exit 1
+fi
 WORKER_PORT="${WORKER_PORT:-50051}"
 GATEWAY_PORT="${GATEWAY_PORT:-50052}"
 OUT=replay-out
@@ -38,13 +68,14 @@ trap cleanup EXIT
 
 echo "== starting device-worker on 127.0.0.1:$WORKER_PORT (log: $OUT/worker.log)" >&2
 "$BIN/device-worker" serve --listen "127.0.0.1:$WORKER_PORT" --model "$MODEL" ${THREADS:+--threads "$THREADS"} \
+  ${MMPROJ:+--mmproj "$MMPROJ"} ${MMPROJ:+${IMAGE_MAX_TOKENS:+--image-max-tokens "$IMAGE_MAX_TOKENS"}} \
   --auth-token-file "$TOKENS" \
   >"$OUT/worker.log" 2>&1 &
 pids+=($!)
 echo "== starting agent-gateway on 127.0.0.1:$GATEWAY_PORT (log: $OUT/gateway.log)" >&2
 "$BIN/agent-gateway" serve --listen "127.0.0.1:$GATEWAY_PORT" --worker "http://127.0.0.1:$WORKER_PORT" \
   --auth-token-file "$TOKENS" --worker-token-file "$TOKENS" \
-  --http-listen "${HTTP_LISTEN:-off}" >"$OUT/gateway.log" 2>&1 &
+  --http-listen "${HTTP_LISTEN:-off}" ${SCREENSHOTS:+--screenshots "$SCREENSHOTS"} >"$OUT/gateway.log" 2>&1 &
 pids+=($!)
 
 # Wait until a server we started reports SERVING; fail at once if it exited (bad model, port

@@ -12,6 +12,7 @@ never passes as skipped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -113,6 +114,38 @@ def model_path() -> pathlib.Path:
     return model
 
 
+@contextlib.contextmanager
+def _worker_and_gateway(logs: pathlib.Path, worker_args: list[str], gateway_args: list[str]):
+    """Starts the debug device-worker (``serve --listen`` on a free port, 2 threads, 2 slots,
+    plus ``worker_args``), waits until it serves, then an agent-gateway routed to it (``serve
+    --listen --worker`` plus ``gateway_args``); logs in ``logs``. Yields ``(worker port,
+    gateway port, gateway process)``; stops both on exit."""
+    bins = _bin_dir()
+    worker_bin, gateway_bin = bins / "device-worker", bins / "agent-gateway"
+    for b in (worker_bin, gateway_bin):
+        if not b.exists():
+            pytest.fail(f"{b} not found; build with `cargo build -p device-worker -p agent-gateway`")
+    wp, gp = _free_port(), _free_port()
+    procs: list[subprocess.Popen] = []
+    try:
+        wlog = logs / "worker.log"
+        worker = subprocess.Popen(
+            [str(worker_bin), "serve", "--listen", f"127.0.0.1:{wp}", "--threads", "2", "--slots", "2", *worker_args],
+            stdout=wlog.open("w"), stderr=subprocess.STDOUT)
+        procs.append(worker)
+        _wait_health(gateway_bin, worker, f"http://127.0.0.1:{wp}", "tandem.step.v1.StepService", wlog, 120)
+        glog = logs / "gateway.log"
+        gateway = subprocess.Popen(
+            [str(gateway_bin), "serve", "--listen", f"127.0.0.1:{gp}", "--worker", f"http://127.0.0.1:{wp}", *gateway_args],
+            stdout=glog.open("w"), stderr=subprocess.STDOUT)
+        procs.append(gateway)
+        _wait_health(gateway_bin, gateway, f"http://127.0.0.1:{gp}", "", glog, 30)
+        yield wp, gp, gateway
+    finally:
+        for p in reversed(procs):
+            child_procs.stop(p)
+
+
 @pytest.fixture(scope="session")
 def servers(tmp_path_factory, model_path):
     """A device-worker (2 slots) and an agent-gateway with its HTTP endpoint, both on loopback.
@@ -120,30 +153,10 @@ def servers(tmp_path_factory, model_path):
     Yields a namespace: `grpc_target` (gateway host:port), `worker_target`, `http_base`
     (`http://127.0.0.1:PORT`), `openai_base` (`.../v1`).
     """
-    model = model_path
-    bins = _bin_dir()
-    worker_bin, gateway_bin = bins / "device-worker", bins / "agent-gateway"
-    for b in (worker_bin, gateway_bin):
-        if not b.exists():
-            pytest.fail(f"{b} not found; build with `cargo build -p device-worker -p agent-gateway`")
     logs = tmp_path_factory.mktemp("logs")
-    wp, gp, hp = _free_port(), _free_port(), _free_port()
-    procs: list[subprocess.Popen] = []
-    try:
-        wlog = logs / "worker.log"
-        worker = subprocess.Popen(
-            [str(worker_bin), "serve", "--model", str(model), "--listen", f"127.0.0.1:{wp}", "--threads", "2", "--slots", "2",
-             "--reflection"],
-            stdout=wlog.open("w"), stderr=subprocess.STDOUT)
-        procs.append(worker)
-        _wait_health(gateway_bin, worker, f"http://127.0.0.1:{wp}", "tandem.step.v1.StepService", wlog, 120)
-        glog = logs / "gateway.log"
-        gateway = subprocess.Popen(
-            [str(gateway_bin), "serve", "--listen", f"127.0.0.1:{gp}", "--worker", f"http://127.0.0.1:{wp}",
-             "--http-listen", f"127.0.0.1:{hp}", "--reflection"],
-            stdout=glog.open("w"), stderr=subprocess.STDOUT)
-        procs.append(gateway)
-        _wait_health(gateway_bin, gateway, f"http://127.0.0.1:{gp}", "", glog, 30)
+    hp = _free_port()
+    with _worker_and_gateway(logs, ["--model", str(model_path), "--reflection"],
+                             ["--http-listen", f"127.0.0.1:{hp}", "--reflection"]) as (wp, gp, gateway):
         child_procs.wait_http_ok(f"http://127.0.0.1:{hp}/health", gateway, 30)
         yield types.SimpleNamespace(
             grpc_target=f"127.0.0.1:{gp}",
@@ -152,9 +165,6 @@ def servers(tmp_path_factory, model_path):
             openai_base=f"http://127.0.0.1:{hp}/v1",
             logs=logs,
         )
-    finally:
-        for p in reversed(procs):
-            child_procs.stop(p)
 
 
 #: The tiny Qwen3.5-VL fixture (text GGUF and projector; device-worker/tests/fixtures/qwen35vl/README.md).
@@ -172,33 +182,10 @@ def vl_servers(tmp_path_factory):
     for f in (model, mmproj):
         if not f.is_file():
             missing_input(f"VL fixture {f}; run tools/fixtures/make_qwen35vl_fixture.py")
-    bins = _bin_dir()
-    worker_bin, gateway_bin = bins / "device-worker", bins / "agent-gateway"
-    for b in (worker_bin, gateway_bin):
-        if not b.exists():
-            pytest.fail(f"{b} not found; build with `cargo build -p device-worker -p agent-gateway`")
-    logs = tmp_path_factory.mktemp("vl-logs")
-    wp, gp = _free_port(), _free_port()
-    procs: list[subprocess.Popen] = []
-    try:
-        wlog = logs / "worker.log"
-        worker = subprocess.Popen(
-            [str(worker_bin), "serve", "--model", str(model), "--mmproj", str(mmproj), "--image-max-tokens",
-             str(VL_IMAGE_MAX_TOKENS), "--listen", f"127.0.0.1:{wp}", "--threads", "2", "--slots", "2"],
-            stdout=wlog.open("w"), stderr=subprocess.STDOUT)
-        procs.append(worker)
-        _wait_health(gateway_bin, worker, f"http://127.0.0.1:{wp}", "tandem.step.v1.StepService", wlog, 120)
-        glog = logs / "gateway.log"
-        gateway = subprocess.Popen(
-            [str(gateway_bin), "serve", "--listen", f"127.0.0.1:{gp}", "--worker", f"http://127.0.0.1:{wp}",
-             "--http-listen", "off", "--screenshots", "always"],
-            stdout=glog.open("w"), stderr=subprocess.STDOUT)
-        procs.append(gateway)
-        _wait_health(gateway_bin, gateway, f"http://127.0.0.1:{gp}", "", glog, 30)
-        yield types.SimpleNamespace(grpc_target=f"127.0.0.1:{gp}", worker_target=f"127.0.0.1:{wp}", logs=logs)
-    finally:
-        for p in reversed(procs):
-            child_procs.stop(p)
+    worker_args = ["--model", str(model), "--mmproj", str(mmproj), "--image-max-tokens", str(VL_IMAGE_MAX_TOKENS)]
+    with _worker_and_gateway(tmp_path_factory.mktemp("vl-logs"), worker_args,
+                             ["--http-listen", "off", "--screenshots", "always"]) as (wp, gp, _):
+        yield types.SimpleNamespace(grpc_target=f"127.0.0.1:{gp}", worker_target=f"127.0.0.1:{wp}")
 
 
 @pytest.fixture(scope="module")

@@ -82,18 +82,8 @@ fn main() -> anyhow::Result<()> {
                 let metrics = agent_gateway::metrics::install()?;
                 let router = agent_gateway::worker::Router::connect(&cfg.workers, worker_token, worker_tls.as_ref())?;
                 let screenshots = cfg.screenshot_policy();
-                if screenshots.mode == agent_gateway::screenshot::ScreenshotMode::Always {
-                    // Refuse at startup what would fail every screenshot step; a worker that
-                    // does not answer yet (still loading, not started) is checked per step.
-                    for w in router.workers() {
-                        if w.vision().await == agent_gateway::screenshot::WorkerVision::No {
-                            anyhow::bail!(
-                                "--screenshots always: worker {} has no vision projector (start it with --mmproj, or use --screenshots auto or never)",
-                                w.addr
-                            );
-                        }
-                    }
-                }
+                // Refuse at start-up what would fail every screenshot step.
+                agent_gateway::screenshot::check_workers(&router, &screenshots).await?;
                 tracing::info!(mode = screenshots.mode.as_str(), sparse_below = screenshots.sparse_below, "screenshots");
                 let runner = Arc::new(
                     agent_gateway::step::StepRunner::new(router.clone())

@@ -14,7 +14,9 @@
 
 use tandem_proto::step::v1 as spb;
 
+use crate::error::GatewayError;
 use crate::prompt::AgentPrompt;
+use crate::worker::Router;
 
 /// Text part before an attached screenshot (after the user message's text).
 pub const SCREENSHOT_LABEL: &str = "\nScreenshot of the screen:";
@@ -155,6 +157,27 @@ impl ScreenshotPolicy {
     pub fn may_attach(&self, has_screenshot: bool) -> bool {
         has_screenshot && self.mode != ScreenshotMode::Never
     }
+}
+
+/// `serve`'s start-up check: under `always`, the first worker of `router` that answers without
+/// a vision projector (its Status) stops the start; workers that do not answer yet (loading,
+/// not started) are checked per step instead. Other modes check nothing.
+///
+/// Errors: [`GatewayError::Config`] naming the worker and the way out (`--mmproj`, or another
+/// `--screenshots`).
+pub async fn check_workers(router: &Router, policy: &ScreenshotPolicy) -> Result<(), GatewayError> {
+    if policy.mode != ScreenshotMode::Always {
+        return Ok(());
+    }
+    for w in router.workers() {
+        if w.vision().await == WorkerVision::No {
+            return Err(GatewayError::Config(format!(
+                "--screenshots always: worker {} has no vision projector (start it with --mmproj, or use --screenshots auto or never)",
+                w.addr
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The encoded image's format from its first bytes: `"PNG"` or `"JPEG"`.

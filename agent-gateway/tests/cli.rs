@@ -46,6 +46,10 @@ fn serve_help_explains_tls_workers_and_reflection() {
         "[default: 128]",
         "--grpc-max-concurrent-streams <GRPC_MAX_CONCURRENT_STREAMS>",
         "[default: 64]",
+        "--screenshots <SCREENSHOTS>",
+        "FAILED_PRECONDITION",
+        "--screenshot-sparse-below <SCREENSHOT_SPARSE_BELOW>",
+        "[default: 4]",
     ] {
         assert!(
             help.contains(want),

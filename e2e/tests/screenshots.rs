@@ -172,6 +172,16 @@ async fn always_with_a_text_only_worker_fails_screenshot_steps_clearly() {
     assert!(e.message().contains("--mmproj") && e.message().contains(&worker), "{}", e.message());
     let r = step(&mut client, "shots-text-only", &xml(0), vec![]).await.unwrap();
     assert!(!stats(&r).screenshot_sent && r.stats.is_some(), "{r:?}");
+
+    // `serve`'s start-up check refuses this worker under `always` only.
+    let router = Router::new(std::slice::from_ref(&worker)).unwrap();
+    let always = ScreenshotPolicy { mode: ScreenshotMode::Always, sparse_below: DEFAULT_SPARSE_BELOW };
+    let e = agent_gateway::screenshot::check_workers(&router, &always).await.unwrap_err().to_string();
+    assert!(e.contains("no vision projector") && e.contains(&worker), "{e}");
+    assert!(agent_gateway::screenshot::check_workers(&router, &ScreenshotPolicy::default()).await.is_ok());
+    let (_e, vl_worker, _w2) = common::serve_worker(worker_options(true)).await;
+    let vl = Router::new(&[vl_worker]).unwrap();
+    assert!(agent_gateway::screenshot::check_workers(&vl, &always).await.is_ok());
 }
 
 /// `agent-gateway replay --screenshots always` of trace_18 through a gateway with

@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::GatewayError;
 use crate::metrics::{record_step, StepKind, StepOutcome};
-use crate::step::{parse_observation, StepInput, StepRunner};
+use crate::step::{StepInput, StepRunner};
 
 const STREAM_BUFFER: usize = 64;
 
@@ -79,7 +79,7 @@ impl AgentService for AgentServiceImpl {
                                 .await;
                             break;
                         };
-                        let result = match parse_observation(&obs) {
+                        let result = match runner.screen_of(&obs) {
                             Ok(screen) => {
                                 let input = StepInput {
                                     episode_id: &ep.episode_id,
@@ -123,7 +123,7 @@ impl AgentService for AgentServiceImpl {
             Status::invalid_argument(e.to_string())
         })?;
         let obs = req.observation.ok_or_else(|| Status::invalid_argument("observation is missing"))?;
-        let screen = parse_observation(&obs).map_err(|e| {
+        let screen = self.runner.screen_of(&obs).map_err(|e| {
             record_step(StepKind::Step, false, StepOutcome::ObservationError, &apb::StepResult::default());
             Status::invalid_argument(format!("observation rejected: {e}"))
         })?;

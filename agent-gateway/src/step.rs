@@ -84,6 +84,19 @@ impl StepRunner {
         }
     }
 
+    /// The screen of `obs` ([`parse_observation`]); an observation without any listable
+    /// control (or without a tree) but with a screenshot that may be sent (`--screenshots`
+    /// not `never`) is an empty screen: the step stands on its screenshot, and [`Self::run`]
+    /// refuses it when the screenshot is not sent after all.
+    ///
+    /// Errors: those of [`parse_observation`].
+    pub fn screen_of(&self, obs: &apb::Observation) -> Result<Screen, ObservationError> {
+        match parse_observation(obs) {
+            Err(ObservationError::Empty) if self.screenshots.may_attach(!obs.screenshot_png.is_empty()) => Ok(Screen::default()),
+            other => other,
+        }
+    }
+
     /// The runner with the screenshot policy `screenshots`.
     pub fn with_screenshots(mut self, screenshots: ScreenshotPolicy) -> Self {
         self.screenshots = screenshots;
@@ -162,6 +175,14 @@ impl StepRunner {
         };
         let decision = self.screenshots.decide(has_screenshot, listed.controls.len(), vision);
         let refused = match decision {
+            // A screenshot-only step whose screenshot does not go to the model has nothing.
+            d if listed.controls.is_empty() && d != Decision::Sent && d != Decision::Refused => Some(Status::invalid_argument(format!(
+                "observation holds no visible control, and its screenshot is not sent to the model ({})",
+                match d {
+                    Decision::NoVision => "the worker has no vision projector, or has not said",
+                    _ => "--screenshots",
+                }
+            ))),
             Decision::Refused => Some(Status::failed_precondition(format!(
                 "{OBSERVATION_PATH}: the gateway runs with --screenshots always, but worker {} has no vision projector (start it with --mmproj, or run the gateway with --screenshots auto or never)",
                 worker.addr

@@ -63,15 +63,15 @@ async fn gateway(worker: &str, mode: ScreenshotMode) -> (AgentServiceClient<Chan
     (AgentServiceClient::connect(addr).await.unwrap(), stop)
 }
 
-/// One unary `Step` of `episode` with the uiautomator `xml` and `screenshot`: its result, or
-/// the status the call ended with.
+/// One unary `Step` of `episode` with the uiautomator `xml` (empty: no tree) and
+/// `screenshot`: its result, or the status the call ended with.
 async fn step(client: &mut AgentServiceClient<Channel>, episode: &str, xml: &str, screenshot: Vec<u8>) -> Result<apb::StepResult, tonic::Status> {
     let mut events = client
         .step(apb::StepRequest {
             episode_id: episode.into(),
             task: "Open the settings and turn on Wi-Fi".into(),
             observation: Some(apb::Observation {
-                screen: Some(apb::observation::Screen::UiautomatorXml(xml.into())),
+                screen: (!xml.is_empty()).then(|| apb::observation::Screen::UiautomatorXml(xml.into())),
                 screenshot_png: screenshot,
                 foreground_app: String::new(),
             }),
@@ -155,9 +155,18 @@ async fn never_and_auto_attach_as_their_rules_say() {
     assert!(dense.controls.len() >= DEFAULT_SPARSE_BELOW, "trace_18/0.xml lists {} controls", dense.controls.len());
     let r = step(&mut auto, "shots-auto-dense", &xml(0), shot.clone()).await.unwrap();
     assert!(!stats(&r).screenshot_sent && stats(&r).image_tokens == 0, "{r:?}");
-    let r = step(&mut auto, "shots-auto-sparse", SPARSE_XML, shot).await.unwrap();
+    let r = step(&mut auto, "shots-auto-sparse", SPARSE_XML, shot.clone()).await.unwrap();
     assert!(stats(&r).screenshot_sent, "{r:?}");
     assert_eq!(stats(&r).image_tokens, screenshot_tokens(), "{r:?}");
+
+    // A screenshot without a tree: the step stands on the screenshot (no control listed);
+    // under `never` it has nothing and is refused as before.
+    let r = step(&mut auto, "shots-auto-pixels-only", "", shot.clone()).await.unwrap();
+    assert!(stats(&r).screenshot_sent && stats(&r).image_tokens == screenshot_tokens(), "{r:?}");
+    assert_eq!(stats(&r).controls, 0);
+    let e = step(&mut never, "shots-never-pixels-only", "", shot).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("no visible control"), "{}", e.message());
 }
 
 /// `always` with a worker without a vision projector: a step with a screenshot fails with
@@ -172,6 +181,12 @@ async fn always_with_a_text_only_worker_fails_screenshot_steps_clearly() {
     assert!(e.message().contains("--mmproj") && e.message().contains(&worker), "{}", e.message());
     let r = step(&mut client, "shots-text-only", &xml(0), vec![]).await.unwrap();
     assert!(!stats(&r).screenshot_sent && r.stats.is_some(), "{r:?}");
+
+    // `auto` over this worker: a screenshot without a tree has nothing the model can read.
+    let (mut auto, _g2) = gateway(&worker, ScreenshotMode::Auto).await;
+    let e = step(&mut auto, "shots-text-only-pixels", "", trace_18("0.png")).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("no vision projector"), "{}", e.message());
 
     // `serve`'s start-up check refuses this worker under `always` only.
     let router = Router::new(std::slice::from_ref(&worker)).unwrap();

@@ -96,6 +96,15 @@ impl WorkerClientArgs {
     }
 }
 
+/// Exits with code 2 and the error on one line, as clap reports its own usage errors, for a
+/// combination of options clap cannot check (an image option without `--mmproj`).
+fn exit_on_usage_error(check: Result<(), device_worker::config::ConfigError>) {
+    if let Err(e) = check {
+        eprintln!("error: {e}");
+        std::process::exit(2);
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let cli: Cli = tandem_options::parse()?;
     let Command::Serve(cfg) = cli.command else {
@@ -106,6 +115,7 @@ fn main() -> anyhow::Result<()> {
         print!("{file}");
         return Ok(());
     }
+    exit_on_usage_error(cfg.engine.check_image_options_need_mmproj());
     let settings = cfg.engine.settings()?;
     let telemetry = cfg.telemetry.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()

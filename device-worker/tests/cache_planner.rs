@@ -117,7 +117,10 @@ fn no_checkpoint_at_or_after_an_image() {
     let mut b = a[..200].to_vec();
     b.extend(seq(80_000, 100));
     let p = plan(&st, &PlanRequest { prompt: &b, last_user_start: None, image_start: Some(150), image_end: Some(250), line_starts: &[], section_starts: &[] }, &c);
-    assert!(p.saved.is_empty(), "saved {:?} past the image", p.saved);
+    assert!(p.saved.iter().all(|&s| s < 150), "saved {:?} at or past the image", p.saved);
+    // Nothing of the first prompt's checkpoints is left at or before the divergence point
+    // (200): the one save is the text right before the image.
+    assert_eq!(p.saved, vec![149]);
 }
 
 /// `--checkpoint-after-image`: besides the text checkpoint before the image, the state right
@@ -146,6 +149,37 @@ fn the_optional_checkpoint_after_an_image_serves_an_identical_image_prefix() {
         assert_eq!(p2.divergence, 300);
         assert_eq!(p2.resume, if after_image { 300 } else { 60 }, "after_image {after_image}");
     }
+}
+
+/// A fresh slot whose image is in an earlier message (the last user message starts after
+/// it) still saves one text checkpoint before the image: at the start of the image's line
+/// (Tandem §4.5), so the next turn resumes there instead of at 0. The stock and Marconi
+/// policies are unchanged (they never save in a cold slot without a boundary before it).
+#[test]
+fn a_cold_slot_saves_before_an_image_in_an_earlier_message() {
+    let c = cfg(Policy::Divergence);
+    let mut st = CacheState::default();
+    // System 0..120, the image's line starts at 120 (its <|vision_start|> at 130, image
+    // tokens 131..331), later turns, the last user message at 360.
+    let mut a = seq(0, 131);
+    a.extend(seq(1 << 31, 200));
+    a.extend(seq(5000, 80));
+    const LINES: [usize; 5] = [40, 80, 120, 340, 360];
+    fn req(p: &[u32]) -> PlanRequest<'_> {
+        PlanRequest { prompt: p, last_user_start: Some(360), image_start: Some(131), image_end: Some(331), line_starts: &[], section_starts: &[] }
+    }
+    fn with_lines(p: &[u32]) -> PlanRequest<'_> {
+        PlanRequest { line_starts: &LINES, ..req(p) }
+    }
+    let p1 = run_request(&mut st, &c, &with_lines(&a));
+    assert_eq!(p1.saved, vec![120], "the start of the image's line");
+    let mut b = a.clone();
+    b.extend(seq(9000, 30));
+    let p2 = run_request(&mut st, &c, &with_lines(&b));
+    assert_eq!((p2.resume, p2.restored), (120, Some(120)));
+    // Without line starts the save goes to the <|vision_start|> token's position.
+    let mut st = CacheState::default();
+    assert_eq!(run_request(&mut st, &c, &req(&a)).saved, vec![130]);
 }
 
 #[test]

@@ -78,6 +78,28 @@ fn serve_fails(args: &[&str]) -> (bool, String) {
     (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
+/// An image option off its default without `--mmproj` stops the start as a usage error
+/// (exit code 2, as clap's), naming the option, before the model is loaded.
+#[test]
+fn image_options_without_mmproj_are_a_usage_error() {
+    for (args, want) in [
+        (&["--image-max-tokens", "256"][..], "--image-max-tokens = 256"),
+        (&["--image-cache-mib", "0"][..], "--image-cache-mib = 0"),
+        (&["--checkpoint-after-image", "true"][..], "--checkpoint-after-image = true"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_device-worker"))
+            .args(["serve", "--model", "/nonexistent/model.gguf"])
+            .args(args)
+            .env_remove("TANDEM_MMPROJ")
+            .output()
+            .expect("device-worker runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(want) && stderr.contains("needs --mmproj"), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    }
+}
+
 #[test]
 fn bad_tls_files_stop_the_start_with_one_line() {
     let dir = tempfile::tempdir().unwrap();

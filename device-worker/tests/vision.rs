@@ -9,7 +9,8 @@ use std::sync::Arc;
 use device_worker::model::vision::decode::{decode, DecodeLimits, RgbImage};
 use device_worker::model::vision::mmproj::{require, Projector, VisionConfig};
 use device_worker::model::vision::preprocess::{
-    patchify, preprocess, preprocess_rgb, smart_size, ImageBudget, PreprocessOptions,
+    patchify, preprocess, preprocess_resized, preprocess_rgb, resize_for, smart_size, ImageBudget,
+    PreprocessOptions,
 };
 use device_worker::model::vision::resize::{fit, pad_ceil_content, Fit};
 use device_worker::model::vision::VisionError;
@@ -21,7 +22,10 @@ use sha2::{Digest, Sha256};
 use test_support::{corpus_dir, max_abs_diff, GgufBuilder, Val};
 
 mod support;
-use support::vision::{bomb_png, encode_png, file, grid_thw, json, png, usizes};
+use support::vision::{
+    corpus_jpeg, encode_jpeg, encode_png, file, grid_thw, json, png, usizes,
+};
+use test_support::images::bomb_png;
 
 /// Largest difference, in 8-bit levels, allowed between our bicubic (= Pillow's) and the
 /// Hugging Face processor's default (torchvision) resize of the same image.
@@ -329,18 +333,59 @@ fn hostile_and_broken_images_give_typed_errors() {
     }
 }
 
+/// A JPEG cut short is refused (zune-jpeg, lenient in the image crate, would fill the
+/// missing blocks with grey), with a one-line message; the whole file, and one with bytes
+/// after its end-of-image marker, decode.
+#[test]
+fn a_truncated_jpeg_is_refused_and_decode_errors_are_one_line() {
+    let lim = DecodeLimits::default();
+    let jpg = corpus_jpeg();
+    let whole = decode(&jpg, &lim).unwrap();
+    assert_eq!((whole.width, whole.height), (1080, 2400));
+    let mut trailing = jpg.clone();
+    trailing.extend_from_slice(b"appended by a camera");
+    assert_eq!(decode(&trailing, &lim).unwrap(), whole);
+    for keep in [0.07, 0.5, 0.99] {
+        let cut = &jpg[..(jpg.len() as f64 * keep) as usize];
+        match decode(cut, &lim) {
+            Err(VisionError::Decode(m)) => assert!(m.contains("truncated"), "{keep}: {m}"),
+            other => panic!("{keep} of the JPEG: expected Decode, got {:?}", other.map(|i| (i.width, i.height))),
+        }
+    }
+    // The header alone (cut inside a segment), and a broken PNG: every message is one line.
+    for bad in [jpg[..300].to_vec(), bomb_png(64, 64)] {
+        let e = decode(&bad, &lim).unwrap_err().to_string();
+        assert!(!e.contains('\n'), "{e:?}");
+    }
+}
+
+/// Admission's order (decode, resize, drop the decoded image; patch later) gives the same
+/// encoder input as preprocessing in one go, bit for bit, for a screenshot that needs
+/// resizing and one that does not.
+#[test]
+fn resizing_first_and_patching_later_equals_preprocessing_in_one_go() {
+    let cfg = Projector::open(&file("mmproj-tiny-qwen35vl-f32.gguf"), text_hidden())
+        .unwrap()
+        .config;
+    let opts = PreprocessOptions {
+        budget: ImageBudget::new(8, 256).unwrap(),
+        ..Default::default()
+    };
+    let shot = png(&corpus_dir().join("llamatouch_evaluator/trace_18/0.png"));
+    let aligned = RgbImage { width: 320, height: 736, data: shot.data[..320 * 736 * 3].to_vec() };
+    for img in [shot, aligned] {
+        let whole = preprocess_rgb(&img, &cfg, &opts).unwrap();
+        let size = (img.width, img.height);
+        let resized = resize_for(img, &cfg, &opts).unwrap();
+        assert_eq!((resized.width, resized.height), whole.size);
+        assert_eq!(preprocess_resized(&resized, size, &cfg), whole);
+    }
+}
+
 #[test]
 fn jpeg_decodes_close_to_the_png_it_was_made_from() {
     let img = png(&file("crop-256x384.png"));
-    let mut jpg = Vec::new();
-    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpg, 95)
-        .encode(
-            &img.data,
-            img.width as u32,
-            img.height as u32,
-            image::ExtendedColorType::Rgb8,
-        )
-        .unwrap();
+    let jpg = encode_jpeg(&img, 95);
     let back = decode(&jpg, &DecodeLimits::default()).unwrap();
     assert_eq!((back.width, back.height), (256, 384));
     let mean: f64 = img
@@ -535,6 +580,23 @@ fn mmproj_and_image_budget_options_become_settings() {
     };
     let e = bad.settings().unwrap_err();
     assert_eq!(e.option, "image-min-tokens");
+    // An image option off its default without --mmproj is refused, naming the option; at
+    // its default (given or not) it is accepted.
+    let without = |o: EngineOptions| o.settings().map(|_| ()).map_err(|e| (e.option, e.to_string()));
+    for (o, name) in [
+        (EngineOptions { image_max_tokens: 256, ..Default::default() }, "image-max-tokens"),
+        (EngineOptions { image_min_tokens: 16, ..Default::default() }, "image-min-tokens"),
+        (EngineOptions { image_cache_mib: 0, ..Default::default() }, "image-cache-mib"),
+        (EngineOptions { image_request_mpx: 8, ..Default::default() }, "image-request-mpx"),
+        (EngineOptions { checkpoint_after_image: true, ..Default::default() }, "checkpoint-after-image"),
+    ] {
+        let (option, text) = without(o).unwrap_err();
+        assert_eq!(option, name);
+        assert!(text.contains("needs --mmproj"), "{text}");
+    }
+    assert!(without(EngineOptions { image_max_tokens: 4096, ..Default::default() }).is_ok());
+    let request = EngineOptions { mmproj: Some(file("mmproj-tiny-qwen35vl-f32.gguf")), image_request_mpx: 8, ..Default::default() };
+    assert_eq!(request.settings().unwrap().vision.unwrap().request_pixels, 8_000_000);
 }
 
 #[test]

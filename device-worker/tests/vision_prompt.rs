@@ -13,7 +13,8 @@ mod support;
 
 use common::{generate, start_worker};
 use device_worker::model::vision::RgbImage;
-use support::vision::{bomb_png, encode_png, file};
+use support::vision::{corpus_jpeg, encode_png, file};
+use test_support::images::bomb_png;
 
 /// Rules long enough that the user message starts more than `--checkpoint-min-gap` (20)
 /// tokens in.
@@ -135,6 +136,7 @@ async fn screenshot_steps_restore_the_text_before_the_image_and_reuse_encodings(
         ),
         (0, 1, 0)
     );
+    assert!(got[0].encoder_ms > 0.0, "an encode takes time");
     // Step 2: the history grew by a line, then a new screenshot: resumes at the user
     // message's start; new = text after it + image + text after the image. Saves at the
     // divergence point (the new history line), before the image.
@@ -155,6 +157,73 @@ async fn screenshot_steps_restore_the_text_before_the_image_and_reuse_encodings(
         (0, 1),
         "not encoded again"
     );
+    // encoder_ms times encodes only: a cache hit adds nothing.
+    assert_eq!(got[2].encoder_ms, 0.0, "a cache hit is no encode");
+}
+
+fn message(role: &str, content: &str, parts: Vec<pb::content_part::Part>) -> pb::ChatMessage {
+    pb::ChatMessage {
+        role: role.into(),
+        content: content.into(),
+        parts: parts.into_iter().map(|p| pb::ContentPart { part: Some(p) }).collect(),
+    }
+}
+
+/// A fresh slot whose first prompt has its screenshot in an earlier user message (the last
+/// user message is text) saves the text checkpoint before that image (at the start of its
+/// line), so the next turn resumes with the rules and task and processes only the image and
+/// what follows it; its output equals a full recompute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_slot_saves_the_text_before_an_image_in_an_earlier_message() {
+    use pb::content_part::Part;
+    let first = vec![
+        message("system", SYSTEM, vec![]),
+        message("user", TASK, vec![Part::Image(screenshot(0)), Part::Text(AFTER.into())]),
+        message("assistant", "{\"action\": \"wait\"}", vec![]),
+        message("user", "The screen did not change. What is the next action?", vec![]),
+    ];
+    let mut second = first.clone();
+    second.push(message("assistant", "{\"action\": \"navigate_home\"}", vec![]));
+    second.push(message("user", "What is the next action now?", vec![]));
+    let req = |messages: Vec<pb::ChatMessage>| pb::GenerateRequest {
+        session_id: "episode".into(),
+        prompt: Some(pb::generate_request::Prompt::Chat(pb::ChatPrompt { messages })),
+        max_tokens: 6,
+        ..Default::default()
+    };
+    let mut w = start_worker(options(128)).await;
+    let a1 = generate(&mut w.client, req(first)).await.unwrap();
+    assert_eq!(prefill(&a1).reused_tokens, 0, "a fresh slot");
+    let a2 = generate(&mut w.client, req(second.clone())).await.unwrap();
+    // The image's line starts right after "<|im_start|>user\n" + the task text.
+    let (_, image_line) = text_positions(&[]);
+    let p2 = prefill(&a2);
+    assert_eq!(p2.reused_tokens, image_line, "resumes at the text before the image");
+    assert_eq!(p2.new_tokens, p2.prompt_tokens - image_line);
+    assert_eq!((p2.images_encoded, p2.image_cache_hits), (0, 1));
+    let mut fresh = start_worker(options(0)).await;
+    let b2 = generate(&mut fresh.client, req(second)).await.unwrap();
+    assert_eq!(ids(&a2), ids(&b2), "output differs from a full recompute");
+}
+
+/// `--image-request-mpx`: the decoded pixels of a request's images together are bounded,
+/// checked from the headers; over the budget the request is INVALID_ARGUMENT naming the
+/// image that crossed it and the option, and the next request is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_over_its_pixel_budget_is_refused() {
+    use pb::content_part::Part;
+    // A 1080×2400 screenshot is 2.59 Mpx: one fits in 5 Mpx, two do not.
+    let mut w = start_worker(EngineOptions { image_request_mpx: 5, ..options(16) }).await;
+    let mut two = step("s", &["x"], screenshot(0));
+    let Some(pb::generate_request::Prompt::Chat(chat)) = two.prompt.as_mut() else { unreachable!() };
+    chat.messages[1].parts.push(pb::ContentPart { part: Some(Part::Image(screenshot(1))) });
+    let e = generate(&mut w.client, two).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    for says in ["messages[1].parts[2]", "5184000 pixels", "limit is 5000000", "--image-request-mpx"] {
+        assert!(e.message().contains(says), "{says}: {}", e.message());
+    }
+    let ok = generate(&mut w.client, step("s", &["x"], screenshot(0))).await.unwrap();
+    assert_eq!(prefill(&ok).image_tokens, SCREENSHOT_TOKENS);
 }
 
 /// `--checkpoint-after-image`: the state after the image is saved and serves the next prompt
@@ -193,7 +262,7 @@ fn tiny_png(w: usize, h: usize) -> Vec<u8> {
 async fn bad_images_are_invalid_argument_and_the_worker_keeps_serving() {
     let mut w = start_worker(options(16)).await;
     let good = screenshot(2);
-    let bad: [(&str, Vec<u8>, &str); 5] = [
+    let bad: [(&str, Vec<u8>, &str); 6] = [
         (
             "truncated PNG",
             good[..good.len() / 2].to_vec(),
@@ -205,6 +274,14 @@ async fn bad_images_are_invalid_argument_and_the_worker_keeps_serving() {
             "20000x20000 PNG bomb",
             bomb_png(20000, 20000),
             "20000x20000",
+        ),
+        (
+            "JPEG cut to 7 % of its bytes",
+            {
+                let jpg = corpus_jpeg();
+                jpg[..jpg.len() * 7 / 100].to_vec()
+            },
+            "truncated",
         ),
         (
             "bytes that are no image",
@@ -231,6 +308,8 @@ async fn bad_images_are_invalid_argument_and_the_worker_keeps_serving() {
     // A worker without --mmproj refuses images, then serves text.
     let mut text = start_worker(EngineOptions {
         mmproj: None,
+        image_max_tokens: EngineOptions::default().image_max_tokens,
+        image_cache_mib: EngineOptions::default().image_cache_mib,
         ..options(16)
     })
     .await;

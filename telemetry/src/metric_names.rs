@@ -86,7 +86,8 @@ pub const WORKER_IMAGE_TOKENS_TOTAL: &str = "worker_image_tokens_total";
 /// Counter: prompt images past the reused prefix. Label [`LABEL_OUTCOME`]: `"encoded"` (the
 /// projector ran) or `"cache_hit"` (embeddings from the image cache).
 pub const WORKER_IMAGES_TOTAL: &str = "worker_images_total";
-/// Histogram, seconds: image preprocessing and encoding per request with images.
+/// Histogram, seconds: patching and encoding the images a request encoded (one sample per
+/// request that encoded at least one image; image-cache hits record nothing).
 pub const WORKER_ENCODER_DURATION_SECONDS: &str = "worker_encoder_duration_seconds";
 /// Counter, tokens: output tokens.
 pub const WORKER_DECODE_TOKENS_TOTAL: &str = "worker_decode_tokens_total";

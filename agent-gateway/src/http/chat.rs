@@ -15,7 +15,7 @@ use tandem_proto::step::v1 as spb;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 
-use super::openai::{chunk_json, completion_json, usage_chunk_json, ChatCompletionRequest, RunInfo};
+use super::openai::{chunk_json, completion_json, usage_chunk_json, ChatCompletionRequest, PartOrigins, RunInfo};
 use super::stop::{truncate_at_stop, StopFilter};
 use super::{json_response, unique_id, unix_now, HttpState, EPISODE_HEADER};
 use crate::error::ApiError;
@@ -69,8 +69,10 @@ pub fn episode_of(headers: &HeaderMap, user: Option<&str>) -> Result<Option<Stri
     Ok(Some(id.to_string()).filter(|s| !s.is_empty()))
 }
 
-fn worker_error(worker: &str, s: tonic::Status) -> ApiError {
-    ApiError::Worker { worker: worker.to_string(), code: s.code(), message: s.message().to_string() }
+/// A worker status as the endpoint's error, its `messages[i].parts[j]` written as the
+/// request's `messages[i].content[k]` ([`PartOrigins::to_openai`]).
+fn worker_error(worker: &str, s: tonic::Status, origins: &PartOrigins) -> ApiError {
+    ApiError::Worker { worker: worker.to_string(), code: s.code(), message: origins.to_openai(s.message()) }
 }
 
 struct Reply {
@@ -78,6 +80,7 @@ struct Reply {
     created: u64,
     model: String,
     run: RunInfo,
+    origins: PartOrigins,
 }
 
 async fn run(state: HttpState, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
@@ -89,7 +92,7 @@ async fn run(state: HttpState, headers: HeaderMap, body: Bytes) -> Result<Respon
         None => (unique_id("http"), String::new()),
     };
     let fallback_seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-    let generate = req.to_generate_request(&session_id, fallback_seed)?;
+    let (generate, origins) = req.to_generate_request_indexed(&session_id, fallback_seed)?;
     // The body fit the HTTP limit; its protobuf form must fit the worker's (same budget).
     let bytes = prost::Message::encoded_len(&generate);
     if bytes > tandem_proto::MAX_MESSAGE_BYTES {
@@ -103,18 +106,19 @@ async fn run(state: HttpState, headers: HeaderMap, body: Bytes) -> Result<Respon
         Err(s) if s.code() == tonic::Code::Unavailable => {
             state.router.mark_down(&worker.addr);
             worker = state.router.route(&route_key).clone();
-            worker.client.clone().generate(generate).await.map_err(|s| worker_error(&worker.addr, s))?.into_inner()
+            worker.client.clone().generate(generate).await.map_err(|s| worker_error(&worker.addr, s, &origins))?.into_inner()
         }
-        Err(s) => return Err(worker_error(&worker.addr, s)),
+        Err(s) => return Err(worker_error(&worker.addr, s, &origins)),
     };
     let mut reply = Reply {
         id: unique_id("chatcmpl"),
         created: unix_now(),
         model: req.model_name(),
-        run: RunInfo { worker: worker.addr.clone(), session_id, slot_id: 0 },
+        run: RunInfo { worker: worker.addr.clone(), session_id, ..Default::default() },
+        origins,
     };
     if !req.streaming() {
-        let done = collect(&mut stream, &mut reply.run).await?;
+        let done = collect(&mut stream, &mut reply.run, &reply.origins).await?;
         log_done(&reply.run, &done);
         let content = truncate_at_stop(&done.text, &stops);
         return Ok(json_response(StatusCode::OK, &completion_json(&reply.id, reply.created, &reply.model, &content, &done, &reply.run)));
@@ -122,7 +126,7 @@ async fn run(state: HttpState, headers: HeaderMap, body: Bytes) -> Result<Respon
     // Wait for the first event so that a request the worker rejects gets an HTTP error status.
     let first = match stream.next().await {
         Some(Ok(ev)) => ev,
-        Some(Err(s)) => return Err(worker_error(&reply.run.worker, s)),
+        Some(Err(s)) => return Err(worker_error(&reply.run.worker, s, &reply.origins)),
         None => return Err(ApiError::WorkerStreamEnded { worker: reply.run.worker }),
     };
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
@@ -137,10 +141,10 @@ async fn run(state: HttpState, headers: HeaderMap, body: Bytes) -> Result<Respon
 }
 
 /// Reads the worker stream to its final event.
-async fn collect(stream: &mut WorkerStream, run: &mut RunInfo) -> Result<spb::FinalStats, ApiError> {
+async fn collect(stream: &mut WorkerStream, run: &mut RunInfo, origins: &PartOrigins) -> Result<spb::FinalStats, ApiError> {
     while let Some(ev) = stream.next().await {
-        match ev.map_err(|s| worker_error(&run.worker, s))?.event {
-            Some(spb::generate_event::Event::Prefill(p)) => run.slot_id = p.slot_id,
+        match ev.map_err(|s| worker_error(&run.worker, s, origins))?.event {
+            Some(spb::generate_event::Event::Prefill(p)) => run.on_prefill(p),
             Some(spb::generate_event::Event::Done(d)) => return Ok(d),
             _ => {}
         }
@@ -189,12 +193,12 @@ async fn forward(
         let ev = match ev {
             Ok(ev) => ev,
             Err(s) => {
-                let _ = send(worker_error(&reply.run.worker, s).to_json()).await;
+                let _ = send(worker_error(&reply.run.worker, s, &reply.origins).to_json()).await;
                 return Err(());
             }
         };
         match ev.event {
-            Some(spb::generate_event::Event::Prefill(p)) => reply.run.slot_id = p.slot_id,
+            Some(spb::generate_event::Event::Prefill(p)) => reply.run.on_prefill(p),
             Some(spb::generate_event::Event::Token(t)) => {
                 let text = filter.push(&t.text);
                 if !text.is_empty() {

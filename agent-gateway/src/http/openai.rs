@@ -5,7 +5,8 @@
 //! (`POST /v1/chat/completions`) and "The chat completion chunk object". Accepted fields:
 //! `model` (echoed, not checked), `messages` (roles `system`/`developer`/`user`/`assistant`;
 //! content a string or a list of `{"type":"text","text":...}` and `{"type":"image_url",
-//! "image_url":{"url":"data:image/png;base64,..."}}` parts; remote image URLs are refused), `max_completion_tokens`
+//! "image_url":{"url":"data:image/png;base64,..."}}` parts, media type image/png or image/jpeg;
+//! remote image URLs are refused; errors name a part as `messages[i].content[j]`), `max_completion_tokens`
 //! or `max_tokens`, `temperature` (absent or 0: greedy), `top_p`, `top_k` (extension), `seed`,
 //! `stop` (a string or up to 4 strings), `stream`, `stream_options.include_usage`,
 //! `response_format` (`text`, `json_object`, `json_schema`), `user` (episode affinity), `n`
@@ -137,11 +138,21 @@ impl ChatCompletionRequest {
     /// (`tool`, `function`), a part that is neither text nor image, an http(s) or other
     /// non-`data:` image URL, or a `data:` URI that is not valid base64.
     pub fn chat_messages(&self) -> Result<Vec<spb::ChatMessage>, ApiError> {
+        Ok(self.chat_messages_indexed()?.0)
+    }
+
+    /// [`ChatCompletionRequest::chat_messages`] with, per message, the OpenAI content index
+    /// of each worker part ([`PartOrigins`]).
+    ///
+    /// Errors: as [`ChatCompletionRequest::chat_messages`].
+    pub fn chat_messages_indexed(&self) -> Result<(Vec<spb::ChatMessage>, PartOrigins), ApiError> {
         let bad = |expected: &'static str, found: String| ApiError::InvalidParam { param: "messages", expected, found };
         if self.messages.is_empty() {
             return Err(bad("at least one message", "none".into()));
         }
-        self.messages
+        let mut origins = PartOrigins::default();
+        let messages = self
+            .messages
             .iter()
             .enumerate()
             .map(|(i, m)| {
@@ -149,17 +160,19 @@ impl ChatCompletionRequest {
                     "system" | "developer" => "system",
                     "user" => "user",
                     "assistant" => "assistant",
-                    other => return Err(bad("role system, developer, user or assistant", format!("message {i}: role {other:?}"))),
+                    other => return Err(bad("role system, developer, user or assistant", format!("messages[{i}]: role {other:?}"))),
                 };
-                let (content, parts) = match &m.content {
-                    Value::Null => (String::new(), vec![]),
-                    Value::String(s) => (s.clone(), vec![]),
+                let (content, parts, from) = match &m.content {
+                    Value::Null => (String::new(), vec![], vec![]),
+                    Value::String(s) => (s.clone(), vec![], vec![]),
                     Value::Array(list) => content_parts(i, list)?,
-                    other => return Err(bad("content as a string or a list of text and image_url parts", format!("message {i}: {}", brief(other)))),
+                    other => return Err(bad("content as a string or a list of text and image_url parts", format!("messages[{i}]: {}", brief(other)))),
                 };
+                origins.0.push(from);
                 Ok(spb::ChatMessage { role: role.to_string(), content, parts })
             })
-            .collect()
+            .collect::<Result<_, _>>()?;
+        Ok((messages, origins))
     }
 
     /// The sampling mode: greedy when `temperature` is absent or 0, else seeded sampling with
@@ -198,6 +211,15 @@ impl ChatCompletionRequest {
     /// Errors: [`ApiError::InvalidParam`] as the accessors above, and for `n` ≠ 1 or a
     /// `max_tokens` / `max_completion_tokens` of 0.
     pub fn to_generate_request(&self, session_id: &str, fallback_seed: u64) -> Result<spb::GenerateRequest, ApiError> {
+        Ok(self.to_generate_request_indexed(session_id, fallback_seed)?.0)
+    }
+
+    /// [`ChatCompletionRequest::to_generate_request`] with the [`PartOrigins`] that turn the
+    /// worker's `messages[i].parts[j]` in its errors back into this request's
+    /// `messages[i].content[k]`.
+    ///
+    /// Errors: as [`ChatCompletionRequest::to_generate_request`].
+    pub fn to_generate_request_indexed(&self, session_id: &str, fallback_seed: u64) -> Result<(spb::GenerateRequest, PartOrigins), ApiError> {
         if let Some(n) = self.n.filter(|&n| n != 1) {
             return Err(ApiError::InvalidParam { param: "n", expected: "1", found: n.to_string() });
         }
@@ -205,15 +227,58 @@ impl ChatCompletionRequest {
         if max_tokens == Some(0) {
             return Err(ApiError::InvalidParam { param: "max_tokens", expected: "a positive number", found: "0".into() });
         }
-        Ok(spb::GenerateRequest {
+        let (messages, origins) = self.chat_messages_indexed()?;
+        let req = spb::GenerateRequest {
             session_id: session_id.to_string(),
-            prompt: Some(spb::generate_request::Prompt::Chat(spb::ChatPrompt { messages: self.chat_messages()? })),
+            prompt: Some(spb::generate_request::Prompt::Chat(spb::ChatPrompt { messages })),
             // 0: the worker's default budget.
             max_tokens: max_tokens.unwrap_or(0),
             stop: self.stop_strings()?,
             sampling: Some(self.sampling(fallback_seed)?),
             json_schema: self.json_schema()?,
-        })
+        };
+        Ok((req, origins))
+    }
+}
+
+/// Where each worker content part came from: for message `i`, `0[i][j]` is the index in the
+/// OpenAI message's `content` list of the worker's `parts[j]` (the text before the first
+/// image becomes the worker message's `content`, so the two indices differ).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PartOrigins(pub Vec<Vec<usize>>);
+
+impl PartOrigins {
+    /// `message` (a worker error text) with every `messages[i].parts[j]` written as the
+    /// OpenAI request's `messages[i].content[k]`; a reference with no known origin is kept.
+    pub fn to_openai(&self, message: &str) -> String {
+        const HEAD: &str = "messages[";
+        let mut out = String::with_capacity(message.len());
+        let mut rest = message;
+        while let Some(at) = rest.find(HEAD) {
+            out.push_str(&rest[..at]);
+            let tail = &rest[at..];
+            match self.parse_ref(&tail[HEAD.len()..]) {
+                Some((i, k, used)) => {
+                    out.push_str(&format!("messages[{i}].content[{k}]"));
+                    rest = &tail[HEAD.len() + used..];
+                }
+                None => {
+                    out.push_str(HEAD);
+                    rest = &tail[HEAD.len()..];
+                }
+            }
+        }
+        out.push_str(rest);
+        out
+    }
+
+    /// From `s` = `I].parts[J]...`: the message, the OpenAI index and the bytes read.
+    fn parse_ref(&self, s: &str) -> Option<(usize, usize, usize)> {
+        let (i, after) = s.split_once("].parts[")?;
+        let (j, _) = after.split_once(']')?;
+        let (i, j): (usize, usize) = (i.parse().ok()?, j.parse().ok()?);
+        let k = *self.0.get(i)?.get(j)?;
+        Some((i, k, i.to_string().len() + "].parts[".len() + j.to_string().len() + 1))
     }
 }
 
@@ -232,6 +297,17 @@ pub struct RunInfo {
     pub worker: String,
     pub session_id: String,
     pub slot_id: u32,
+    /// The worker's prefill figures (slot, image tokens, images encoded and found in the
+    /// image cache, encoder time), once its `PrefillStats` event came.
+    pub prefill: spb::PrefillStats,
+}
+
+impl RunInfo {
+    /// Takes the worker's prefill event.
+    pub fn on_prefill(&mut self, p: spb::PrefillStats) {
+        self.slot_id = p.slot_id;
+        self.prefill = p;
+    }
 }
 
 /// OpenAI `usage` from the worker's final stats: `prompt_tokens`, `completion_tokens`,
@@ -246,9 +322,16 @@ pub fn usage_json(done: &spb::FinalStats) -> Value {
     })
 }
 
-/// The `tandem` extension object: routing and the worker's timings (milliseconds).
+/// The `tandem` extension object: routing, the worker's timings (milliseconds) and its image
+/// figures (`image_tokens` in the prompt; `images_encoded` and `image_cache_hits` past the
+/// reused prefix; `encoder_ms`, the time encoding them, part of `prefill_ms`).
 pub fn tandem_json(done: &spb::FinalStats, run: &RunInfo) -> Value {
+    let p = &run.prefill;
     json!({
+        "image_tokens": p.image_tokens,
+        "images_encoded": p.images_encoded,
+        "image_cache_hits": p.image_cache_hits,
+        "encoder_ms": p.encoder_ms,
         "worker": run.worker,
         "session_id": run.session_id,
         "slot_id": run.slot_id,
@@ -308,52 +391,65 @@ pub fn usage_chunk_json(id: &str, created: u64, model: &str, done: &spb::FinalSt
 }
 
 /// What an `image_url` part must hold, as error text.
-pub const IMAGE_URL_RULE: &str = "an image inline as a base64 data: URI (data:image/png;base64,...): the gateway fetches nothing";
+pub const IMAGE_URL_RULE: &str =
+    "an image inline as a base64 data: URI of media type image/png or image/jpeg (data:image/png;base64,...): the gateway fetches nothing";
+
+/// The media types an `image_url` data: URI may declare (`image/jpg` is a common misspelling
+/// of `image/jpeg`, accepted as such); ASCII case does not matter.
+pub const IMAGE_MEDIA_TYPES: [&str; 3] = ["image/png", "image/jpeg", "image/jpg"];
 
 /// Message `i`'s content parts: the text before the first image as `content`, then text and
-/// image parts in order.
+/// image parts in order, with each part's index in `list` (its [`PartOrigins`] row).
 ///
 /// Errors: [`ApiError::InvalidParam`] (`messages`) as [`ChatCompletionRequest::chat_messages`].
-fn content_parts(i: usize, list: &[Value]) -> Result<(String, Vec<spb::ContentPart>), ApiError> {
+fn content_parts(i: usize, list: &[Value]) -> Result<(String, Vec<spb::ContentPart>, Vec<usize>), ApiError> {
     use spb::content_part::Part;
     let bad = |expected: &'static str, found: String| ApiError::InvalidParam { param: "messages", expected, found };
-    let (mut content, mut parts) = (String::new(), Vec::new());
+    let (mut content, mut parts, mut from) = (String::new(), Vec::new(), Vec::new());
     for (j, p) in list.iter().enumerate() {
         match p.get("type").and_then(Value::as_str) {
             Some("text") => {
-                let t = p.get("text").and_then(Value::as_str).ok_or_else(|| bad("a text part with a string text", format!("message {i}: part {j}: {}", brief(p))))?;
+                let t = p.get("text").and_then(Value::as_str).ok_or_else(|| bad("a text part with a string text", format!("messages[{i}].content[{j}]: {}", brief(p))))?;
                 if parts.is_empty() {
                     content.push_str(t);
                 } else {
                     parts.push(spb::ContentPart { part: Some(Part::Text(t.to_string())) });
+                    from.push(j);
                 }
             }
             Some("image_url") => {
                 let url = p.pointer("/image_url/url").or_else(|| p.get("image_url")).and_then(Value::as_str).unwrap_or("");
-                let bytes = data_uri_bytes(url).map_err(|why| bad(IMAGE_URL_RULE, format!("message {i}: part {j}: {why}")))?;
+                let bytes = data_uri_bytes(url).map_err(|why| bad(IMAGE_URL_RULE, format!("messages[{i}].content[{j}]: {why}")))?;
                 parts.push(spb::ContentPart { part: Some(Part::Image(bytes)) });
+                from.push(j);
             }
-            _ => return Err(bad("text and image_url content parts only", format!("message {i}: part {j}: {}", brief(p)))),
+            _ => return Err(bad("text and image_url content parts only", format!("messages[{i}].content[{j}]: {}", brief(p)))),
         }
     }
-    Ok((content, parts))
+    Ok((content, parts, from))
 }
 
-/// The bytes of a base64 `data:` URI (`data:[<media type>][;params];base64,<data>`, RFC 2397).
+/// The bytes of a base64 `data:` URI (`data:<media type>[;params];base64,<data>`, RFC 2397)
+/// whose media type is one of [`IMAGE_MEDIA_TYPES`] (the worker reads the format from the
+/// bytes; the declared type must still say it is an image it takes).
 ///
 /// Errors: why the URL is refused: a remote (http, https) or other URL, a `data:` URI without
-/// `;base64`, invalid base64.
+/// `;base64`, another media type (or none), invalid base64.
 pub fn data_uri_bytes(url: &str) -> Result<Vec<u8>, String> {
     use base64::Engine as _;
     let scheme = url.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
     match scheme.as_deref() {
         Some("data") => {}
-        Some("http" | "https") => return Err(format!("a remote URL ({}); the gateway fetches nothing", brief_str(url))),
+        Some("http" | "https") => return Err(format!("a remote URL ({})", brief_str(url))),
         _ => return Err(format!("not a data: URI ({})", brief_str(url))),
     }
     let (head, data) = url["data:".len()..].split_once(',').ok_or_else(|| "a data: URI without a comma".to_string())?;
     if !head.split(';').any(|p| p.eq_ignore_ascii_case("base64")) {
         return Err("a data: URI that is not base64 (;base64 missing)".into());
+    }
+    let media = head.split(';').next().unwrap_or("").trim();
+    if !IMAGE_MEDIA_TYPES.iter().any(|t| media.eq_ignore_ascii_case(t)) {
+        return Err(format!("a data: URI of media type {}", brief_str(media)));
     }
     base64::engine::general_purpose::STANDARD
         .decode(data.trim())
@@ -464,18 +560,67 @@ mod tests {
     #[test]
     fn remote_and_malformed_image_urls_are_refused() {
         for (url, says) in [
-            ("http://example.com/a.png", "fetches nothing"),
-            ("https://example.com/a.png", "fetches nothing"),
+            ("http://example.com/a.png", "a remote URL"),
+            ("https://example.com/a.png", "a remote URL"),
             ("file:///etc/passwd", "not a data: URI"),
             ("data:image/png,rawbytes", "not base64"),
             ("data:image/png;base64,@@@", "invalid base64"),
+            // PNG bytes ("\x89PNG") under a media type that is no image the worker takes.
+            ("data:text/plain;base64,iVBORw==", "media type \"text/plain\""),
+            ("data:;base64,iVBORw==", "media type \"\""),
+            ("data:image/gif;base64,R0lGOA==", "media type \"image/gif\""),
         ] {
-            let r = req(json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]})).unwrap();
+            let r = req(json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": url}}]}]})).unwrap();
             let e = r.chat_messages().unwrap_err();
             assert_eq!(e.http_status(), 400, "{url}");
             let text = e.to_string();
-            assert!(text.contains(says) && text.contains("the gateway fetches nothing"), "{url}: {text}");
+            assert!(text.contains(says), "{url}: {text}");
+            assert!(text.contains("messages[0].content[1]"), "{url}: {text}");
+            assert_eq!(text.matches("fetches nothing").count(), 1, "said once: {text}");
         }
+        for ok in ["data:image/png;base64,UE5H", "data:IMAGE/JPEG;base64,UE5H", "data:image/jpg;base64,UE5H"] {
+            let r = req(json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": ok}}]}]})).unwrap();
+            assert!(r.chat_messages().is_ok(), "{ok}");
+        }
+    }
+
+    #[test]
+    fn worker_part_indices_are_named_as_the_openai_content_index() {
+        // Text first (the worker message's content), then image, text, image: the worker's
+        // parts 0, 1, 2 are the OpenAI content items 1, 2, 3.
+        let img = "data:image/png;base64,UE5H";
+        let r = req(json!({"messages": [
+            {"role": "system", "content": "rules"},
+            {"role": "user", "content": [
+                {"type": "text", "text": "Screen: "},
+                {"type": "image_url", "image_url": {"url": img}},
+                {"type": "text", "text": " and "},
+                {"type": "image_url", "image_url": {"url": img}},
+            ]},
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": img}}]},
+        ]}))
+        .unwrap();
+        let (_, origins) = r.to_generate_request_indexed("", 0).unwrap();
+        assert_eq!(origins, PartOrigins(vec![vec![], vec![1, 2, 3], vec![0]]));
+        assert_eq!(
+            origins.to_openai("messages[1].parts[2]: image is empty (0 bytes)"),
+            "messages[1].content[3]: image is empty (0 bytes)"
+        );
+        assert_eq!(origins.to_openai("x messages[2].parts[0]: y"), "x messages[2].content[0]: y");
+        // Unknown references and other text are kept as they are.
+        for kept in ["messages[1].parts[9]: z", "messages[7].parts[0]", "messages[", "no reference"] {
+            assert_eq!(origins.to_openai(kept), kept);
+        }
+    }
+
+    #[test]
+    fn the_tandem_block_carries_the_image_figures() {
+        let mut run = RunInfo::default();
+        run.on_prefill(spb::PrefillStats { slot_id: 1, image_tokens: 230, images_encoded: 1, image_cache_hits: 2, encoder_ms: 12.5, ..Default::default() });
+        let t = tandem_json(&spb::FinalStats::default(), &run);
+        assert_eq!((t["slot_id"].as_u64(), t["image_tokens"].as_u64()), (Some(1), Some(230)));
+        assert_eq!((t["images_encoded"].as_u64(), t["image_cache_hits"].as_u64()), (Some(1), Some(2)));
+        assert_eq!(t["encoder_ms"].as_f64(), Some(12.5));
     }
 
     #[test]

@@ -37,6 +37,12 @@ pub struct EngineOptions {
     /// budget is 2550 tokens × hidden × 4 bytes (10 MiB at hidden 1024).
     #[arg(long, default_value_t = d::IMAGE_CACHE_MIB)]
     pub image_cache_mib: usize,
+    /// Most decoded pixels of all images of one request together, in megapixels (10⁶ px;
+    /// a 1080×2400 screenshot is 2.6), checked from each image's header before it is
+    /// decoded; over it the request is INVALID_ARGUMENT. Each image is decoded, resized and
+    /// freed before the next, so this bounds a request's decoding time, not its memory.
+    #[arg(long, default_value_t = crate::model::vision::decode::DEFAULT_REQUEST_MPX, value_parser = at_least_one_u64)]
+    pub image_request_mpx: u64,
     /// Compute threads (the engine thread included). Default: all cores.
     #[arg(long, short = 't', value_parser = at_least_one)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -256,6 +262,7 @@ impl Default for EngineOptions {
             image_min_tokens: crate::model::vision::preprocess::DEFAULT_MIN_TOKENS,
             image_max_tokens: crate::model::vision::preprocess::DEFAULT_MAX_TOKENS,
             image_cache_mib: d::IMAGE_CACHE_MIB,
+            image_request_mpx: crate::model::vision::decode::DEFAULT_REQUEST_MPX,
             threads: None,
             kernels: KernelArgs::default(),
             ctx_size: d::CTX_SIZE,

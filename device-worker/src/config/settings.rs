@@ -35,14 +35,17 @@ fn at_least_min_ctx(ctx_size: usize) -> Result<usize, ConfigError> {
     Ok(ctx_size)
 }
 
-/// The projector file, the image-token budget and the embedding cache (`--mmproj`,
-/// `--image-min-tokens`, `--image-max-tokens`, `--image-cache-mib`).
+/// The projector file, the image-token budget, the embedding cache and the request's pixel
+/// budget (`--mmproj`, `--image-min-tokens`, `--image-max-tokens`, `--image-cache-mib`,
+/// `--image-request-mpx`).
 #[derive(Clone, Debug)]
 pub struct VisionSettings {
     pub mmproj: PathBuf,
     pub budget: crate::model::vision::ImageBudget,
     /// Byte limit of the image-embedding cache (0: off).
     pub cache_bytes: usize,
+    /// Most decoded pixels (width · height summed) of one request's images.
+    pub request_pixels: u64,
 }
 
 /// Everything the engine runs with.
@@ -154,10 +157,40 @@ impl PlannerSettings {
 }
 
 impl EngineOptions {
+    /// Refuses an image option set to anything but its default without `--mmproj` (a
+    /// text-only worker takes no images, so the value would be silently ignored). The check
+    /// is by value: an option given explicitly at its default value (e.g.
+    /// `--image-max-tokens 4096`) is accepted, as is the same key in a `--config` file.
+    ///
+    /// Errors: [`ConfigError`] naming the first such option (`image-min-tokens`,
+    /// `image-max-tokens`, `image-cache-mib`, `image-request-mpx`, `checkpoint-after-image`).
+    pub fn check_image_options_need_mmproj(&self) -> Result<(), ConfigError> {
+        if self.mmproj.is_some() {
+            return Ok(());
+        }
+        let d = Self::default();
+        let set: [(&'static str, bool, String); 5] = [
+            ("image-min-tokens", self.image_min_tokens != d.image_min_tokens, self.image_min_tokens.to_string()),
+            ("image-max-tokens", self.image_max_tokens != d.image_max_tokens, self.image_max_tokens.to_string()),
+            ("image-cache-mib", self.image_cache_mib != d.image_cache_mib, self.image_cache_mib.to_string()),
+            ("image-request-mpx", self.image_request_mpx != d.image_request_mpx, self.image_request_mpx.to_string()),
+            ("checkpoint-after-image", self.checkpoint_after_image != d.checkpoint_after_image, self.checkpoint_after_image.to_string()),
+        ];
+        match set.into_iter().find(|(_, changed, _)| *changed) {
+            Some((option, _, value)) => Err(ConfigError {
+                option,
+                value,
+                reason: "is an image option and needs --mmproj (a worker without a projector takes no images)",
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// The settings these options describe.
     ///
     /// Errors: [`ConfigError`] for a zero count or a draft count outside 1..=8 (values the
-    /// flags' parsers already reject).
+    /// flags' parsers already reject), and an image option without `--mmproj`
+    /// ([`EngineOptions::check_image_options_need_mmproj`]).
     pub fn settings(&self) -> Result<EngineSettings, ConfigError> {
         let positive = |option: &'static str, v: usize| {
             if v == 0 {
@@ -193,8 +226,10 @@ impl EngineOptions {
                     value: format!("{} (--image-max-tokens {})", self.image_min_tokens, self.image_max_tokens),
                     reason: "must be at least 1 and at most --image-max-tokens",
                 })?;
+        self.check_image_options_need_mmproj()?;
         let cache_bytes = self.image_cache_mib << 20;
-        let vision = self.mmproj.clone().map(|mmproj| VisionSettings { mmproj, budget, cache_bytes });
+        let request_pixels = self.image_request_mpx.saturating_mul(1_000_000);
+        let vision = self.mmproj.clone().map(|mmproj| VisionSettings { mmproj, budget, cache_bytes, request_pixels });
         Ok(EngineSettings {
             model: self.model_path(),
             vision,

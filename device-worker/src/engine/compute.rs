@@ -105,6 +105,13 @@ impl Compute {
             projector,
             image_options: PreprocessOptions {
                 budget: cfg.vision.as_ref().map(|v| v.budget).unwrap_or_default(),
+                limits: crate::model::vision::DecodeLimits {
+                    max_request_pixels: cfg.vision.as_ref().map_or(
+                        crate::model::vision::DecodeLimits::default().max_request_pixels,
+                        |v| v.request_pixels,
+                    ),
+                    ..Default::default()
+                },
                 ..PreprocessOptions::default()
             },
             image_cache: ImageCache::new(cfg.vision.as_ref().map_or(0, |v| v.cache_bytes)),

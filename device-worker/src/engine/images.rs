@@ -1,6 +1,9 @@
 //! Images in chat prompts at admission (issue 19): each image part of a `ChatMessage` is
-//! decoded within the decoding limits, sized to its image-token count exactly as the encoder
-//! will see it ([`smart_size`]: `(H'/32)·(W'/32)` tokens), and laid out in the rendered chat
+//! checked from its header (decoding limits, the request's pixel budget), decoded, resized
+//! to the size the encoder takes it at ([`crate::model::vision::preprocess::smart_size`]:
+//! `(H'/32)·(W'/32)` tokens) and its
+//! decoded pixels freed before the next image is decoded, so a request holds one decoded
+//! image at a time and its resized ones; each is laid out in the rendered chat
 //! as `<|vision_start|>` + that many `<|image_pad|>` + `<|vision_end|>` at its place
 //! ([`crate::prompt::IMAGE_MARKER`], [`crate::prompt::ImageLayout`]). A bad image is refused
 //! here, on the handler's task, with INVALID_ARGUMENT naming `messages[i].parts[j]`.
@@ -13,8 +16,8 @@ use sha2::{Digest, Sha256};
 use tandem_proto::step::v1 as pb;
 
 use crate::error::WorkerError;
-use crate::model::vision::decode::decode;
-use crate::model::vision::preprocess::{check_shape, smart_size};
+use crate::model::vision::decode::{decode, probe};
+use crate::model::vision::preprocess::{check_shape, resize_for};
 use crate::model::vision::{PreprocessOptions, RgbImage, VisionConfig, VisionError};
 use crate::prompt::{chat_tokens_escaped, ChatTokens, ImageLayout, IMAGE_MARKER};
 use gguf::chat_template::ChatTemplate;
@@ -58,21 +61,43 @@ impl ImageAdmission {
         })
     }
 
-    /// Decodes `bytes` and sizes the image as the encoder will ([`smart_size`] within the
-    /// budget), without resampling it.
+    /// Checks `bytes` from the header (decoding limits, shape, and the request's pixel
+    /// budget: `request_pixels` holds the pixels of the request's earlier images and grows by
+    /// this one's), decodes them, and resizes the image to the size the encoder takes it at
+    /// ([`resize_for`]); the decoded pixels are dropped on return.
     ///
-    /// Errors: the [`VisionError`]s of [`decode`] and [`check_shape`] (all request faults).
-    pub fn admit(&self, bytes: &[u8]) -> Result<AdmittedImage, VisionError> {
-        let rgb = decode(bytes, &self.options.limits)?;
-        check_shape(rgb.width, rgb.height)?;
+    /// Errors: [`VisionError::RequestPixels`] over
+    /// [`crate::model::vision::DecodeLimits::max_request_pixels`]; the [`VisionError`]s of
+    /// [`probe`], [`decode`] and [`check_shape`] (all request faults).
+    pub fn admit(
+        &self,
+        bytes: &[u8],
+        request_pixels: &mut u64,
+    ) -> Result<AdmittedImage, VisionError> {
+        let limits = &self.options.limits;
+        let probed = probe(bytes, limits)?;
+        check_shape(probed.width as usize, probed.height as usize)?;
+        let total = *request_pixels + probed.pixels();
+        if total > limits.max_request_pixels {
+            return Err(VisionError::RequestPixels {
+                width: probed.width,
+                height: probed.height,
+                total,
+                limit: limits.max_request_pixels,
+            });
+        }
+        *request_pixels = total;
+        let rgb = decode(bytes, limits)?;
+        let source_size = (rgb.width, rgb.height);
+        let resized = resize_for(rgb, &self.config, &self.options)?;
         let block = self.config.block_side();
-        let (w, h) = smart_size(rgb.width, rgb.height, block, self.options.budget);
-        let grid = (h / block, w / block);
+        let grid = (resized.height / block, resized.width / block);
         Ok(AdmittedImage {
             n_tokens: grid.0 * grid.1,
             grid,
             hash: Sha256::digest(bytes).into(),
-            rgb: Arc::new(rgb),
+            source_size,
+            resized: Arc::new(resized),
         })
     }
 }
@@ -87,8 +112,11 @@ pub struct AdmittedImage {
     /// SHA-256 of the image's bytes: its identity for the prefix match and the embedding
     /// cache.
     pub hash: [u8; 32],
-    /// The decoded pixels (resampled and encoded by the engine unless cached).
-    pub rgb: Arc<RgbImage>,
+    /// The decoded image's `(width, height)`, pixels.
+    pub source_size: (usize, usize),
+    /// The image resized for the encoder (sides `grid · 32`; patched and encoded by the
+    /// engine unless its embeddings are cached).
+    pub resized: Arc<RgbImage>,
 }
 
 /// An image placed in a prompt.
@@ -169,6 +197,7 @@ pub fn chat_tokens_with_parts(
     max_tokens: usize,
 ) -> Result<(ChatTokens, Vec<PromptImage>), WorkerError> {
     let mut images = Vec::new();
+    let mut request_pixels = 0u64;
     let mut msgs = Vec::with_capacity(messages.len());
     for (i, m) in messages.into_iter().enumerate() {
         let mut content = tokenizer.escape_special(&m.content).into_owned();
@@ -182,7 +211,7 @@ pub fn chat_tokens_with_parts(
                 }
                 Some(pb::content_part::Part::Image(bytes)) => {
                     let v = vision.ok_or_else(|| at(&VisionError::NoProjector))?;
-                    images.push(v.admit(&bytes).map_err(|e| at(&e))?);
+                    images.push(v.admit(&bytes, &mut request_pixels).map_err(|e| at(&e))?);
                     content.push_str(IMAGE_MARKER);
                 }
                 None => return Err(at(&"a content part with neither text nor image")),

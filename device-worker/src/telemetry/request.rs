@@ -80,6 +80,10 @@ impl RequestObserver {
             ::metrics::counter!(m::WORKER_IMAGE_TOKENS_TOTAL).increment(u64::from(p.image_tokens));
             ::metrics::counter!(m::WORKER_IMAGES_TOTAL, m::LABEL_OUTCOME => "encoded").increment(u64::from(p.images_encoded));
             ::metrics::counter!(m::WORKER_IMAGES_TOTAL, m::LABEL_OUTCOME => "cache_hit").increment(u64::from(p.image_cache_hits));
+        }
+        // One sample per request that encoded (a request served from the image cache or the
+        // reused prefix encodes nothing and records nothing).
+        if p.images_encoded > 0 {
             ::metrics::histogram!(m::WORKER_ENCODER_DURATION_SECONDS).record(p.encoder_ms / 1e3);
         }
         if let Some(s) = &self.phase {
@@ -312,7 +316,8 @@ pub(crate) mod tests {
             ("worker_images_total{outcome=\"encoded\"}", 1.0),
             ("worker_images_total{outcome=\"cache_hit\"}", 2.0),
             ("worker_encoder_duration_seconds_sum", 0.25),
-            ("worker_encoder_duration_seconds_count", 2.0),
+            // The cache-hit-only request records no encoder time.
+            ("worker_encoder_duration_seconds_count", 1.0),
         ]);
     }
 

@@ -41,60 +41,19 @@ pub fn grid_thw(image: &Value) -> (usize, usize, usize) {
     (g[0], g[1], g[2])
 }
 
-/// Minimal CRC-32 (IEEE) for hand-made PNG chunks.
-pub fn crc32(bytes: &[u8]) -> u32 {
-    let mut c = !0u32;
-    for &b in bytes {
-        c ^= u32::from(b);
-        for _ in 0..8 {
-            c = if c & 1 != 0 {
-                0xEDB8_8320 ^ (c >> 1)
-            } else {
-                c >> 1
-            };
-        }
-    }
-    !c
+/// `img` as a baseline JPEG of `quality` (1–100), the image crate's encoder.
+pub fn encode_jpeg(img: &RgbImage, quality: u8) -> Vec<u8> {
+    test_support::images::encode_jpeg(img.width, img.height, &img.data, quality)
 }
 
-pub fn chunk(out: &mut Vec<u8>, kind: &[u8; 4], data: &[u8]) {
-    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
-    let mut body = kind.to_vec();
-    body.extend_from_slice(data);
-    out.extend_from_slice(&body);
-    out.extend_from_slice(&crc32(&body).to_be_bytes());
+/// A real screenshot as JPEG: `llamatouch_evaluator/trace_18/2.png` of the corpus (1080×2400,
+/// SOURCES.md there) re-encoded at quality 90 at test time.
+pub fn corpus_jpeg() -> Vec<u8> {
+    let p = test_support::corpus_dir().join("llamatouch_evaluator/trace_18/2.png");
+    test_support::images::png_file_as_jpeg(&p, 90)
 }
 
-/// A PNG whose header declares `w × h` RGB8 and whose data is a small zlib stream of zeros
-/// (a decompression bomb: 1.2 GB of pixels for 20000×20000).
-pub fn bomb_png(w: u32, h: u32) -> Vec<u8> {
-    let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
-    let mut ihdr = w.to_be_bytes().to_vec();
-    ihdr.extend_from_slice(&h.to_be_bytes());
-    ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
-    chunk(&mut out, b"IHDR", &ihdr);
-    // zlib header + a stored empty final block: not enough data, but never read that far.
-    chunk(
-        &mut out,
-        b"IDAT",
-        &[
-            0x78, 0x01, 0x01, 0x00, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x01,
-        ],
-    );
-    chunk(&mut out, b"IEND", &[]);
-    out
-}
-
+/// `img` as a PNG.
 pub fn encode_png(img: &RgbImage) -> Vec<u8> {
-    let mut out = Vec::new();
-    let enc = image::codecs::png::PngEncoder::new(&mut out);
-    image::ImageEncoder::write_image(
-        enc,
-        &img.data,
-        img.width as u32,
-        img.height as u32,
-        image::ExtendedColorType::Rgb8,
-    )
-    .unwrap();
-    out
+    test_support::images::encode_png(img.width, img.height, &img.data)
 }

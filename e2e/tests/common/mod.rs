@@ -107,7 +107,12 @@ pub async fn serve_worker(
 /// Loads `model` in a worker ([`engine_options`]), serves it, and serves a gateway routed to
 /// it; both on free loopback ports.
 pub async fn start(model: PathBuf) -> Servers {
-    let (engine, worker, s1) = serve_worker(engine_options(model)).await;
+    start_with(engine_options(model)).await
+}
+
+/// [`start`] with the worker options `cfg` (another model, a projector).
+pub async fn start_with(cfg: device_worker::config::EngineOptions) -> Servers {
+    let (engine, worker, s1) = serve_worker(cfg).await;
     let router = agent_gateway::worker::Router::new(std::slice::from_ref(&worker)).unwrap();
     let (gateway, s2) = serve_gateway(router).await;
     Servers { gateway, worker, engine, _stop: vec![s1, s2] }

@@ -12,7 +12,7 @@ use super::super::request::EngineRequest;
 use super::ms;
 use crate::error::WorkerError;
 use crate::model::multimodal::{ImageSpan, SequenceImages};
-use crate::model::vision::preprocess::preprocess_rgb;
+use crate::model::vision::preprocess::preprocess_resized;
 use crate::model::vision::EncodeOptions;
 
 /// What the stage did, for [`tandem_proto::step::v1::PrefillStats`].
@@ -23,7 +23,8 @@ pub(super) struct Encoded {
     /// Images encoded now, and images found in the cache (both past `resume`).
     pub encoded: u32,
     pub cache_hits: u32,
-    /// Preprocessing and encoding time.
+    /// Time patching and encoding the images encoded now (0 when every image was reused or
+    /// found in the cache).
     pub encoder_ms: f64,
 }
 
@@ -46,7 +47,6 @@ pub(super) fn run(
     let projector = c.projector.clone().ok_or_else(|| {
         WorkerError::Internal("an image reached a worker without a projector".into())
     })?;
-    let t0 = Instant::now();
     let mut spans = Vec::with_capacity(req.images.len());
     for im in &req.images {
         let n = im.image.n_tokens;
@@ -57,7 +57,8 @@ pub(super) fn run(
             out.cache_hits += 1;
             Some(e)
         } else {
-            let pre = preprocess_rgb(&im.image.rgb, &projector.config, &c.image_options)?;
+            let t0 = Instant::now();
+            let pre = preprocess_resized(&im.image.resized, im.image.source_size, &projector.config);
             if pre.n_tokens != n {
                 return Err(WorkerError::Internal(format!(
                     "image at {}: admission laid out {n} tokens, preprocessing made {}",
@@ -65,6 +66,7 @@ pub(super) fn run(
                 )));
             }
             let e = Arc::new(projector.encode(&c.pool, &pre, &EncodeOptions::default())?);
+            out.encoder_ms += ms(t0.elapsed());
             c.image_cache.insert(im.image.hash, e.clone());
             c.images_encoded += 1;
             out.encoded += 1;
@@ -78,6 +80,5 @@ pub(super) fn run(
     }
     let images = SequenceImages::new(spans, c.model.n_embd())?;
     c.model.set_images(Some(Arc::new(images)))?;
-    out.encoder_ms = ms(t0.elapsed());
     Ok(out)
 }

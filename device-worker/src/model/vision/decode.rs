@@ -53,15 +53,24 @@ pub struct DecodeLimits {
     pub max_pixels: u64,
     /// Largest allocation the decoder may make, bytes (`image::Limits::max_alloc`).
     pub max_alloc: u64,
+    /// Largest sum of width · height over the images of one request
+    /// (`--image-request-mpx`, in 10⁶ px), checked from each header before it is decoded.
+    pub max_request_pixels: u64,
 }
 
+/// Default [`DecodeLimits::max_request_pixels`] in megapixels (10⁶ px): two images at the
+/// per-image limit, or 24 1080×2400 screenshots.
+pub const DEFAULT_REQUEST_MPX: u64 = 64;
+
 impl Default for DecodeLimits {
-    /// 8192 px per side, 32 Mpx (a 1440×3200 phone screen is 4.6 Mpx), 256 MiB.
+    /// 8192 px per side, 32 Mpx (a 1440×3200 phone screen is 4.6 Mpx), 256 MiB, 64 Mpx
+    /// per request ([`DEFAULT_REQUEST_MPX`]).
     fn default() -> Self {
         Self {
             max_side: 8192,
             max_pixels: 32 << 20,
             max_alloc: 256 << 20,
+            max_request_pixels: DEFAULT_REQUEST_MPX * 1_000_000,
         }
     }
 }
@@ -76,12 +85,28 @@ impl DecodeLimits {
     }
 }
 
-/// Decodes PNG or JPEG `bytes` into RGB8 within `limits`.
+/// An image's format and size, read from its header (no pixel buffer allocated).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Probed {
+    pub format: ImageFormat,
+    pub width: u32,
+    pub height: u32,
+}
+
+impl Probed {
+    /// `width · height`.
+    pub fn pixels(&self) -> u64 {
+        u64::from(self.width) * u64::from(self.height)
+    }
+}
+
+/// Reads the format and size of PNG or JPEG `bytes` from the header and checks them against
+/// `limits`, before any pixel is decoded.
 ///
 /// Errors: [`VisionError::EmptyImage`] (0 bytes), [`VisionError::UnsupportedFormat`] (no PNG
 /// or JPEG signature), [`VisionError::ImageTooLarge`] (header dimensions over `limits`),
-/// [`VisionError::Decode`] (truncated or corrupt data).
-pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, VisionError> {
+/// [`VisionError::Decode`] (an unreadable header).
+pub fn probe(bytes: &[u8], limits: &DecodeLimits) -> Result<Probed, VisionError> {
     if bytes.is_empty() {
         return Err(VisionError::EmptyImage);
     }
@@ -94,17 +119,9 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, VisionErr
         }
         Err(_) => return Err(VisionError::UnsupportedFormat { format: None }),
     };
-    let reader = || {
-        let mut r = ImageReader::with_format(Cursor::new(bytes), format);
-        r.limits(limits.image_limits());
-        r
-    };
-    // Header only: no pixel buffer yet. Dimension-limit errors come back as our own error.
-    let (width, height) =
-        match ImageReader::with_format(Cursor::new(bytes), format).into_dimensions() {
-            Ok(d) => d,
-            Err(e) => return Err(VisionError::Decode(e.to_string())),
-        };
+    let (width, height) = ImageReader::with_format(Cursor::new(bytes), format)
+        .into_dimensions()
+        .map_err(decode_error)?;
     let too_large = width > limits.max_side
         || height > limits.max_side
         || u64::from(width) * u64::from(height) > limits.max_pixels;
@@ -116,13 +133,75 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, VisionErr
             max_pixels: limits.max_pixels,
         });
     }
-    let img = reader()
-        .decode()
-        .map_err(|e| VisionError::Decode(e.to_string()))?;
-    let rgb = img.into_rgb8();
+    Ok(Probed {
+        format,
+        width,
+        height,
+    })
+}
+
+/// Decodes PNG or JPEG `bytes` into RGB8 within `limits`.
+///
+/// Errors: those of [`probe`]; [`VisionError::Decode`] for truncated or corrupt data (a JPEG
+/// whose entropy-coded data does not reach its end-of-image marker included:
+/// [`jpeg_reaches_eoi`]; the decoder would fill the missing blocks with grey).
+pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, VisionError> {
+    let probed = probe(bytes, limits)?;
+    if probed.format == ImageFormat::Jpeg {
+        jpeg_reaches_eoi(bytes)?;
+    }
+    let mut reader = ImageReader::with_format(Cursor::new(bytes), probed.format);
+    reader.limits(limits.image_limits());
+    let rgb = reader.decode().map_err(decode_error)?.into_rgb8();
     Ok(RgbImage {
         width: rgb.width() as usize,
         height: rgb.height() as usize,
         data: rgb.into_raw(),
     })
+}
+
+/// A decoder's error as one line (zune-jpeg's messages hold line breaks).
+fn decode_error(e: image::ImageError) -> VisionError {
+    VisionError::Decode(e.to_string().split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
+/// Checks that a JPEG's segments and entropy-coded data run, marker by marker, to an
+/// end-of-image marker (`FF D9`; ITU T.81 B.1.1: `FF 00` is a stuffed byte, `FF D0`–`FF D7`
+/// restart markers and `FF FF` fill inside entropy-coded data; every other marker but SOI,
+/// EOI and TEM has a 2-byte big-endian length that counts itself). Bytes after EOI are
+/// allowed (some cameras append data). zune-jpeg, which the image crate runs in its lenient
+/// mode, decodes a file cut short as grey blocks; this refuses it.
+///
+/// Errors: [`VisionError::Decode`] naming where the data ends.
+pub fn jpeg_reaches_eoi(bytes: &[u8]) -> Result<(), VisionError> {
+    let truncated = |at: usize| {
+        VisionError::Decode(format!(
+            "JPEG data ends at byte {at} of {} without an end-of-image marker (truncated)",
+            bytes.len()
+        ))
+    };
+    let mut i = 2; // past SOI (FF D8, checked by the format guess)
+    while i + 1 < bytes.len() {
+        if bytes[i] != 0xFF {
+            i += 1; // entropy-coded data
+            continue;
+        }
+        match bytes[i + 1] {
+            0xD9 => return Ok(()),
+            // Stuffed zero, fill byte, restart markers, TEM, SOI: no length.
+            0x00 | 0xD0..=0xD7 | 0x01 | 0xD8 => i += 2,
+            0xFF => i += 1,
+            _ => {
+                let len = bytes
+                    .get(i + 2..i + 4)
+                    .map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
+                    .ok_or_else(|| truncated(bytes.len()))?;
+                if len < 2 || i + 2 + len > bytes.len() {
+                    return Err(truncated(bytes.len()));
+                }
+                i += 2 + len;
+            }
+        }
+    }
+    Err(truncated(bytes.len()))
 }

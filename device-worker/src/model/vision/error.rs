@@ -69,6 +69,15 @@ pub enum VisionError {
         height: u32,
         max_ratio: u32,
     },
+    /// The images of one request so far exceed [`super::DecodeLimits::max_request_pixels`]
+    /// (checked from each header before decoding).
+    #[error("the request's images reach {total} pixels with this one ({width}x{height}); the limit is {limit} pixels per request (--image-request-mpx)")]
+    RequestPixels {
+        width: u32,
+        height: u32,
+        total: u64,
+        limit: u64,
+    },
     #[error("image cannot be decoded: {0}")]
     Decode(String),
     #[error("image budget: {0}")]
@@ -112,6 +121,7 @@ impl VisionError {
                 | Self::ImageTooLarge { .. }
                 | Self::ImageTooSmall { .. }
                 | Self::AspectRatio { .. }
+                | Self::RequestPixels { .. }
                 | Self::Decode(_)
         )
     }

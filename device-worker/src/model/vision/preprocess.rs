@@ -201,7 +201,7 @@ pub fn preprocess(
     preprocess_rgb(&img, cfg, opts)
 }
 
-/// [`preprocess`] of an already decoded image.
+/// [`preprocess`] of an already decoded image: [`resize_for`], then [`preprocess_resized`].
 ///
 /// Errors: [`check_shape`]'s.
 pub fn preprocess_rgb(
@@ -212,12 +212,45 @@ pub fn preprocess_rgb(
     check_shape(img.width, img.height)?;
     let (w, h) = smart_size(img.width, img.height, cfg.block_side(), opts.budget);
     let resized = fit(img, w, h, opts.fit);
+    Ok(preprocess_resized(&resized, (img.width, img.height), cfg))
+}
+
+/// `img` resized to the size the encoder takes it at ([`smart_size`] within the budget,
+/// resampled with the options' [`Fit`]); `img` itself when it has that size already. Taking
+/// the decoded image by value lets admission free it as soon as the (usually much smaller)
+/// resized one exists, one image at a time.
+///
+/// Errors: [`check_shape`]'s.
+pub fn resize_for(
+    img: RgbImage,
+    cfg: &VisionConfig,
+    opts: &PreprocessOptions,
+) -> Result<RgbImage, VisionError> {
+    check_shape(img.width, img.height)?;
+    let (w, h) = smart_size(img.width, img.height, cfg.block_side(), opts.budget);
+    if (img.width, img.height) == (w, h) {
+        return Ok(img);
+    }
+    Ok(fit(&img, w, h, opts.fit))
+}
+
+/// The encoder's input from an image [`resize_for`] made (sides multiples of
+/// `patch · merge`): [`patchify`]'s rows and the grid. `source_size` is the decoded image's
+/// `(width, height)`, for [`Preprocessed::source_size`].
+///
+/// Panics if a side of `resized` is not a multiple of `patch · merge`.
+pub fn preprocess_resized(
+    resized: &RgbImage,
+    source_size: (usize, usize),
+    cfg: &VisionConfig,
+) -> Preprocessed {
+    let (w, h) = (resized.width, resized.height);
     let (gh, gw) = (h / cfg.patch_size, w / cfg.patch_size);
-    Ok(Preprocessed {
-        source_size: (img.width, img.height),
+    Preprocessed {
+        source_size,
         size: (w, h),
         grid_thw: (1, gh, gw),
         n_tokens: gh * gw / (cfg.spatial_merge * cfg.spatial_merge),
-        pixels: patchify(&resized, cfg),
-    })
+        pixels: patchify(resized, cfg),
+    }
 }

@@ -278,9 +278,18 @@ fn saves(
                     // covers a repeat, one micro-batch before the prompt's end at a line start
                     // (where the stock server's consolidated checkpoint sits), else at the
                     // prompt's end (a repeat with a new suffix resumes there). Still at most
-                    // one new checkpoint per request.
-                    let usable = |p: &usize| *p > r && *p < n && *p - r >= cfg.min_gap;
+                    // one new checkpoint per request. Every candidate lies before the first
+                    // image (Tandem §4.5: the text checkpoint before the image); when the
+                    // last user message starts past it (the image is in an earlier message),
+                    // the save goes to the start of the image's line, so the next step
+                    // resumes with all the text before the image.
+                    let usable =
+                        |p: &usize| *p > r && *p < n && *p - r >= cfg.min_gap && before_image(*p);
                     let section = req.section_starts.iter().rev().copied().find(|p| usable(p));
+                    let image_line = req
+                        .image_start
+                        .map(|i| snap_to_line(i.saturating_sub(1), req.line_starts))
+                        .filter(usable);
                     let early = n
                         .checked_sub(cfg.n_batch)
                         .map(|p| snap_to_line(p, req.line_starts))
@@ -288,6 +297,7 @@ fn saves(
                     let p = req
                         .last_user_start
                         .filter(usable)
+                        .or(image_line)
                         .or(section)
                         .or(early)
                         .unwrap_or(n);

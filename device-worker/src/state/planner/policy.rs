@@ -19,7 +19,9 @@ pub enum Policy {
     /// moved back to the start of its line when that is still far enough from R; at most one
     /// new checkpoint per request; evicts the oldest first. A slot with no checkpoint (its
     /// first request) saves once at the last user message's start, else at the start of the
-    /// prompt's last paragraph, else near or at the prompt's end, so later prompts can resume.
+    /// prompt's last paragraph, else near or at the prompt's end, so later prompts can resume;
+    /// with an image, before the image (the start of its line when the last user message
+    /// starts past it).
     /// Besides, the end-of-prompt state (`n − 1`,
     /// [`PlanConfig::end_state`]) replaces the previous one, so a repeated prompt processes
     /// one token.

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use dsp::pool::ThreadPool;
@@ -88,9 +88,11 @@ pub struct BenchOptions {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
-    /// Also time each operation of the prefill runs and print a table (op, ms per run, share
-    /// of prefill time); with --json, as the `prefill_profile` array. With --depth, the
-    /// prefill runs at that depth are profiled.
+    /// Also time each operation of the prefill runs and of the decode runs and print a table
+    /// for each (op, ms per run, share of the time); with --json, as the `prefill_profile` and
+    /// `decode_profile` arrays. With --depth, the runs at that depth are profiled (and decode
+    /// at depth 0 as well, `decode_profile_depth0`). The decode table adds the token choice
+    /// (`sampling (argmax)`) and the time outside the passes and the choice (`between passes`).
     #[arg(long)]
     pub profile: bool,
     /// Instead of pp/tg: prefill the prompt plain (chunked GDN, no rollback states), with a
@@ -162,7 +164,14 @@ pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
         true,
     )?;
 
-    let mut b = Bench { model: &mut model, pool: &pool, n_batch, reps, profile: Vec::new() };
+    let mut b = Bench {
+        model: &mut model,
+        pool: &pool,
+        n_batch,
+        reps,
+        profile: Vec::new(),
+        decode_profiles: Vec::new(),
+    };
     if cfg.rollback_ablation {
         return rollback_ablation(&mut b, cfg, &mut seq, &prompt);
     }
@@ -175,16 +184,16 @@ pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
     let at_depth = (cfg.depth > 0).then(|| b.filled(&mut seq, &depth_prefix)).transpose()?;
     let mut rates = Rates {
         pp: b.prefill(at_depth.is_none() && cfg.profile, &empty, &prompt)?,
-        tg: b.decode(&empty, first_id, cfg.gen_tokens)?,
+        tg: b.decode(cfg.profile, &empty, first_id, cfg.gen_tokens)?,
         ..Rates::default()
     };
     let after_prompt = b.filled(&mut seq, &prompt)?;
-    rates.tg_after_prompt = b.decode(&after_prompt, first_id, cfg.gen_tokens)?;
+    rates.tg_after_prompt = b.decode(false, &after_prompt, first_id, cfg.gen_tokens)?;
     if let Some(base) = &at_depth {
         rates.pp_depth = Some(b.prefill(cfg.profile, base, &prompt)?);
-        rates.tg_depth = Some(b.decode(base, first_id, cfg.gen_tokens)?);
+        rates.tg_depth = Some(b.decode(cfg.profile, base, first_id, cfg.gen_tokens)?);
     }
-    print_speed(cfg, &path, &rates, &b.profile, reps);
+    print_speed(cfg, &path, &rates, &b.profile, &b.decode_profiles, reps);
     Ok(())
 }
 
@@ -210,6 +219,8 @@ struct Bench<'a> {
     reps: usize,
     /// The per-op table of the profiled prefill runs (`(op, seconds, share)`).
     profile: Vec<(&'static str, f64, f64)>,
+    /// The per-op tables of the profiled decode runs, in order (depth 0, then --depth).
+    decode_profiles: Vec<Vec<(&'static str, f64, f64)>>,
 }
 
 impl Bench<'_> {
@@ -245,8 +256,12 @@ impl Bench<'_> {
     }
 
     /// Mean tokens/s of decoding `n` tokens greedily, one per pass, from a copy of `base`.
-    fn decode(&mut self, base: &SequenceState, first: u32, n: usize) -> anyhow::Result<f64> {
+    /// With `profile`, the passes are timed per op and the table (plus the token choice and
+    /// the time between passes) is appended to `decode_profiles`.
+    fn decode(&mut self, profile: bool, base: &SequenceState, first: u32, n: usize) -> anyhow::Result<f64> {
+        let profile = profile && self.model.set_profiling(true);
         let mut rates = Vec::with_capacity(self.reps);
+        let (mut wall, mut choice) = (Duration::ZERO, Duration::ZERO);
         for _ in 0..self.reps {
             let mut seq = base.clone();
             let mut id = first;
@@ -256,9 +271,20 @@ impl Bench<'_> {
                     .model
                     .forward(self.pool, &mut seq, &[id], true)?
                     .expect("logits");
+                let c = Instant::now();
                 id = crate::sampling::argmax(logits).unwrap_or(0);
+                choice += c.elapsed();
             }
+            wall += t.elapsed();
             rates.push(n as f64 / t.elapsed().as_secs_f64());
+        }
+        if profile {
+            let mut ops = self.model.profile().cloned().unwrap_or_default();
+            self.model.set_profiling(false);
+            let in_ops: Duration = ops.total();
+            ops.add("sampling (argmax)", choice);
+            ops.add("between passes", wall.saturating_sub(in_ops + choice));
+            self.decode_profiles.push(ops.table());
         }
         Ok(mean(&rates))
     }
@@ -268,15 +294,42 @@ fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
+/// One profile table as JSON rows (`op`, `ms_per_run`, `share`).
+fn profile_json(profile: &[(&str, f64, f64)], reps: usize) -> serde_json::Value {
+    profile
+        .iter()
+        .map(|(op, secs, share)| {
+            serde_json::json!({ "op": op, "ms_per_run": secs * 1e3 / reps as f64, "share": share })
+        })
+        .collect()
+}
+
+/// Prints one profile table (markdown) under `title`.
+fn print_profile(title: &str, profile: &[(&str, f64, f64)], reps: usize) {
+    println!("\n{title}, mean of {reps} runs:");
+    println!("| op | ms per run | share |\n|---|---:|---:|");
+    for (op, secs, share) in profile {
+        println!("| {op} | {:.2} | {:.1}% |", secs * 1e3 / reps as f64, share * 100.0);
+    }
+}
+
 /// Prints the pp / tg rates (tokens/s) at depth 0, after the prompt and at --depth, and
-/// the prefill profile, as JSON or text.
+/// the prefill and decode profiles, as JSON or text.
 fn print_speed(
     cfg: &BenchOptions,
     path: &std::path::Path,
     r: &Rates,
     profile: &[(&str, f64, f64)],
+    decode_profiles: &[Vec<(&str, f64, f64)>],
     reps: usize,
 ) {
+    // With --depth, decode is profiled at depth 0 and at --depth: the last table is the
+    // one at the profiled depth.
+    let (decode_d0, decode) = match decode_profiles {
+        [d0, dd] => (Some(d0), Some(dd)),
+        [d] => (None, Some(d)),
+        _ => (None, None),
+    };
     if cfg.json {
         println!(
             "{}",
@@ -292,9 +345,9 @@ fn print_speed(
                 "decode_at_depth_tokens_per_s": r.tg_after_prompt,
                 "prefill_at_d_tokens_per_s": r.pp_depth,
                 "decode_at_d_tokens_per_s": r.tg_depth,
-                "prefill_profile": profile.iter().map(|(op, secs, share)| serde_json::json!({
-                    "op": op, "ms_per_run": secs * 1e3 / reps as f64, "share": share,
-                })).collect::<Vec<_>>(),
+                "prefill_profile": profile_json(profile, reps),
+                "decode_profile": decode.map(|d| profile_json(d, reps)),
+                "decode_profile_depth0": decode_d0.map(|d| profile_json(d, reps)),
             })
         );
         return;
@@ -313,13 +366,15 @@ fn print_speed(
         println!("pp{p:<5} {pp:>9.1} tokens/s at depth {dd}");
         println!("tg{g:<5} {tg:>9.1} tokens/s at depth {dd}");
     }
+    let at = if dd > 0 { format!(" at depth {dd}") } else { String::new() };
     if !profile.is_empty() {
-        let at = if dd > 0 { format!(" at depth {dd}") } else { String::new() };
-        println!("\nprefill profile (pp{p}{at}, mean of {reps} runs):");
-        println!("| op | ms per run | share |\n|---|---:|---:|");
-        for (op, secs, share) in profile {
-            println!("| {op} | {:.1} | {:.1}% |", secs * 1e3 / reps as f64, share * 100.0);
-        }
+        print_profile(&format!("prefill profile (pp{p}{at})"), profile, reps);
+    }
+    if let Some(d0) = decode_d0 {
+        print_profile(&format!("decode profile (tg{g} at depth 0)"), d0, reps);
+    }
+    if let Some(d) = decode {
+        print_profile(&format!("decode profile (tg{g}{at})"), d, reps);
     }
 }
 

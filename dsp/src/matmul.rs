@@ -279,7 +279,7 @@ pub fn matmul_with(
 
 /// The product of [`matmul_with`] on activations already converted by
 /// [`quantize_activations`] (reuse them for several weights sharing one input, e.g. q/k/v or
-/// gate/up).
+/// gate/up; [`matmul_quantized_many`] runs those in one pool run).
 ///
 /// # Errors
 /// `UnsupportedType` if `acts.ty != w.ty.vec_dot_type()`, `LengthMismatch` on wrong row sizes
@@ -291,37 +291,78 @@ pub fn matmul_quantized(
     acts: &QuantizedActs,
     y: &mut [f32],
 ) -> Result<(), DspError> {
+    matmul_quantized_many(be, pool, acts, &mut [(*w, y)])
+}
+
+/// Several products of the same converted activations, `ys[i] = W_i x` (each `ys[i]` `[n,
+/// W_i.rows]`), in **one** pool run: the weight rows of all products are split into tasks
+/// together, so a decode step pays one wake-up and one join for q/k/v or gate/up instead of
+/// one per weight, and small weights (k/v of GQA) no longer run alone on the calling thread.
+/// Every output is bit-identical to [`matmul_quantized`] of its weight alone (the tile kernel
+/// gives the same value for a (row, token) pair whatever the tiling).
+///
+/// # Errors
+/// As [`matmul_quantized`], for each product; nothing is computed when one fails.
+pub fn matmul_quantized_many(
+    be: &dyn KernelBackend,
+    pool: &ThreadPool,
+    acts: &QuantizedActs,
+    products: &mut [(QMatRef<'_>, &mut [f32])],
+) -> Result<(), DspError> {
     const OP: &str = "matmul_quantized";
-    w.validate()?;
-    if acts.ty != w.ty.vec_dot_type() {
-        return Err(DspError::UnsupportedType {
-            op: OP,
-            actual: acts.ty,
-            expected: w.ty.vec_dot_type().name(),
-        });
+    let n = acts.n;
+    for (w, y) in products.iter() {
+        w.validate()?;
+        if acts.ty != w.ty.vec_dot_type() {
+            return Err(DspError::UnsupportedType {
+                op: OP,
+                actual: acts.ty,
+                expected: w.ty.vec_dot_type().name(),
+            });
+        }
+        let x_rb = acts.ty.row_bytes(w.cols).unwrap_or(usize::MAX);
+        DspError::check_len(OP, "activation row bytes", x_rb, acts.row_bytes)?;
+        DspError::check_len(OP, "y", n * w.rows, y.len())?;
     }
-    let x_rb = acts.ty.row_bytes(w.cols).unwrap_or(usize::MAX);
-    DspError::check_len(OP, "activation row bytes", x_rb, acts.row_bytes)?;
-    let (rows, n) = (w.rows, acts.n);
-    DspError::check_len(OP, "y", n * rows, y.len())?;
-    if n == 0 || rows == 0 {
+    let macs: usize = products.iter().map(|(w, _)| w.rows * w.cols * n).sum();
+    let all_rows: usize = products.iter().map(|(w, _)| w.rows).sum();
+    if n == 0 || all_rows == 0 {
         return Ok(());
     }
-    let w_rb = w.row_bytes();
-    let xb = acts.bytes();
-
-    let n_tasks = if rows * w.cols * n < SERIAL_MACS {
+    let target_tasks = if macs < SERIAL_MACS {
         1
     } else {
-        (pool.n_threads() * 4).min(rows)
+        pool.n_threads() * 4
     };
-    let chunk = rows.div_ceil(n_tasks).next_multiple_of(4).min(rows);
-    let n_tasks = rows.div_ceil(chunk);
-    let y_out = OutPtr(y.as_mut_ptr());
-    let task = |i: usize| {
-        let r0 = i * chunk;
-        let r1 = (r0 + chunk).min(rows);
-        let n_r = r1 - r0;
+    // (product, first row, end row) of every task; each product's rows in chunks of a
+    // multiple of 4 rows, about `target_tasks` chunks over all products.
+    let mut tasks: Vec<(usize, usize, usize)> = Vec::with_capacity(target_tasks + products.len());
+    for (i, (w, _)) in products.iter().enumerate() {
+        let share = (target_tasks * w.rows)
+            .div_ceil(all_rows)
+            .clamp(1, w.rows.max(1));
+        let chunk = w
+            .rows
+            .div_ceil(share)
+            .next_multiple_of(4)
+            .min(w.rows)
+            .max(1);
+        tasks.extend(
+            (0..w.rows)
+                .step_by(chunk)
+                .map(|r0| (i, r0, (r0 + chunk).min(w.rows))),
+        );
+    }
+    let outs: Vec<(QMatRef<'_>, OutPtr)> = products
+        .iter_mut()
+        .map(|(w, y)| (*w, OutPtr(y.as_mut_ptr())))
+        .collect();
+    let xb = acts.bytes();
+    let x_rb = acts.row_bytes;
+    let task = |k: usize| {
+        let (i, r0, r1) = tasks[k];
+        let (w, y_out) = &outs[i];
+        let (rows, w_rb, n_r) = (w.rows, w.row_bytes(), r1 - r0);
         let mut buf = vec![0f32; n_r * TOKEN_BLOCK.min(n)];
         for t0 in (0..n).step_by(TOKEN_BLOCK) {
             let t1 = (t0 + TOKEN_BLOCK).min(n);
@@ -335,14 +376,15 @@ pub fn matmul_quantized(
             let out = &mut buf[..n_r * (t1 - t0)];
             be.dot_tile(&tile, out);
             for (dt, row) in out.chunks_exact(n_r).enumerate() {
-                // SAFETY: task `i` owns rows r0..r1 of every token, so the writes of different
-                // tasks are disjoint; (t0+dt)*rows + r1 <= n*rows == y.len(); `y` outlives the
+                // SAFETY: task `k` owns rows r0..r1 of every token of product `i`, so the
+                // writes of different tasks are disjoint; (t0+dt)*rows + r1 <= n*rows, the
+                // length of that product's output (checked above); the outputs outlive the
                 // run (pool.run returns only after every task has finished).
                 unsafe { y_out.write_row((t0 + dt) * rows + r0, row) };
             }
         }
     };
-    pool.run(n_tasks, &task);
+    pool.run(tasks.len(), &task);
     Ok(())
 }
 
@@ -350,7 +392,7 @@ pub fn matmul_quantized(
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
 
-// SAFETY: tasks only write disjoint index ranges through it (see `matmul_quantized`).
+// SAFETY: tasks only write disjoint index ranges through it (see `matmul_quantized_many`).
 unsafe impl Sync for OutPtr {}
 unsafe impl Send for OutPtr {}
 

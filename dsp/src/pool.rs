@@ -57,6 +57,9 @@ struct Shared {
     /// Workers currently executing the job.
     inside: AtomicUsize,
     panic: Mutex<Option<Box<dyn Any + Send>>>,
+    /// Set (after `panic` is filled) when a task of the current job panicked, so a run
+    /// without a panic skips the `panic` lock.
+    panicked: AtomicBool,
 }
 
 impl Shared {
@@ -80,6 +83,7 @@ impl Shared {
                 if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(i))) {
                     let mut slot = self.panic.lock().unwrap_or_else(PoisonError::into_inner);
                     slot.get_or_insert(p);
+                    self.panicked.store(true, Ordering::Release);
                 }
             }
             flag.set(outer);
@@ -133,6 +137,7 @@ impl ThreadPool {
             next_task: AtomicUsize::new(0),
             inside: AtomicUsize::new(0),
             panic: Mutex::new(None),
+            panicked: AtomicBool::new(false),
         });
         let mut pool = ThreadPool {
             shared,
@@ -216,7 +221,10 @@ impl ThreadPool {
         {
             std::hint::spin_loop();
         }
-        {
+        // The job was withdrawn under the lock above, so `inside` can only fall from here on:
+        // once it reads 0 (acquire, pairing with the workers' release decrement) every
+        // worker is done with the closure, and the lock is needed only to block.
+        if sh.inside.load(Ordering::Acquire) > 0 {
             let mut st = sh.lock();
             while sh.inside.load(Ordering::Acquire) > 0 {
                 st.done_waiter = true;
@@ -224,13 +232,16 @@ impl ThreadPool {
             }
             st.done_waiter = false;
         }
-        let panic = sh
-            .panic
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(p) = panic {
-            resume_unwind(p);
+        if sh.panicked.load(Ordering::Acquire) {
+            let panic = sh
+                .panic
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            sh.panicked.store(false, Ordering::Relaxed);
+            if let Some(p) = panic {
+                resume_unwind(p);
+            }
         }
     }
 }

@@ -416,6 +416,43 @@ macro_rules! backend_conformance {
             }
 
             #[test]
+            fn products_in_one_run_equal_each_product_alone() {
+                // q/k/v-like shapes (rows 0, 1 and not a multiple of 4 included), decode and
+                // prefill widths, 1 and 2 threads, above and below the serial threshold.
+                let Some(be) = be() else { return };
+                let mut rng = Rng(23);
+                let (ty, cols) = (GgmlType::Q4_1, 256);
+                let shapes = [300usize, 100, 1, 0, 37];
+                let ws: Vec<_> = shapes
+                    .iter()
+                    .map(|&rows| quantize_matrix(ty, &rng.vec(rows * cols), rows, cols))
+                    .collect();
+                let mats: Vec<_> = shapes
+                    .iter()
+                    .zip(&ws)
+                    .map(|(&rows, w)| QMatRef::new(ty, rows, cols, w.bytes()).expect("weights"))
+                    .collect();
+                for (threads, n) in [(1, 1), (2, 1), (2, 9), (2, 70)] {
+                    let pool = ThreadPool::new(threads).expect("pool");
+                    let x = rng.vec(n * cols);
+                    let acts = dsp::matmul::quantize_activations(&pool, ty.vec_dot_type(), &x, n, cols)
+                        .expect("quantize");
+                    let mut alone: Vec<Vec<f32>> = shapes.iter().map(|&r| vec![0f32; n * r]).collect();
+                    for (m, y) in mats.iter().zip(alone.iter_mut()) {
+                        dsp::matmul::matmul_quantized(be, &pool, m, &acts, y).expect("alone");
+                    }
+                    let mut together: Vec<Vec<f32>> = shapes.iter().map(|&r| vec![f32::NAN; n * r]).collect();
+                    let mut products: Vec<_> =
+                        mats.iter().copied().zip(together.iter_mut().map(|y| &mut y[..])).collect();
+                    dsp::matmul::matmul_quantized_many(be, &pool, &acts, &mut products).expect("together");
+                    for (a, t) in alone.iter().zip(&together) {
+                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(a), bits(t), "threads {threads}, n {n}");
+                    }
+                }
+            }
+
+            #[test]
             fn attention_matches_f64_reference() {
                 let Some(be) = be() else { return };
                 let mut rng = Rng(19);

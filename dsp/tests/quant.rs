@@ -309,3 +309,64 @@ fn q8_k_equals_the_reference_loop_bit_for_bit() {
         }
     }
 }
+
+/// ggml's x86 Q8_0 / Q8_1 activation quantizer written as the plain loop it is (`amax` by
+/// `f32::max`, which skips NaN; `id = 127 / amax`; ties to even; NaN → 0), against which the
+/// vectorised quantizers must agree bit for bit: `(d, s, qs)` of one block.
+fn q8_reference(xb: &[f32]) -> (f16, f16, [i8; 32]) {
+    let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let (d, id) = (amax / 127.0, if amax != 0.0 { 127.0 / amax } else { 0.0 });
+    let mut qs = [0i8; 32];
+    let mut sum = 0i32;
+    for (q, &v) in qs.iter_mut().zip(xb) {
+        *q = (v * id).round_ties_even() as i8;
+        sum += *q as i32;
+    }
+    (f16::from_f32(d), f16::from_f32(sum as f32 * d), qs)
+}
+
+#[test]
+fn q8_0_and_q8_1_equal_the_reference_loop_bit_for_bit() {
+    let mut seed = 0x9e37_79b9u32;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 17;
+        seed ^= seed << 5;
+        seed
+    };
+    for case in 0..600 {
+        let mut x: Vec<f32> = (0..256).map(|_| (rnd() as f32 / u32::MAX as f32 - 0.5) * 8.0).collect();
+        match case % 6 {
+            // NaN is never the maximum (and quantizes to 0); subnormals pass through.
+            1 => {
+                x[5] = f32::NAN;
+                x[6] = 1e-40;
+                x[200] = -f32::NAN;
+            }
+            2 => x[..64].fill(0.0),
+            3 => x[100] = -f32::INFINITY,
+            // Exact halves: amax 127 makes id 1, so the ties reach the rounding as they are.
+            4 => {
+                for (i, v) in x[32..64].iter_mut().enumerate() {
+                    *v = i as f32 - 15.5;
+                }
+                x[40] = -127.0;
+            }
+            5 => x[128..160].fill(-0.0),
+            _ => {}
+        }
+        let mut y0 = vec![BlockQ8_0 { d: f16::ZERO, qs: [0; 32] }; 8];
+        let mut y1 = vec![BlockQ8_1 { d: f16::ZERO, s: f16::ZERO, qs: [0; 32] }; 8];
+        quantize_row_q8_0(&x, &mut y0).expect("q8_0");
+        quantize_row_q8_1(&x, &mut y1).expect("q8_1");
+        for b in 0..8 {
+            let (d, s, qs) = q8_reference(&x[32 * b..32 * (b + 1)]);
+            assert_eq!((y0[b].d.to_bits(), y0[b].qs), (d.to_bits(), qs), "q8_0 case {case} block {b}");
+            assert_eq!(
+                (y1[b].d.to_bits(), y1[b].s.to_bits(), y1[b].qs),
+                (d.to_bits(), s.to_bits(), qs),
+                "q8_1 case {case} block {b}"
+            );
+        }
+    }
+}

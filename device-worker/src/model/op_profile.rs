@@ -22,6 +22,11 @@ impl OpProfile {
         }
     }
 
+    /// The time of all operations together.
+    pub fn total(&self) -> Duration {
+        self.ops.iter().map(|(_, d)| *d).sum()
+    }
+
     /// `(operation, seconds, share of the total)`, largest first.
     pub fn table(&self) -> Vec<(&'static str, f64, f64)> {
         let total: f64 = self.ops.iter().map(|(_, d)| d.as_secs_f64()).sum();

@@ -16,7 +16,8 @@ pub(crate) fn kernel(name: &'static str) -> impl Fn(dsp::DspError) -> ModelError
 }
 
 /// Several products of one input `x` (`[n, cols]`), e.g. q/k/v or gate/up: the input is
-/// converted to the weights' activation type once when they share it.
+/// converted to the weights' activation type once when they share it, and the products then
+/// run in one pool run ([`dsp::matmul::matmul_quantized_many`]).
 ///
 /// Errors: [`ModelError::Kernel`] naming the weight.
 pub(crate) fn mm_shared(
@@ -38,14 +39,21 @@ pub(crate) fn mm_shared(
     }
     let acts = dsp::matmul::quantize_activations(pool, ty, x, n, outs[0].0.cols)
         .map_err(kernel("activations"))?;
-    for (w, y) in outs.iter_mut() {
-        dsp::matmul::matmul_quantized(dsp::backend::select(), pool, &w.mat(bytes), &acts, y)
-            .map_err(|source| ModelError::Kernel {
-                name: w.name.clone(),
-                source,
-            })?;
-    }
-    Ok(())
+    // One pool run for all of them (one wake-up and join per step, not one per weight).
+    let mut products: Vec<_> = outs
+        .iter_mut()
+        .map(|(w, y)| (w.mat(bytes), &mut **y))
+        .collect();
+    dsp::matmul::matmul_quantized_many(dsp::backend::select(), pool, &acts, &mut products).map_err(
+        |source| ModelError::Kernel {
+            name: outs
+                .iter()
+                .map(|(w, _)| w.name.as_str())
+                .collect::<Vec<_>>()
+                .join(" + "),
+            source,
+        },
+    )
 }
 
 /// `y = W x` for `n` rows: `x` `[n, w.cols]`, `y` `[n, w.rows]`.

@@ -46,39 +46,111 @@ fn q8_scales(xb: &[f32]) -> (f32, f32) {
 
 /// Quantizes `x` (`32 * y.len()` values) to Q8_0: per block `d = amax / 127`,
 /// `q = round_ties_even(x * (127 / amax))`, as ggml's x86 `quantize_row_q8_0` (see [`q8_scales`]).
+/// On AVX2 through [`q8_block_avx2`], bit-identical to the scalar loop.
 ///
 /// # Errors
 /// `NotBlockMultiple` / `LengthMismatch` on a bad `x` or `y` length.
 pub fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) -> Result<(), DspError> {
     check_blocks("quantize_row_q8_0", GgmlType::Q8_0, x.len(), y.len())?;
-    for (xb, yb) in x.chunks_exact(QK).zip(y.iter_mut()) {
-        let (d, id) = q8_scales(xb);
-        yb.d = f16::from_f32(d);
-        for (q, &v) in yb.qs.iter_mut().zip(xb) {
-            *q = round_ties_even_small(v * id) as i8;
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        for (xb, yb) in x.chunks_exact(QK).zip(y.iter_mut()) {
+            // SAFETY: the CPU has AVX2 (checked just above); a chunk holds QK values.
+            let (d, _) = unsafe { q8_block_avx2(xb, &mut yb.qs) };
+            yb.d = f16::from_f32(d);
         }
+        return Ok(());
+    }
+    for (xb, yb) in x.chunks_exact(QK).zip(y.iter_mut()) {
+        yb.d = f16::from_f32(q8_block(xb, &mut yb.qs).0);
     }
     Ok(())
 }
 
 /// Quantizes `x` to Q8_1 (the activation type of Q4_1): as Q8_0 plus `s = sum(q) * d`,
-/// ggml `quantize_row_q8_1_ref`.
+/// ggml `quantize_row_q8_1_ref`. On AVX2 through [`q8_block_avx2`], bit-identical.
 ///
 /// # Errors
 /// `NotBlockMultiple` / `LengthMismatch` on a bad `x` or `y` length.
 pub fn quantize_row_q8_1(x: &[f32], y: &mut [BlockQ8_1]) -> Result<(), DspError> {
     check_blocks("quantize_row_q8_1", GgmlType::Q8_1, x.len(), y.len())?;
-    for (xb, yb) in x.chunks_exact(QK).zip(y.iter_mut()) {
-        let (d, id) = q8_scales(xb);
-        yb.d = f16::from_f32(d);
-        let mut sum = 0i32;
-        for (q, &v) in yb.qs.iter_mut().zip(xb) {
-            *q = round_ties_even_small(v * id) as i8;
-            sum += *q as i32;
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        for (xb, yb) in x.chunks_exact(QK).zip(y.iter_mut()) {
+            // SAFETY: the CPU has AVX2 (checked just above); a chunk holds QK values.
+            let (d, sum) = unsafe { q8_block_avx2(xb, &mut yb.qs) };
+            yb.d = f16::from_f32(d);
+            yb.s = f16::from_f32(sum as f32 * d);
         }
+        return Ok(());
+    }
+    for (xb, yb) in x.chunks_exact(QK).zip(y.iter_mut()) {
+        let (d, sum) = q8_block(xb, &mut yb.qs);
+        yb.d = f16::from_f32(d);
         yb.s = f16::from_f32(sum as f32 * d);
     }
     Ok(())
+}
+
+/// One Q8_0/Q8_1 block (the scalar reference): `qs = round_ties_even(xb * id)` with the
+/// scales of [`q8_scales`]; returns `(d, sum(qs))`.
+fn q8_block(xb: &[f32], qs: &mut [i8; QK]) -> (f32, i32) {
+    let (d, id) = q8_scales(xb);
+    let mut sum = 0i32;
+    for (q, &v) in qs.iter_mut().zip(xb) {
+        *q = round_ties_even_small(v * id) as i8;
+        sum += *q as i32;
+    }
+    (d, sum)
+}
+
+/// [`q8_block`] on AVX2, bit-identical: `amax` as the maximum of the `|x|` bit patterns
+/// (ordered as the values for non-NaN floats; NaN lanes count as 0, as `f32::max` skips
+/// them), the same scalar `d` and `id`, `x * id` rounded to nearest-even by `round` (what the
+/// magic-number rounding computes for these magnitudes), NaN products mapped to 0 (Rust's
+/// `NaN as i8`); `|x * id| ≤ 127` (plus one rounding), so packing to i8 never saturates and
+/// the i32 lane sums are the sum of the quants.
+///
+/// # Safety
+/// Needs avx2; `xb.len() == QK`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn q8_block_avx2(xb: &[f32], qs: &mut [i8; QK]) -> (f32, i32) {
+    use std::arch::x86_64::*;
+    debug_assert_eq!(xb.len(), QK);
+    let p = xb.as_ptr();
+    let abs_mask = _mm256_set1_epi32(0x7fff_ffff);
+    let inf = _mm256_set1_epi32(0x7f80_0000);
+    let mut m = _mm256_setzero_si256();
+    for i in (0..QK).step_by(8) {
+        let b = _mm256_and_si256(_mm256_loadu_si256(p.add(i).cast()), abs_mask);
+        m = _mm256_max_epu32(m, _mm256_andnot_si256(_mm256_cmpgt_epi32(b, inf), b));
+    }
+    let m4 = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+    let m2 = _mm_max_epu32(m4, _mm_shuffle_epi32(m4, 0b01_00_11_10));
+    let m1 = _mm_max_epu32(m2, _mm_shuffle_epi32(m2, 0b10_11_00_01));
+    let amax = f32::from_bits(_mm_cvtsi128_si32(m1) as u32);
+    let (d, id) = (amax / 127.0, if amax != 0.0 { 127.0 / amax } else { 0.0 });
+    let vs = _mm256_set1_ps(id);
+    let mut v = [_mm256_setzero_si256(); 4];
+    for (k, vk) in v.iter_mut().enumerate() {
+        let prod = _mm256_mul_ps(_mm256_loadu_ps(p.add(8 * k)), vs);
+        let r = _mm256_round_ps(prod, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        let ordered = _mm256_castps_si256(_mm256_cmp_ps(prod, prod, _CMP_ORD_Q));
+        *vk = _mm256_and_si256(_mm256_cvtps_epi32(r), ordered);
+    }
+    let s8 = _mm256_add_epi32(_mm256_add_epi32(v[0], v[1]), _mm256_add_epi32(v[2], v[3]));
+    let s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+    let s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0b01_00_11_10));
+    let s1 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0b10_11_00_01));
+    // packs work within 128-bit halves: restore element order with one permute.
+    let w = _mm256_packs_epi16(
+        _mm256_packs_epi32(v[0], v[1]),
+        _mm256_packs_epi32(v[2], v[3]),
+    );
+    let w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(qs.as_mut_ptr().cast(), w);
+    (d, _mm_cvtsi128_si32(s1))
 }
 
 /// Quantizes `x` (`256 * y.len()` values) to Q8_K: `iscale = -127 / max` where `max` is the

@@ -58,8 +58,7 @@ pub enum Level {
     Neon,
     /// + `sdot` (FEAT_DotProd).
     DotProd,
-    /// + `smmla` (FEAT_I8MM): the K-quant tiles in `smmla` register tiles, the rest as
-    /// dotprod (see the module docs).
+    /// + `smmla` (FEAT_I8MM): K-quant tiles in `smmla` register tiles, the rest as dotprod.
     I8mm,
 }
 

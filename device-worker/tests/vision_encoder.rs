@@ -227,8 +227,9 @@ fn merger_gelu_forms_differ_slightly_and_erf_is_hfs() {
     assert!(e_erf < e_tanh, "erf ({e_erf}) must be closer to HF than tanh ({e_tanh})");
 }
 
-/// The position resampling is a visible choice too: llama.cpp's antialiased bilinear (the
-/// default) and HF's corner-aligned one differ when the patch grid is not the table's 8×8
+/// The position resampling is a visible choice too: the antialiased bilinear (clip's default
+/// for other projectors) and the corner-aligned one (HF, and llama.cpp's `qwen3vl` graph: the
+/// default) differ when the patch grid is not the table's 8×8
 /// (measured max |Δ| 0.33 on the crop's 16×24 grid: the fixture's random position table is
 /// not smooth, so resampling it at other points changes much), and agree bit for bit when
 /// it is (a 128×128 image).
@@ -236,7 +237,7 @@ fn merger_gelu_forms_differ_slightly_and_erf_is_hfs() {
 fn position_resampling_modes_differ_off_grid_and_agree_on_it() {
     let p = projector("f32");
     let pool = pool();
-    assert_eq!(EncodeOptions::default().position_resize, Bilinear::Antialias);
+    assert_eq!(EncodeOptions::default().position_resize, Bilinear::AlignCorners);
     let llama = EncodeOptions {
         position_resize: Bilinear::Antialias,
         ..EncodeOptions::HUGGING_FACE

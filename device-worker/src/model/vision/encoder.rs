@@ -20,8 +20,9 @@
 //!    concatenated, `mm.0` + bias → GELU → `mm.2` + bias.
 //!
 //! Where the two references differ, [`EncodeOptions`] chooses: the merger's GELU (HF exact
-//! erf, llama.cpp tanh) and the position resampling (HF corner-aligned bilinear, llama.cpp
-//! antialiased bilinear; equal when the grid keeps the table's size). Products go through
+//! erf, llama.cpp tanh) and the attention precision; the position resampling is an option too
+//! (both references use corner-aligned bilinear for Qwen3.5; the antialiased form is clip's
+//! default for other projectors). Products go through
 //! the GGUF weight kernels ([`dsp::matmul`], activations converted to each weight's
 //! `vec_dot_type` as ggml does); attention is [`AttnPrecision::F16`] by default (Q, K and V
 //! rounded to f16 as llama.cpp's flash-attention path, through the register-blocked tile
@@ -77,11 +78,15 @@ pub struct EncodeOptions {
 }
 
 impl EncodeOptions {
-    /// llama.cpp's choices (the peer): tanh GELU in the merger, antialiased bilinear, f16
-    /// attention inputs (its flash-attention path).
+    /// llama.cpp's choices (the peer): tanh GELU in the merger, corner-aligned bilinear
+    /// position resampling (`tools/mtmd/models/qwen3vl.cpp`:
+    /// `resize_position_embeddings(GGML_SCALE_MODE_BILINEAR | GGML_SCALE_FLAG_ALIGN_CORNERS)`;
+    /// the antialiased mode is clip's default for other projectors), f16 attention inputs (its
+    /// flash-attention path). Checked against `llama-mtmd-cli`'s embeddings in
+    /// `tests/vision_parity.rs`.
     pub const LLAMA_CPP: Self = Self {
         merger_gelu: Gelu::Tanh,
-        position_resize: Bilinear::Antialias,
+        position_resize: Bilinear::AlignCorners,
         attention: AttnPrecision::F16,
     };
     /// Hugging Face's choices (the trained model's reference): erf GELU, corner-aligned

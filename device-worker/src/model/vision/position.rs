@@ -33,8 +33,9 @@ pub fn merge_order(gh: usize, gw: usize, m: usize) -> Vec<(usize, usize)> {
 /// The learned position embeddings (`v.position_embd.weight`, a square grid of
 /// `n_position_side²` vectors) resampled to a `gh × gw` patch grid with `mode`, in merge-block
 /// order: `[gh · gw, n_embd]` row-major, row `i` for patch `merge_order(gh, gw)[i]`.
-/// [`Bilinear::AlignCorners`] is Hugging Face's `fast_pos_embed_interpolate`,
-/// [`Bilinear::Antialias`] llama.cpp's `resize_position_embeddings`; both leave a grid of
+/// [`Bilinear::AlignCorners`] is Hugging Face's `fast_pos_embed_interpolate` and llama.cpp's
+/// `qwen3vl` graph (`resize_position_embeddings` with `GGML_SCALE_FLAG_ALIGN_CORNERS`);
+/// [`Bilinear::Antialias`] is clip's default mode for other projectors; both leave a grid of
 /// the table's own size unchanged.
 ///
 /// Errors: [`VisionError::Encoder`] when the grid is empty.

@@ -26,13 +26,15 @@ fn vl_file(name: &str) -> std::path::PathBuf {
     )
 }
 
-/// Worker options: the tiny VL text model, with its projector when `vision`.
+/// Worker options: the tiny VL text model, with its projector and the test's image budget
+/// when `vision` (image options without a projector are refused at start-up).
 fn worker_options(vision: bool) -> device_worker::config::EngineOptions {
+    let text_only = common::engine_options(vl_file("tiny-qwen35vl-f32.gguf"));
     device_worker::config::EngineOptions {
         mmproj: vision.then(|| vl_file("mmproj-tiny-qwen35vl-f32.gguf")),
-        image_max_tokens: IMAGE_MAX_TOKENS,
+        image_max_tokens: if vision { IMAGE_MAX_TOKENS } else { text_only.image_max_tokens },
         micro_batch: 128,
-        ..common::engine_options(vl_file("tiny-qwen35vl-f32.gguf"))
+        ..text_only
     }
 }
 

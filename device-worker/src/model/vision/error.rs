@@ -48,7 +48,7 @@ pub enum VisionError {
     NoProjector,
     #[error("image is empty (0 bytes)")]
     EmptyImage,
-    #[error("image format {} is not supported (PNG and JPEG are)", .format.as_deref().unwrap_or("not recognised"))]
+    #[error("{} is not supported (PNG and JPEG are)", match .format { Some(f) => format!("image format {f}"), None => "an image whose format is not recognised".to_string() })]
     UnsupportedFormat { format: Option<String> },
     #[error("image is {width}x{height}; the limit is {max_side} pixels per side and {max_pixels} pixels")]
     ImageTooLarge {

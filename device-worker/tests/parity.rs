@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use device_worker::model::Model;
-use support::parity::{self, PeerStep, NEAR_TIE_LOGPROB};
+use support::parity::{self, PeerStep};
 use support::qwen35::Runner;
 
 use common::*;
@@ -100,17 +100,7 @@ async fn greedy_tokens_equal_llama_cpp_on_corpus_prompts() {
                 exact += 1;
             }
             Some(i) => {
-                // Allowed only where llama.cpp's own top two were within NEAR_TIE_LOGPROB and
-                // we chose its runner-up.
-                let top2 = &f.top2_logprobs[i];
-                let gap = top2[0].1 - top2[1].1;
-                assert!(
-                    gap < NEAR_TIE_LOGPROB && top2[1].0 == ours[i],
-                    "{name}: token {i} differs (ours {}, llama.cpp {}; its top two {top2:?}, gap {gap:.3})",
-                    ours[i],
-                    theirs[i]
-                );
-                eprintln!("{name}: equal for {i} tokens, then a near-tie (gap {gap:.3}) went the other way");
+                parity::assert_near_tie_at(name, i, ours[i], theirs[i], &f.top2_logprobs[i]);
             }
         }
     }

@@ -16,7 +16,7 @@ use device_worker::model::vision::encoder::EncodeOptions;
 use device_worker::model::vision::preprocess::{preprocess, PreprocessOptions};
 use device_worker::model::vision::Projector;
 use dsp::ThreadPool;
-use support::parity::NEAR_TIE_LOGPROB;
+use support::parity::assert_near_tie_at;
 use support::vision::file;
 use tandem_proto::step::v1 as pb;
 use test_support::{max_abs_diff, max_rel_diff};
@@ -164,15 +164,7 @@ async fn greedy_parity(ty: &str) -> usize {
                 exact += 1;
             }
             Some(i) => {
-                let top2 = &c.top2_logprobs[i];
-                let gap = top2[0].1 - top2[1].1;
-                assert!(
-                    gap < NEAR_TIE_LOGPROB && top2[1].0 == ours[i],
-                    "{label}: token {i} differs (ours {}, llama.cpp {}; its top two {top2:?})",
-                    ours[i],
-                    c.output_tokens[i]
-                );
-                eprintln!("{label}: equal for {i} tokens, then a near-tie (gap {gap:.3})");
+                assert_near_tie_at(&label, i, ours[i], c.output_tokens[i], &c.top2_logprobs[i]);
             }
         }
     }

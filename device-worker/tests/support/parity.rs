@@ -17,6 +17,19 @@ pub struct PeerStep<'a> {
     pub top2: Option<&'a [(u32, f64)]>,
 }
 
+/// A free-running greedy output first differs from llama.cpp's at step `i` (ours `ours`,
+/// its `theirs`): allowed only where llama.cpp's own top two (`top2`) were within
+/// [`NEAR_TIE_LOGPROB`] and we chose its runner-up. Panics naming `what` otherwise; prints the
+/// near-tie when allowed.
+pub fn assert_near_tie_at(what: &str, i: usize, ours: u32, theirs: u32, top2: &[(u32, f64)]) {
+    let gap = top2[0].1 - top2[1].1;
+    assert!(
+        gap < NEAR_TIE_LOGPROB && top2[1].0 == ours,
+        "{what}: token {i} differs (ours {ours}, llama.cpp {theirs}; its top two {top2:?}, gap {gap:.3})"
+    );
+    eprintln!("{what}: equal for {i} tokens, then a near-tie (gap {gap:.3}) went the other way");
+}
+
 /// What a teacher-forced comparison found.
 #[derive(Debug, Default)]
 pub struct ParityReport {

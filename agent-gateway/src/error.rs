@@ -97,6 +97,12 @@ pub enum CorpusError {
     /// No episode has this id.
     #[error("no episode with id {id:?} under {root}; known ids: {known:?}")]
     UnknownEpisode { id: String, root: PathBuf, known: Vec<String> },
+    /// The corpus root is not a folder (a wrong `--corpus`, or the relative default
+    /// `../shared/corpus/raw` from another working directory).
+    #[error(
+        "corpus folder {root} not found (relative paths start at the current directory); pass --corpus PATH or set TANDEM_CORPUS to the corpus's raw/ folder"
+    )]
+    MissingRoot { root: PathBuf },
     /// The corpus root holds no usable episode.
     #[error("no usable episode under {root}")]
     NoEpisodes { root: PathBuf },

@@ -18,7 +18,9 @@ use crate::metrics::{
 };
 use crate::observation::{parse_android_world, parse_uiautomator, select_controls, Screen, DEFAULT_MAX_CONTROLS};
 use crate::prompt::{build_prompt, PromptInput};
-use crate::screenshot::{observation_error, step_messages, sniff, Decision, ScreenshotPolicy, WorkerVision, OBSERVATION_PATH};
+use crate::screenshot::{
+    observation_error, step_messages, sniff, unsent_screenshot_only, Decision, ScreenshotPolicy, WorkerVision, OBSERVATION_PATH,
+};
 use crate::worker::Router;
 
 /// Output budget per step when the caller gives none. An action is ~15–40 tokens.
@@ -176,13 +178,9 @@ impl StepRunner {
         let decision = self.screenshots.decide(has_screenshot, listed.controls.len(), vision);
         let refused = match decision {
             // A screenshot-only step whose screenshot does not go to the model has nothing.
-            d if listed.controls.is_empty() && d != Decision::Sent && d != Decision::Refused => Some(Status::invalid_argument(format!(
-                "observation holds no visible control, and its screenshot is not sent to the model ({})",
-                match d {
-                    Decision::NoVision => "the worker has no vision projector, or has not said",
-                    _ => "--screenshots",
-                }
-            ))),
+            d if listed.controls.is_empty() && d != Decision::Sent && d != Decision::Refused => {
+                Some(Status::invalid_argument(unsent_screenshot_only(d, &worker.addr, &self.screenshots)))
+            }
             Decision::Refused => Some(Status::failed_precondition(format!(
                 "{OBSERVATION_PATH}: the gateway runs with --screenshots always, but worker {} has no vision projector (start it with --mmproj, or run the gateway with --screenshots auto or never)",
                 worker.addr

@@ -25,6 +25,11 @@ pub enum ObservationError {
     /// interactive or labelled).
     #[error("observation holds no visible control")]
     Empty,
+    /// No listable control, and the screenshot that could stand for the screen is not sent
+    /// (`--screenshots never`): the message says so and what to do
+    /// ([`crate::screenshot::unsent_screenshot_only`]).
+    #[error("{0}")]
+    ScreenshotNotSent(String),
 }
 
 /// A model output is not a valid AndroidWorld-style JSON action.

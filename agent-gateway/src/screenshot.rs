@@ -237,8 +237,8 @@ pub fn unsent_screenshot_only(decision: Decision, worker: &str, policy: &Screens
     let tree = "send an accessibility tree with at least one visible control";
     let why = match decision {
         Decision::Off => format!(
-            "the gateway runs with --screenshots never, so screenshots are not sent: {tree}, or run the \
-             gateway with --screenshots auto or always in front of a worker started with --mmproj"
+            "the gateway runs with --screenshots never: {tree}, or run the gateway with \
+             --screenshots auto or always in front of a worker started with --mmproj"
         ),
         Decision::NoVision => format!(
             "worker {worker} has no vision projector (or has not said so yet): start it with --mmproj, or {tree}"

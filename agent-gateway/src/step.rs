@@ -91,10 +91,15 @@ impl StepRunner {
     /// not `never`) is an empty screen: the step stands on its screenshot, and [`Self::run`]
     /// refuses it when the screenshot is not sent after all.
     ///
-    /// Errors: those of [`parse_observation`].
+    /// Errors: those of [`parse_observation`]; [`ObservationError::ScreenshotNotSent`] for
+    /// such an observation under `--screenshots never` (saying what to do).
     pub fn screen_of(&self, obs: &apb::Observation) -> Result<Screen, ObservationError> {
+        let has_screenshot = !obs.screenshot_png.is_empty();
         match parse_observation(obs) {
-            Err(ObservationError::Empty) if self.screenshots.may_attach(!obs.screenshot_png.is_empty()) => Ok(Screen::default()),
+            Err(ObservationError::Empty) if self.screenshots.may_attach(has_screenshot) => Ok(Screen::default()),
+            Err(ObservationError::Empty) if has_screenshot => {
+                Err(ObservationError::ScreenshotNotSent(unsent_screenshot_only(Decision::Off, "", &self.screenshots)))
+            }
             other => other,
         }
     }

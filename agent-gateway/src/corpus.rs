@@ -181,8 +181,12 @@ pub fn load_episode(corpus_root: &Path, id: &str) -> Result<Episode, CorpusError
 }
 
 /// Scan the corpus: usable episodes and skipped entries with reasons.
-/// Errors: [`CorpusError::Io`] for an unreadable root, [`CorpusError::NoEpisodes`].
+/// Errors: [`CorpusError::MissingRoot`] when the root is not a folder (with the --corpus /
+/// TANDEM_CORPUS hint), [`CorpusError::Io`] for an unreadable root, [`CorpusError::NoEpisodes`].
 pub fn scan_corpus(corpus_root: &Path) -> Result<CorpusLoad, CorpusError> {
+    if !corpus_root.is_dir() {
+        return Err(CorpusError::MissingRoot { root: corpus_root.to_path_buf() });
+    }
     std::fs::read_dir(corpus_root).map_err(|source| CorpusError::Io { path: corpus_root.to_path_buf(), source })?;
     let mut load = CorpusLoad::default();
     let mut record = |result: Result<Episode, CorpusError>, source: String| match result {
@@ -505,6 +509,16 @@ fn recorded_from_value(v: &Value) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_corpus_folder_says_how_to_point_at_one() {
+        let root = Path::new("no/such/corpus/raw");
+        for e in [load_episodes(root).unwrap_err(), load_episode(root, "x").unwrap_err()] {
+            assert!(matches!(e, CorpusError::MissingRoot { .. }), "{e:?}");
+            let m = e.to_string();
+            assert!(m.contains("no/such/corpus/raw") && m.contains("--corpus") && m.contains("TANDEM_CORPUS"), "{m}");
+        }
+    }
 
     #[test]
     fn llamatouch_lines() {

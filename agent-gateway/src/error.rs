@@ -25,6 +25,11 @@ pub enum ObservationError {
     /// interactive or labelled).
     #[error("observation holds no visible control")]
     Empty,
+    /// No listable control, and the screenshot that could stand for the screen is not sent
+    /// (`--screenshots never`): the message says so and what to do
+    /// ([`crate::screenshot::unsent_screenshot_only`]).
+    #[error("{0}")]
+    ScreenshotNotSent(String),
 }
 
 /// A model output is not a valid AndroidWorld-style JSON action.
@@ -97,6 +102,12 @@ pub enum CorpusError {
     /// No episode has this id.
     #[error("no episode with id {id:?} under {root}; known ids: {known:?}")]
     UnknownEpisode { id: String, root: PathBuf, known: Vec<String> },
+    /// The corpus root is not a folder (a wrong `--corpus`, or the relative default
+    /// `../shared/corpus/raw` from another working directory).
+    #[error(
+        "corpus folder {root} not found (relative paths start at the current directory); pass --corpus PATH or set TANDEM_CORPUS to the corpus's raw/ folder"
+    )]
+    MissingRoot { root: PathBuf },
     /// The corpus root holds no usable episode.
     #[error("no usable episode under {root}")]
     NoEpisodes { root: PathBuf },

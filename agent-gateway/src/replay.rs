@@ -134,12 +134,6 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
             "--count must be at least 1 (or name episodes with --episode)".into(),
         ));
     }
-    if !cfg.corpus.is_dir() {
-        return Err(GatewayError::Config(format!(
-            "corpus folder {} not found; pass --corpus PATH or set TANDEM_CORPUS (the default is relative to the current directory)",
-            cfg.corpus.display()
-        )));
-    }
     let episodes: Vec<Episode> = if cfg.episodes.is_empty() {
         load_episodes(&cfg.corpus)?
             .into_iter()

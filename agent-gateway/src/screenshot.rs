@@ -230,6 +230,29 @@ pub fn observation_error(worker_message: &str) -> Option<String> {
     Some(format!("{OBSERVATION_PATH}: {why}"))
 }
 
+/// The INVALID_ARGUMENT message for a screenshot-only step (no control listed) whose
+/// screenshot does not go to the model (`decision` is neither [`Decision::Sent`] nor
+/// [`Decision::Refused`]): why it was not sent and what to do, for the worker at `worker`.
+pub fn unsent_screenshot_only(decision: Decision, worker: &str, policy: &ScreenshotPolicy) -> String {
+    let tree = "send an accessibility tree with at least one visible control";
+    let why = match decision {
+        Decision::Off => format!(
+            "the gateway runs with --screenshots never: {tree}, or run the gateway with \
+             --screenshots auto or always in front of a worker started with --mmproj"
+        ),
+        Decision::NoVision => format!(
+            "worker {worker} has no vision projector (or has not said so yet): start it with --mmproj, or {tree}"
+        ),
+        Decision::Dense => format!(
+            "--screenshots auto attaches screenshots only below --screenshot-sparse-below {} listed controls: \
+             raise it, or {tree}",
+            policy.sparse_below
+        ),
+        Decision::NoScreenshot | Decision::Sent | Decision::Refused => tree.to_string(),
+    };
+    format!("observation holds no visible control and its screenshot is not sent to the model: {why}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -250,6 +273,19 @@ mod tests {
         assert_eq!(p(Always).decide(true, 60, Unknown), Decision::Sent);
         assert_eq!(p(Always).decide(true, 60, No), Decision::Refused);
         assert!(!p(Never).may_attach(true) && !p(Always).may_attach(false) && p(Auto).may_attach(true));
+    }
+
+    #[test]
+    fn an_unsent_screenshot_only_step_says_what_to_do() {
+        let p = ScreenshotPolicy::default();
+        let never = unsent_screenshot_only(Decision::Off, "http://w:1", &p);
+        assert!(never.starts_with("observation holds no visible control"), "{never}");
+        assert!(never.contains("--screenshots never") && never.contains("--screenshots auto or always"), "{never}");
+        assert!(never.contains("--mmproj") && never.contains("accessibility tree"), "{never}");
+        let no_vision = unsent_screenshot_only(Decision::NoVision, "http://w:1", &p);
+        assert!(no_vision.contains("worker http://w:1 has no vision projector") && no_vision.contains("--mmproj"), "{no_vision}");
+        let dense = unsent_screenshot_only(Decision::Dense, "http://w:1", &ScreenshotPolicy { mode: ScreenshotMode::Auto, sparse_below: 0 });
+        assert!(dense.contains("--screenshot-sparse-below 0"), "{dense}");
     }
 
     #[test]

@@ -18,7 +18,9 @@ use crate::metrics::{
 };
 use crate::observation::{parse_android_world, parse_uiautomator, select_controls, Screen, DEFAULT_MAX_CONTROLS};
 use crate::prompt::{build_prompt, PromptInput};
-use crate::screenshot::{observation_error, step_messages, sniff, Decision, ScreenshotPolicy, WorkerVision, OBSERVATION_PATH};
+use crate::screenshot::{
+    observation_error, step_messages, sniff, unsent_screenshot_only, Decision, ScreenshotPolicy, WorkerVision, OBSERVATION_PATH,
+};
 use crate::worker::Router;
 
 /// Output budget per step when the caller gives none. An action is ~15–40 tokens.
@@ -89,10 +91,15 @@ impl StepRunner {
     /// not `never`) is an empty screen: the step stands on its screenshot, and [`Self::run`]
     /// refuses it when the screenshot is not sent after all.
     ///
-    /// Errors: those of [`parse_observation`].
+    /// Errors: those of [`parse_observation`]; [`ObservationError::ScreenshotNotSent`] for
+    /// such an observation under `--screenshots never` (saying what to do).
     pub fn screen_of(&self, obs: &apb::Observation) -> Result<Screen, ObservationError> {
+        let has_screenshot = !obs.screenshot_png.is_empty();
         match parse_observation(obs) {
-            Err(ObservationError::Empty) if self.screenshots.may_attach(!obs.screenshot_png.is_empty()) => Ok(Screen::default()),
+            Err(ObservationError::Empty) if self.screenshots.may_attach(has_screenshot) => Ok(Screen::default()),
+            Err(ObservationError::Empty) if has_screenshot => {
+                Err(ObservationError::ScreenshotNotSent(unsent_screenshot_only(Decision::Off, "", &self.screenshots)))
+            }
             other => other,
         }
     }
@@ -176,13 +183,9 @@ impl StepRunner {
         let decision = self.screenshots.decide(has_screenshot, listed.controls.len(), vision);
         let refused = match decision {
             // A screenshot-only step whose screenshot does not go to the model has nothing.
-            d if listed.controls.is_empty() && d != Decision::Sent && d != Decision::Refused => Some(Status::invalid_argument(format!(
-                "observation holds no visible control, and its screenshot is not sent to the model ({})",
-                match d {
-                    Decision::NoVision => "the worker has no vision projector, or has not said",
-                    _ => "--screenshots",
-                }
-            ))),
+            d if listed.controls.is_empty() && d != Decision::Sent && d != Decision::Refused => {
+                Some(Status::invalid_argument(unsent_screenshot_only(d, &worker.addr, &self.screenshots)))
+            }
             Decision::Refused => Some(Status::failed_precondition(format!(
                 "{OBSERVATION_PATH}: the gateway runs with --screenshots always, but worker {} has no vision projector (start it with --mmproj, or run the gateway with --screenshots auto or never)",
                 worker.addr

@@ -1,14 +1,38 @@
 #!/usr/bin/env bash
-# Generates the gRPC/protobuf Python modules of proto/tandem/** into
-# tandem_client/_gen/ (not committed). Needs grpcio-tools in the Python that runs it
-# (PYTHON, default python3).
+# Generates the gRPC/protobuf Python modules of proto/tandem/** as the package
+# tandem_client._gen. Needs grpcio-tools in the Python that runs it (PYTHON, default python3).
 #
-#   clients/python/gen_stubs.sh
+#   clients/python/gen_stubs.sh [--out DIR]
+#
+# By default it writes clients/python/tandem_client/_gen inside this checkout (git-ignored):
+# the client imports the stubs from there (`pip install -e clients/python` uses the checkout).
+# --out DIR writes them elsewhere instead, e.g. into a copy of the package
+# (`cp -r clients/python /tmp/client && gen_stubs.sh --out /tmp/client/tandem_client/_gen`) when
+# the checkout is read-only or must stay clean. DIR is replaced; an existing DIR that holds
+# anything but earlier stubs is refused.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 proto="$(cd "$here/../../proto" && pwd)"
 out="$here/tandem_client/_gen"
 PY="${PYTHON:-python3}"
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --out) [[ $# -ge 2 ]] || { echo "gen_stubs.sh: --out needs a folder" >&2; exit 2; }; out="$2"; shift 2 ;;
+    --out=*) out="${1#--out=}"; shift ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gen_stubs.sh: unknown argument '$1' (usage: gen_stubs.sh [--out DIR])" >&2; exit 2 ;;
+  esac
+done
+[[ -n "$out" ]] || { echo "gen_stubs.sh: --out needs a folder" >&2; exit 2; }
+if [[ -d "$out" && -n "$(ls -A "$out")" && ! -f "$out/tandem/agent/v1/agent_pb2.py" ]]; then
+  echo "gen_stubs.sh: $out is not empty and holds no earlier stubs; not replacing it (choose an empty or new folder)" >&2
+  exit 1
+fi
+if [[ -e "$out" && ! -d "$out" ]]; then
+  echo "gen_stubs.sh: $out is not a folder" >&2
+  exit 1
+fi
 
 rm -rf "$out"
 mkdir -p "$out"
@@ -26,4 +50,4 @@ for f in out.rglob("*_pb2*.py"):
     text = f.read_text()
     f.write_text(re.sub(r"^from tandem\.", "from tandem_client._gen.tandem.", text, flags=re.M))
 PYEOF
-echo "stubs written to $out" >&2
+echo "gen_stubs.sh: stubs written to $out (import them as tandem_client._gen)" >&2

@@ -1,23 +1,28 @@
-//! Parity with llama.cpp on the screenshot path (issue 19): the image embeddings our encoder
-//! gives with llama.cpp's choices (its preprocessing, tanh-GELU merger, f16 attention inputs)
-//! against `llama-mtmd-cli`'s (`MTMD_DEBUG_EMBEDDINGS`), and the worker's greedy tokens for
-//! chats with a screenshot against `llama-server --mmproj`'s, on the tiny Qwen3.5-VL fixture
-//! with the F32, F16 and Q8_0 projectors.
+//! Parity with llama.cpp on the screenshot path (issue 19): our preprocessed pixels against
+//! llama.cpp's own (bit for bit), the image embeddings our encoder gives with llama.cpp's
+//! choices (its preprocessing, tanh-GELU merger, f16 attention inputs) against
+//! `llama-mtmd-cli`'s (`MTMD_DEBUG_EMBEDDINGS`), and the worker's greedy tokens for chats with
+//! a screenshot against `llama-server --mmproj`'s, on the tiny Qwen3.5-VL fixture with the
+//! F32, F16 and Q8_0 projectors.
 //!
 //! Fixtures: `tests/fixtures/qwen35vl/llama_cpp/`, made by
-//! `tools/peer/vision_parity_fixtures.py` (llama.cpp from `llama-cpp-python==0.3.36`'s
-//! `vendor/llama.cpp`; formats in that script's docstring).
+//! `tools/peer/vision_parity_fixtures.py` (embeddings, greedy tokens) and
+//! `tools/peer/pixel_fixtures.py` (pixels, through `tools/peer/llama_pixels.cpp`), llama.cpp
+//! from `llama-cpp-python==0.3.36`'s `vendor/llama.cpp`; formats in the scripts' docstrings.
 
 mod common;
 mod support;
 
+use base64::Engine as _;
 use device_worker::config::EngineOptions;
 use device_worker::model::vision::encoder::EncodeOptions;
-use device_worker::model::vision::preprocess::{preprocess, PreprocessOptions};
+use device_worker::model::vision::preprocess::{preprocess, ImageBudget, PreprocessOptions};
 use device_worker::model::vision::Projector;
 use dsp::ThreadPool;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
 use support::parity::assert_near_tie_at;
-use support::vision::file;
+use support::vision::{file, json, pixels_hwc, usizes};
 use tandem_proto::step::v1 as pb;
 use test_support::{max_abs_diff, max_rel_diff};
 
@@ -71,6 +76,138 @@ fn image_embeddings_match_llama_cpp() {
             assert!(rel <= embedding_tolerance(ty), "{ty} {image}: rel {rel:.3e}");
         }
     }
+}
+
+/// Where two f32 pixel buffers (llama.cpp's layout, `[y][x][c]`, `width` pixels a row) first
+/// differ, as a message naming the pixel, the channel and both values (bit patterns too).
+fn first_difference(ours: &[f32], want: &[f32], width: usize, offset: usize) -> Option<String> {
+    let i = ours
+        .iter()
+        .zip(want)
+        .position(|(a, b)| a.to_bits() != b.to_bits())?;
+    let at = offset + i;
+    let (y, x, c) = (at / 3 / width, at / 3 % width, at % 3);
+    Some(format!(
+        "first difference at (x {x}, y {y}, channel {c}): ours {} ({:#010x}), llama.cpp {} ({:#010x})",
+        ours[i],
+        ours[i].to_bits(),
+        want[i],
+        want[i].to_bits()
+    ))
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Compares our pixels of one `pixels.json` case with llama.cpp's: every band's SHA-256, the
+/// stored raw rows and, where committed, every value. Returns the mismatches, empty when
+/// bit-identical.
+fn pixel_mismatches(case: &Value, ours: &[f32], width: usize) -> Vec<String> {
+    let bytes: Vec<u8> = ours.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let row = width * 3 * 4;
+    let band_rows = case["band_rows"].as_u64().unwrap() as usize;
+    let bands = case["band_sha256"].as_array().unwrap();
+    let differing: Vec<usize> = (0..bands.len())
+        .filter(|&i| {
+            let band = &bytes[(i * band_rows * row).min(bytes.len())
+                ..((i + 1) * band_rows * row).min(bytes.len())];
+            sha256_hex(band) != bands[i].as_str().unwrap()
+        })
+        .collect();
+    let mut bad = Vec::new();
+    if let Some(&first) = differing.first() {
+        bad.push(format!(
+            "{} of {} bands of {band_rows} rows differ, the first from row {}",
+            differing.len(),
+            bands.len(),
+            first * band_rows
+        ));
+    }
+    for (y, b64) in case["rows"].as_object().unwrap() {
+        let y: usize = y.parse().unwrap();
+        let want = f32s(
+            &base64::engine::general_purpose::STANDARD
+                .decode(b64.as_str().unwrap())
+                .unwrap(),
+        );
+        let got = &ours[y * width * 3..(y + 1) * width * 3];
+        bad.extend(
+            first_difference(got, &want, width, y * width * 3).map(|m| format!("row {y}: {m}")),
+        );
+    }
+    if let Some(full) = case["full"].as_str() {
+        let want = f32s(&std::fs::read(file(&format!("llama_cpp/{full}"))).unwrap());
+        assert_eq!(want.len(), ours.len(), "{full}: size");
+        bad.extend(first_difference(ours, &want, width, 0));
+    }
+    if case["sha256"].as_str().unwrap() != sha256_hex(&bytes) && bad.is_empty() {
+        bad.push("whole-buffer SHA-256 differs".into());
+    }
+    bad
+}
+
+/// Our preprocessing, the encoder's input (`preprocess`: decode, llama.cpp's sizing, the
+/// `PAD_CEIL` fixed-point bicubic, `u8 / 255`, `(v − mean) / std` with the tiny projector's
+/// constants, the patch layout), gives llama.cpp's own preprocessed f32 pixels bit for bit
+/// (`mtmd_image_preprocessor_dyn_size` after stb_image, dumped by
+/// `tools/peer/llama_pixels.cpp`): same size, same bytes, for screenshots that need resizing
+/// (270×600 at 8 and at 4096 tokens, a 1080×2400 corpus screenshot at 1024 tokens), one
+/// only padded (1080×2400 at 4096: 1088×2400) and one whose sides are multiples of 32 already
+/// (256×384, no resize).
+#[test]
+fn preprocessed_pixels_are_bit_identical_to_llama_cpp() {
+    let fx = json("llama_cpp/pixels.json");
+    let p = Projector::open(&file(fx["mmproj_file"].as_str().unwrap()), 64).unwrap();
+    let mut failures = Vec::new();
+    for case in fx["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let path = case["path"].as_str().unwrap();
+        let bytes = match case["source"].as_str().unwrap() {
+            "corpus" => std::fs::read(test_support::corpus_dir().join(path)).unwrap(),
+            _ => std::fs::read(file(path)).unwrap(),
+        };
+        let n = |k: &str| case[k].as_u64().unwrap() as usize;
+        let opts = PreprocessOptions {
+            budget: ImageBudget::new(n("min_tokens"), n("max_tokens")).unwrap(),
+            ..PreprocessOptions::default()
+        };
+        let pre = preprocess(&bytes, &p.config, &opts).unwrap();
+        let (src, size) = (usizes(&case["source_size"]), usizes(&case["size"]));
+        assert_eq!(pre.source_size, (src[0], src[1]), "{name}: decoded size");
+        assert_eq!(pre.size, (size[0], size[1]), "{name}: preprocessed size");
+        let ours = pixels_hwc(&pre, &p.config);
+        let bad = pixel_mismatches(case, &ours, size[0]);
+        eprintln!(
+            "{name}: {}x{} -> {}x{}: {}",
+            src[0],
+            src[1],
+            size[0],
+            size[1],
+            if bad.is_empty() {
+                "bit-identical to llama.cpp".to_string()
+            } else {
+                bad.join("; ")
+            }
+        );
+        if !bad.is_empty() {
+            failures.push(name.to_string());
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "pixels differ from llama.cpp's: {failures:?}"
+    );
 }
 
 #[derive(serde::Deserialize)]

@@ -273,15 +273,9 @@ fn q8_k_reference(xb: &[f32]) -> BlockQ8K {
 
 #[test]
 fn q8_k_equals_the_reference_loop_bit_for_bit() {
-    let mut seed = 0x2545_f491u32;
-    let mut rnd = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 17;
-        seed ^= seed << 5;
-        seed
-    };
+    let mut rng = Rng(0x2545_f491);
     for case in 0..400 {
-        let mut x: Vec<f32> = (0..512).map(|_| (rnd() as f32 / u32::MAX as f32 - 0.5) * 8.0).collect();
+        let mut x: Vec<f32> = (0..512).map(|_| rng.unit() * 4.0).collect();
         match case % 5 {
             // Equal magnitudes of both signs: the first one sets the sign of the scale.
             1 => {
@@ -327,15 +321,9 @@ fn q8_reference(xb: &[f32]) -> (f16, f16, [i8; 32]) {
 
 #[test]
 fn q8_0_and_q8_1_equal_the_reference_loop_bit_for_bit() {
-    let mut seed = 0x9e37_79b9u32;
-    let mut rnd = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 17;
-        seed ^= seed << 5;
-        seed
-    };
+    let mut rng = Rng(0x9e37_79b9);
     for case in 0..600 {
-        let mut x: Vec<f32> = (0..256).map(|_| (rnd() as f32 / u32::MAX as f32 - 0.5) * 8.0).collect();
+        let mut x: Vec<f32> = (0..256).map(|_| rng.unit() * 4.0).collect();
         match case % 6 {
             // NaN is never the maximum (and quantizes to 0); subnormals pass through.
             1 => {

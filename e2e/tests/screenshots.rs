@@ -169,6 +169,7 @@ async fn never_and_auto_attach_as_their_rules_say() {
     let e = step(&mut never, "shots-never-pixels-only", "", shot).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
     assert!(e.message().contains("no visible control"), "{}", e.message());
+    assert!(e.message().contains("--screenshots never") && e.message().contains("--screenshots auto or always"), "{}", e.message());
 }
 
 /// `always` with a worker without a vision projector: a step with a screenshot fails with

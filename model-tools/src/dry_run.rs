@@ -96,10 +96,15 @@ pub struct DryRunArgs {
     /// `none`), for comparison.
     #[arg(long)]
     pub no_end_state: bool,
-    /// Steps with a corpus screenshot carry it (the gateway's `serve --screenshots`: `auto`
-    /// attaches below --screenshot-sparse-below listed controls, `always` every one); needs
-    /// --mmproj.
-    #[arg(long, value_enum, default_value_t = ScreenshotMode::Never)]
+    /// Which steps carry their corpus screenshot (LlamaTouch traces' `N.png`), as the
+    /// gateway's `serve --screenshots` would send them to a worker with a projector: `never`
+    /// (the default: text-only plans, image tokens 0), `auto` (steps listing fewer than
+    /// --screenshot-sparse-below controls), `always` (every step that has one). With `auto` or
+    /// `always` (needs --mmproj) each sent screenshot counts as the worker's image tokens
+    /// (decoded and sized within --image-min-tokens/--image-max-tokens by the worker's own
+    /// code, one token per merged 2×2 patch block), included in the prompt tokens and shown
+    /// in the `image` column and the per-format mean.
+    #[arg(long, value_enum, default_value_t = ScreenshotMode::Never, hide_possible_values = true, value_name = "never|auto|always")]
     pub screenshots: ScreenshotMode,
     /// The gateway's `--screenshot-sparse-below` (for `--screenshots auto`).
     #[arg(long, default_value_t = agent_gateway::screenshot::DEFAULT_SPARSE_BELOW)]
@@ -114,6 +119,11 @@ pub struct DryRunArgs {
     /// The worker's `--image-max-tokens`.
     #[arg(long, default_value_t = DEFAULT_MAX_TOKENS)]
     pub image_max_tokens: usize,
+    /// The worker's `--ctx-size` (tokens per slot; the worker caps it at the model's trained
+    /// context, `{arch}.context_length` of --state-shapes). Planned prompts that leave no
+    /// room for one output token in it are counted and warned about: a worker refuses them.
+    #[arg(long, default_value_t = d::CTX_SIZE, value_parser = at_least_one)]
+    pub ctx_size: usize,
 }
 
 impl Default for DryRunArgs {
@@ -133,6 +143,7 @@ impl Default for DryRunArgs {
             mmproj: None,
             image_min_tokens: DEFAULT_MIN_TOKENS,
             image_max_tokens: DEFAULT_MAX_TOKENS,
+            ctx_size: d::CTX_SIZE,
         }
     }
 }
@@ -162,6 +173,10 @@ pub struct FormatSummary {
     pub mean_kv_bound_new: f64,
     /// `(config, mean new tokens, mean passes, ratio to the KV bound, checkpoints saved)`.
     pub configs: Vec<(String, f64, f64, f64, usize)>,
+    /// Steps whose prompt a worker with the planned context would refuse (prompt tokens ≥
+    /// the context: no room for an output token), and the longest prompt planned.
+    pub steps_over_context: usize,
+    pub max_prompt_tokens: usize,
 }
 
 /// What a dry run plans with: the tokenizer and template of `--model`, the state sizes of
@@ -172,6 +187,11 @@ struct Setup {
     tokenizer: Tokenizer,
     template: ChatTemplate,
     shape: SequenceShape,
+    /// The planned worker's context per slot: `--ctx-size` capped by the trained context.
+    n_ctx: usize,
+    /// The trained context of `--state-shapes` (`{arch}.context_length`; 4096 when absent,
+    /// as the worker's loaders assume).
+    n_ctx_train: usize,
     vision: Option<ImageAdmission>,
     episodes: Vec<Episode>,
 }
@@ -188,13 +208,15 @@ impl Setup {
         let tokenizer = Tokenizer::from_gguf(&file).map_err(|e| model_err(&path, "tokenizer", &e))?;
         let template = ChatTemplate::from_gguf(&file).map_err(|e| model_err(&path, "chat template", &e))?;
         let shapes_path = args.state_shapes.clone().unwrap_or_else(|| path.clone());
-        let shape = if shapes_path == path {
-            device_worker::model::sequence_shape(&file)
+        let shapes_file = if shapes_path == path {
+            Arc::clone(&file)
         } else {
-            let f = GgufFile::open(&shapes_path).map_err(|e| model_err(&shapes_path, "cannot read", &e))?;
-            device_worker::model::sequence_shape(&f)
-        }
-        .map_err(|e| model_err(&shapes_path, "state shapes", &e))?;
+            Arc::new(GgufFile::open(&shapes_path).map_err(|e| model_err(&shapes_path, "cannot read", &e))?)
+        };
+        let shape = device_worker::model::sequence_shape(&shapes_file).map_err(|e| model_err(&shapes_path, "state shapes", &e))?;
+        let arch = shapes_file.architecture().map_err(|e| model_err(&shapes_path, "architecture", &e))?;
+        let n_ctx_train = shapes_file.get_u32_opt(&format!("{arch}.context_length")).map_or(4096, |v| v as usize);
+        let n_ctx = args.ctx_size.min(n_ctx_train);
         let vision = match (&args.mmproj, args.screenshots) {
             (_, ScreenshotMode::Never) => None,
             (None, mode) => {
@@ -220,7 +242,7 @@ impl Setup {
         } else {
             episode_ids.iter().map(|id| load_episode(corpus, id)).collect::<Result<_, _>>()?
         };
-        Ok(Self { path, shapes_path, tokenizer, template, shape, vision, episodes })
+        Ok(Self { path, shapes_path, tokenizer, template, shape, n_ctx, n_ctx_train, vision, episodes })
     }
 
     fn plan(&self, format: PromptFormat, args: &DryRunArgs) -> Result<Vec<StepPlan>, ToolsError> {
@@ -251,7 +273,7 @@ pub fn run(
         "dry run: {} episodes, tokenizer and template of {}, planned as {} with the state \
          sizes of {} ({} bytes per checkpoint, {} KV bytes per token; micro-batch {}, {} \
          checkpoints per slot, divergence min gap {}, one slot, {} MiB prompt cache; end-of-prompt \
-         state {}, every prompt sent {} time(s); screenshots {})",
+         state {}, every prompt sent {} time(s); screenshots {}; context {} tokens)",
         setup.episodes.len(),
         setup.path.display(),
         if shape.hybrid() { "a hybrid model" } else { "an attention-only model" },
@@ -264,13 +286,15 @@ pub fn run(
         PlannerSettings::default().prompt_cache_bytes >> 20,
         if args.no_end_state { "off" } else { "on" },
         args.repeats + 1,
-        args.screenshots.as_str()
+        args.screenshots.as_str(),
+        setup.n_ctx
     );
     let mut out = Vec::new();
     for &format in formats {
         let steps = setup.plan(format, args)?;
-        let summary = summarize(format, &steps);
+        let summary = summarize(format, &steps, setup.n_ctx);
         print_summary(&summary, &steps, args.per_step);
+        warn_over_context(&summary, &setup, args);
         out.push(summary);
     }
     println!("dry run took {:.0} ms", t0.elapsed().as_secs_f64() * 1e3);
@@ -391,7 +415,32 @@ fn plan_format(
     Ok(steps)
 }
 
-fn summarize(format: PromptFormat, steps: &[StepPlan]) -> FormatSummary {
+/// Warns on stderr when planned prompts would not fit the planned worker's context, saying
+/// how many and what to change.
+fn warn_over_context(s: &FormatSummary, setup: &Setup, args: &DryRunArgs) {
+    if s.steps_over_context == 0 {
+        return;
+    }
+    let capped = if setup.n_ctx < args.ctx_size {
+        format!(", capped by the trained context of {} tokens of {}", setup.n_ctx_train, setup.shapes_path.display())
+    } else {
+        String::new()
+    };
+    eprintln!(
+        "warning: {} format: {} of {} steps plan prompts a worker would refuse as over its context \
+         (longest {} tokens; context {} tokens: --ctx-size {}{capped}, one token kept for the \
+         output); raise the worker's and the dry run's --ctx-size{}, or shorten the prompts",
+        s.format,
+        s.steps_over_context,
+        s.steps,
+        s.max_prompt_tokens,
+        setup.n_ctx,
+        args.ctx_size,
+        if s.mean_image_tokens > 0.0 { ", lower --image-max-tokens" } else { "" }
+    );
+}
+
+fn summarize(format: PromptFormat, steps: &[StepPlan], n_ctx: usize) -> FormatSummary {
     let n = steps.len().max(1) as f64;
     let kv = steps.iter().map(|s| s.kv_bound_new as f64).sum::<f64>() / n;
     let configs = CONFIGS
@@ -411,6 +460,8 @@ fn summarize(format: PromptFormat, steps: &[StepPlan]) -> FormatSummary {
         mean_image_tokens: steps.iter().map(|s| s.image_tokens as f64).sum::<f64>() / n,
         mean_kv_bound_new: kv,
         configs,
+        steps_over_context: steps.iter().filter(|s| s.prompt_tokens >= n_ctx).count(),
+        max_prompt_tokens: steps.iter().map(|s| s.prompt_tokens).max().unwrap_or(0),
     }
 }
 

@@ -35,7 +35,10 @@ enum Command {
 /// `dry-run`'s options: which episodes, and the planner's settings.
 #[derive(clap::Args)]
 struct DryRunCommand {
-    /// Corpus folder (the real screen dumps and episodes).
+    /// Corpus folder: the raw/ folder of the shared corpus (real screen dumps and
+    /// episodes). The default is relative to the current directory and fits a run from the
+    /// repository root with the corpus checked out beside it; elsewhere pass --corpus or set
+    /// TANDEM_CORPUS.
     #[arg(long, env = "TANDEM_CORPUS", default_value = "../shared/corpus/raw")]
     corpus: PathBuf,
     /// Episode id to plan (repeatable; see `agent-gateway replay --list`). Default: every

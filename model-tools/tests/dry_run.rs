@@ -103,3 +103,18 @@ fn divergence_with_consolidation_is_within_3_percent_of_the_kv_bound_in_both_for
         assert!(div.2 <= PASSES_BEFORE + 0.1, "{}: {:.2} passes per step", s.format, div.2);
     }
 }
+
+/// Planned prompts over the planned worker's context are counted (a worker refuses a prompt
+/// that leaves no room for one output token), and none are at the worker's default context.
+#[test]
+fn prompts_over_the_context_are_counted() {
+    let corpus = test_support::corpus_dir();
+    let fits = run(&corpus, &[], &args()).expect("dry run");
+    let tight = run(&corpus, &[], &DryRunArgs { ctx_size: 1024, ..args() }).expect("dry run");
+    for (f, t) in fits.iter().zip(&tight) {
+        assert_eq!(f.steps_over_context, 0, "{}: longest {} at the default --ctx-size", f.format, f.max_prompt_tokens);
+        assert_eq!(f.max_prompt_tokens, t.max_prompt_tokens, "{}", f.format);
+        assert!(f.max_prompt_tokens >= 1024, "{}: longest prompt {} (the corpus has longer ones)", f.format, f.max_prompt_tokens);
+        assert!(t.steps_over_context > 0 && t.steps_over_context <= t.steps, "{}: {} of {}", t.format, t.steps_over_context, t.steps);
+    }
+}

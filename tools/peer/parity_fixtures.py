@@ -232,8 +232,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def run_main(tag: str, doc: str, add_arguments, run, argv: list[str] | None = None) -> int:
+    """The peer scripts' entry point: an argparse parser described by the first paragraph of
+    `doc`, options from `add_arguments(parser)`, then `run(args)`; a `PeerError` becomes
+    `[tag] error: ...` on stderr and exit status 1."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    add_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        return run(args)
+    except PeerError as e:
+        print(f"[{tag}] error: {e}", file=sys.stderr)
+        return 1
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="GGUF model file")
     p.add_argument("--prompts", required=True, help="folder of *.txt fully rendered prompts")
     p.add_argument("--out", required=True, help="folder for <name>.json fixtures")
@@ -245,13 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens")
     p.add_argument("--startup-timeout", type=float, default=120.0)
     p.add_argument("--keep-log", action="store_true", help="write the server log to <out>/.llama-server.log")
-    args = p.parse_args(argv)
-    try:
-        return run(args)
-    except PeerError as e:
-        print(f"[parity] error: {e}", file=sys.stderr)
-        return 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main("parity", __doc__, add_arguments, run))

@@ -52,6 +52,7 @@ from parity_fixtures import (  # noqa: E402  (tools/peer/parity_fixtures.py)
     dump_fixture,
     free_port,
     http_json,
+    run_main,
     sha256_file,
     top2_from,
     wait_healthy,
@@ -204,18 +205,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", default=str(DEFAULT_SERVER), help="llama-server binary (llama-mtmd-cli beside it)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--startup-timeout", type=float, default=120.0)
-    args = p.parse_args(argv)
-    try:
-        return run(args)
-    except PeerError as e:
-        print(f"[vision-parity] error: {e}", file=sys.stderr)
-        return 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main("vision-parity", __doc__, add_arguments, run))

@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use device_worker::model::vision::decode::{decode, DecodeLimits, RgbImage};
+use device_worker::model::vision::mmproj::{VisionConfig, TEMPORAL_PATCH};
+use device_worker::model::vision::Preprocessed;
 use serde_json::Value;
 use test_support::fixture;
 
@@ -56,4 +58,36 @@ pub fn corpus_jpeg() -> Vec<u8> {
 /// `img` as a PNG.
 pub fn encode_png(img: &RgbImage) -> Vec<u8> {
     test_support::images::encode_png(img.width, img.height, &img.data)
+}
+
+/// The image behind [`Preprocessed::pixels`] (patch rows, see
+/// `device_worker::model::vision::preprocess::patchify`) back in llama.cpp's layout: f32
+/// `[height][width][3]`, RGB interleaved (`clip_image_f32`'s buffer). Panics unless the two
+/// temporal frames of every patch are equal, as they are for a still image.
+pub fn pixels_hwc(pre: &Preprocessed, cfg: &VisionConfig) -> Vec<f32> {
+    let (w, h) = pre.size;
+    let (p, m, t) = (cfg.patch_size, cfg.spatial_merge, TEMPORAL_PATCH);
+    let row_len = cfg.patch_values();
+    assert_eq!(pre.pixels.len(), (w / p) * (h / p) * row_len, "patch rows");
+    let mut out = vec![0f32; w * h * 3];
+    let patch_origins = (0..h / p / m).flat_map(|by| {
+        (0..w / p / m).flat_map(move |bx| {
+            (0..m).flat_map(move |iy| (0..m).map(move |ix| ((bx * m + ix) * p, (by * m + iy) * p)))
+        })
+    });
+    for (row, (ox, oy)) in pre.pixels.chunks_exact(row_len).zip(patch_origins) {
+        for c in 0..3 {
+            for y in 0..p {
+                for x in 0..p {
+                    let frame = |f: usize| row[((c * t + f) * p + y) * p + x];
+                    assert!(
+                        (1..t).all(|f| frame(f).to_bits() == frame(0).to_bits()),
+                        "frames differ"
+                    );
+                    out[((oy + y) * w + ox + x) * 3 + c] = frame(0);
+                }
+            }
+        }
+    }
+    out
 }

@@ -4,7 +4,9 @@
 //! `src/libImaging/Resample.c`: a separable filter (horizontal pass, then vertical), cubic
 //! kernel with a = −0.5 widened by the scale when shrinking, weights normalised per output
 //! pixel and rounded to 22 fractional bits (±0.5 then truncation), accumulators starting at
-//! one half, results shifted back and clamped to 0..=255.
+//! one half, results shifted back and clamped to 0..=255. Checked against Pillow
+//! (`tests/vision.rs`, `pillow_resize.json`) and, through the whole preprocessing, against
+//! llama.cpp's own f32 pixels (`tests/vision_parity.rs`, `llama_cpp/pixels.json`).
 //!
 //! [`fit`] puts an image into a target size either stretched (Hugging Face's processor) or
 //! llama.cpp's way for Qwen-VL (`img_tool::resize` with `PAD_CEIL`: aspect-preserving

@@ -13,7 +13,7 @@ encode, which also pages in the weights). llama.cpp: `llama-mtmd-cli --image-max
 of the one image: the encoder graph only, after preprocessing, as ours; older llama.cpp logs
 "image slice encoded in N ms"). Both exclude decoding and resizing. The image-token counts
 must agree (ours from its JSON, llama.cpp's from its first "find_slot: ... with N new tokens"
-warning, the image batch's size in this version), else the run stops.
+warning, the image's micro-batch: `-ub` is set to hold the whole image), else the run stops.
 
 Defaults: the 0.8B-shape files of `tools/fixtures/make_qwen35_bench_model.sh --vision`
 (text Q4_K_M, projectors F16 and Q8_0) and corpus trace_18/0.png (1080x2400).
@@ -49,7 +49,9 @@ def peer(args, mmproj, max_tokens):
     """One `llama-mtmd-cli` run; returns (encode ms, image tokens)."""
     cmd = [str(args.llama_bin / "llama-mtmd-cli"), "-m", args.model, "--mmproj", mmproj, "--image", args.image,
            "-p", "x", "-n", "1", "--temp", "0", "-t", str(args.threads), "--image-max-tokens", str(max_tokens),
-           "--chat-template", "chatml", "-c", str(max_tokens + 512)]
+           "--chat-template", "chatml", "-c", str(max_tokens + 512),
+           # one micro-batch for the whole image, so its find_slot warning gives the token count
+           "-b", str(max(512, max_tokens)), "-ub", str(max(512, max_tokens))]
     res = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
     log = res.stdout + res.stderr
     enc = re.findall(r"(?:image slice encoded|mtmd batch encoding done) in (\d+) ms", log)

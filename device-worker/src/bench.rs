@@ -16,26 +16,34 @@ use gguf::reader::GgufFile;
 use crate::model::Model;
 use crate::state::sequence::SequenceState;
 
-/// Times [`crate::model::vision::Projector::encode`] of `image` (one warm-up, then the mean
-/// of `reps`) and prints the sizes and the time to stderr.
+/// Times [`crate::model::vision::Projector::encode`] of `image`: one untimed-for-the-mean
+/// first encode (reported as `first_ms`: it pages in the weights), then `reps` timed encodes.
+/// Preprocessing (decode, resize to the `budget`, patching) is outside the timing, as
+/// llama.cpp's `mtmd_encode_chunk` excludes it. Prints the sizes and times to stderr and
+/// returns them as JSON (`encode_ms` = mean of `encode_ms_runs`, milliseconds).
+///
+/// Errors: the image cannot be read or preprocessed, or the encode fails.
 fn encode_image(
     projector: &crate::model::vision::Projector,
     pool: &ThreadPool,
     image: &std::path::Path,
+    budget: crate::model::vision::ImageBudget,
     reps: usize,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<serde_json::Value> {
     use crate::model::vision::{preprocess::preprocess, EncodeOptions, PreprocessOptions};
     let bytes = std::fs::read(image).with_context(|| format!("reading {}", image.display()))?;
-    let pre = preprocess(&bytes, &projector.config, &PreprocessOptions::default())?;
+    let pre = preprocess(&bytes, &projector.config, &PreprocessOptions { budget, ..Default::default() })?;
     let opts = EncodeOptions::default();
-    projector.encode(pool, &pre, &opts)?;
-    let start = Instant::now();
-    for _ in 0..reps {
+    let timed = |pool: &ThreadPool| -> anyhow::Result<f64> {
+        let start = Instant::now();
         projector.encode(pool, &pre, &opts)?;
-    }
-    let ms = start.elapsed().as_secs_f64() * 1e3 / reps as f64;
+        Ok(start.elapsed().as_secs_f64() * 1e3)
+    };
+    let first_ms = timed(pool)?;
+    let runs = (0..reps).map(|_| timed(pool)).collect::<anyhow::Result<Vec<f64>>>()?;
+    let ms = mean(&runs);
     eprintln!(
-        "image {}: {}x{} -> {}x{}, {} tokens ({} patches): encode {ms:.2} ms (mean of {reps})",
+        "image {}: {}x{} -> {}x{}, {} tokens ({} patches): encode {ms:.2} ms (mean of {reps}; runs {runs:.1?}, first {first_ms:.1})",
         image.display(),
         pre.source_size.0,
         pre.source_size.1,
@@ -44,7 +52,17 @@ fn encode_image(
         pre.n_tokens,
         pre.grid_thw.1 * pre.grid_thw.2
     );
-    Ok(())
+    Ok(serde_json::json!({
+        "image": image.display().to_string(),
+        "source_size": [pre.source_size.0, pre.source_size.1],
+        "size": [pre.size.0, pre.size.1],
+        "n_tokens": pre.n_tokens,
+        "n_patches": pre.grid_thw.1 * pre.grid_thw.2,
+        "threads": pool.n_threads(),
+        "encode_ms": ms,
+        "encode_ms_runs": runs,
+        "first_ms": first_ms,
+    }))
 }
 
 /// `device-worker bench`'s options.
@@ -62,6 +80,18 @@ pub struct BenchOptions {
     /// `--repetitions` are printed to stderr.
     #[arg(long, requires = "mmproj")]
     pub image: Option<PathBuf>,
+    /// Fewest image tokens for `--image` (as `serve`'s, llama.cpp's `--image-min-tokens`).
+    #[arg(long, default_value_t = crate::model::vision::preprocess::DEFAULT_MIN_TOKENS, value_parser = at_least_one)]
+    pub image_min_tokens: usize,
+    /// Most image tokens for `--image` (as `serve`'s, llama.cpp's `--image-max-tokens`):
+    /// a larger image is downscaled to fit, so the encoder's cost follows this.
+    #[arg(long, default_value_t = crate::model::vision::preprocess::DEFAULT_MAX_TOKENS, value_parser = at_least_one)]
+    pub image_max_tokens: usize,
+    /// With `--image`: time only the encoder and skip pp/tg (with `--json`, one object with
+    /// `encode_ms`, `encode_ms_runs`, `first_ms`, `n_tokens`, sizes). `bench/vision_encode.sh`
+    /// uses it against `llama-mtmd-cli`.
+    #[arg(long, requires = "image")]
+    pub encode_only: bool,
     /// Compute threads.
     #[arg(long, short = 't', default_value_t = d::BENCH_THREADS, value_parser = at_least_one)]
     pub threads: usize,
@@ -135,7 +165,14 @@ pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
             .with_context(|| format!("loading the projector {}", p.display()))?;
         eprintln!("projector {}: {} parameters, {:?}", p.display(), projector.n_params(), projector.config);
         if let Some(image) = &cfg.image {
-            encode_image(&projector, &pool, image, cfg.repetitions.max(1))?;
+            let budget = crate::model::vision::ImageBudget::new(cfg.image_min_tokens, cfg.image_max_tokens)?;
+            let result = encode_image(&projector, &pool, image, budget, cfg.repetitions.max(1))?;
+            if cfg.encode_only {
+                if cfg.json {
+                    println!("{result}");
+                }
+                return Ok(());
+            }
         }
     }
     let n_ctx = cfg.depth + cfg.prompt_tokens + 2 * cfg.gen_tokens + cfg.n_draft + 8;

@@ -318,3 +318,32 @@ fn bench_encodes_an_image() {
         "{stderr}"
     );
 }
+
+/// `bench --encode-only --json --image-max-tokens N` sizes the image to that budget (the
+/// 270x600 screenshot takes 152 tokens by default) and prints one JSON object with the
+/// encode's times; pp/tg do not run.
+#[test]
+fn bench_encode_only_honours_the_token_budget_and_prints_json() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_device-worker"))
+        .args(["bench", "--model"])
+        .arg(file("tiny-qwen35vl-f32.gguf"))
+        .arg("--mmproj")
+        .arg(file("mmproj-tiny-qwen35vl-f16.gguf"))
+        .arg("--image")
+        .arg(file("screenshot-270x600.png"))
+        .args(["-t", "1", "-r", "2", "--image-max-tokens", "64", "--encode-only", "--json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let n = v["n_tokens"].as_u64().unwrap();
+    assert!((8..=64).contains(&n), "{v}");
+    let (w, h) = (v["size"][0].as_u64().unwrap(), v["size"][1].as_u64().unwrap());
+    assert_eq!((w % 32, h % 32), (0, 0), "{v}");
+    assert_eq!(n, (w / 32) * (h / 32), "{v}");
+    assert_eq!(v["encode_ms_runs"].as_array().unwrap().len(), 2, "{v}");
+    assert!(v["encode_ms"].as_f64().unwrap() > 0.0 && v["first_ms"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(!stderr.contains("prefill"), "pp/tg ran: {stderr}");
+}

@@ -86,7 +86,8 @@ async fn bad_images_are_http_400_naming_the_content_index_and_the_next_request_i
         ("zero bytes", data_uri("image/png", &[]), "empty"),
         ("1x1 image", data_uri("image/png", &encode_png(1, 1, &grey)), "at least 32 pixels"),
         ("20000x20000 PNG bomb", data_uri("image/png", &bomb_png(20000, 20000)), "20000x20000"),
-        ("bytes that are no image", data_uri("image/png", b"just some text, no image at all"), "not supported"),
+        // Zero bytes and these: refused by the gateway's signature check, as on the agent path.
+        ("bytes that are no image", data_uri("image/png", b"just some text, no image at all"), "not a PNG or JPEG image"),
         ("http:// URL", "http://example.com/screen.png".into(), "a remote URL"),
         ("PNG bytes as text/plain", data_uri("text/plain", &png), "media type \"text/plain\""),
     ];
@@ -97,6 +98,12 @@ async fn bad_images_are_http_400_naming_the_content_index_and_the_next_request_i
         assert!(message.contains("messages[1].content[1]"), "{what}: {message}");
         assert!(!message.contains("parts["), "{what}: the worker's index leaked: {message}");
         assert!(message.contains(says), "{what}: {message}");
+        // The gateway's own refusals (before the worker) say which field; the worker's refusals
+        // come back as worker_error without one.
+        if ["zero bytes", "bytes that are no image", "http:// URL", "PNG bytes as text/plain"].contains(what) {
+            assert_eq!(v["error"]["param"], "messages", "{what}: {v}");
+            assert_eq!(v["error"]["type"], "invalid_request_error", "{what}: {v}");
+        }
         // The server keeps serving: the real screenshot (PNG, then JPEG) right after.
         let uri = if i % 2 == 0 { data_uri("image/png", &png) } else { data_uri("image/jpg", &jpg) };
         let (status, ok) = post(&http, &body(&format!("ok-{i}"), &uri)).await;

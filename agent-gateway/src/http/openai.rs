@@ -394,6 +394,9 @@ pub fn usage_chunk_json(id: &str, created: u64, model: &str, done: &spb::FinalSt
 pub const IMAGE_URL_RULE: &str =
     "an image inline as a base64 data: URI of media type image/png or image/jpeg (data:image/png;base64,...): the gateway fetches nothing";
 
+/// What the bytes of an `image_url` data: URI must be, as error text.
+const IMAGE_BYTES_RULE: &str = "the bytes of a PNG or JPEG image";
+
 /// The media types an `image_url` data: URI may declare (`image/jpg` is a common misspelling
 /// of `image/jpeg`, accepted as such); ASCII case does not matter.
 pub const IMAGE_MEDIA_TYPES: [&str; 3] = ["image/png", "image/jpeg", "image/jpg"];
@@ -420,6 +423,9 @@ fn content_parts(i: usize, list: &[Value]) -> Result<(String, Vec<spb::ContentPa
             Some("image_url") => {
                 let url = p.pointer("/image_url/url").or_else(|| p.get("image_url")).and_then(Value::as_str).unwrap_or("");
                 let bytes = data_uri_bytes(url).map_err(|why| bad(IMAGE_URL_RULE, format!("messages[{i}].content[{j}]: {why}")))?;
+                // The agent path's signature check, so bytes that are no image are refused here
+                // (400 naming the part) rather than by the worker.
+                crate::screenshot::sniff(&bytes).map_err(|why| bad(IMAGE_BYTES_RULE, format!("messages[{i}].content[{j}]: {why}")))?;
                 parts.push(spb::ContentPart { part: Some(Part::Image(bytes)) });
                 from.push(j);
             }
@@ -542,19 +548,22 @@ mod tests {
 
     #[test]
     fn image_url_parts_with_data_uris_become_image_parts_in_order() {
-        // "PNG!" and "JPG" in base64.
+        // The PNG signature and the JPEG one (ff d8 ff) in base64.
         let r = req(json!({"messages": [{"role": "user", "content": [
             {"type": "text", "text": "Screen: "},
-            {"type": "image_url", "image_url": {"url": "data:image/png;base64,UE5HIQ=="}},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
             {"type": "text", "text": " then "},
-            {"type": "image_url", "image_url": {"url": "DATA:image/jpeg;charset=x;BASE64,SlBH"}},
+            {"type": "image_url", "image_url": {"url": "DATA:image/jpeg;charset=x;BASE64,/9j/"}},
         ]}]}))
         .unwrap();
         let m = r.chat_messages().unwrap();
         use spb::content_part::Part;
         let parts: Vec<Part> = m[0].parts.iter().map(|p| p.part.clone().unwrap()).collect();
         assert_eq!(m[0].content, "Screen: ");
-        assert_eq!(parts, vec![Part::Image(b"PNG!".to_vec()), Part::Text(" then ".into()), Part::Image(b"JPG".to_vec())]);
+        assert_eq!(
+            parts,
+            vec![Part::Image(b"\x89PNG\r\n\x1a\n".to_vec()), Part::Text(" then ".into()), Part::Image(b"\xff\xd8\xff".to_vec())]
+        );
     }
 
     #[test]
@@ -578,9 +587,30 @@ mod tests {
             assert!(text.contains("messages[0].content[1]"), "{url}: {text}");
             assert_eq!(text.matches("fetches nothing").count(), 1, "said once: {text}");
         }
-        for ok in ["data:image/png;base64,UE5H", "data:IMAGE/JPEG;base64,UE5H", "data:image/jpg;base64,UE5H"] {
+        for ok in ["data:image/png;base64,iVBORw0KGgo=", "data:IMAGE/JPEG;base64,/9j/", "data:image/jpg;base64,/9j/"] {
             let r = req(json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": ok}}]}]})).unwrap();
             assert!(r.chat_messages().is_ok(), "{ok}");
+        }
+    }
+
+    /// The agent path's signature check (`screenshot::sniff`) runs here too: a data: URI that
+    /// declares an image but holds no PNG or JPEG is refused by the gateway, naming the part.
+    #[test]
+    fn image_bytes_that_are_no_png_or_jpeg_are_refused() {
+        for (url, says) in [
+            ("data:image/png;base64,UE5HIQ==", "messages[0].content[1]: not a PNG or JPEG image (4 bytes starting 50 4e 47 21"),
+            ("data:image/jpeg;base64,R0lGOA==", "messages[0].content[1]: not a PNG or JPEG image (4 bytes starting 47 49 46 38"),
+            ("data:image/png;base64,", "messages[0].content[1]: empty"),
+        ] {
+            let r = req(json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": url}}]}]})).unwrap();
+            let e = r.chat_messages().unwrap_err();
+            let body = e.to_json();
+            assert_eq!(e.http_status(), 400, "{url}");
+            assert_eq!(body["error"]["type"], "invalid_request_error", "{url}");
+            assert_eq!(body["error"]["param"], "messages", "{url}");
+            let text = e.to_string();
+            assert!(text.contains(says), "{url}: {text}");
+            assert!(text.contains("expected the bytes of a PNG or JPEG image"), "{url}: {text}");
         }
     }
 
@@ -588,7 +618,7 @@ mod tests {
     fn worker_part_indices_are_named_as_the_openai_content_index() {
         // Text first (the worker message's content), then image, text, image: the worker's
         // parts 0, 1, 2 are the OpenAI content items 1, 2, 3.
-        let img = "data:image/png;base64,UE5H";
+        let img = "data:image/png;base64,iVBORw0KGgo=";
         let r = req(json!({"messages": [
             {"role": "system", "content": "rules"},
             {"role": "user", "content": [

@@ -89,7 +89,8 @@ row Q6_K "${n}_kquants::single_dot" "--with smull2" ggml_vec_dot_q6_K_q8_K 16 25
 # translation block, every executed instruction of one call of the kernel function,
 # callees included), on a driver (dsp/examples/neon_insn_driver.rs) at QEMU_CPU=cortex-a76
 # (neon-dotprod), for 2 and 6 super-blocks: the difference / 4 is the cost of one
-# super-block (the call's fixed cost cancels). The single Q4_K dot is counted the same way,
+# super-block (the call's fixed cost cancels); the neon-i8mm tile likewise at QEMU_CPU=max
+# (per weight row). The single Q4_K dot is counted the same way,
 # which also checks the method against the static count of its loop above.
 RUSTFLAGS="${RUSTFLAGS:-} -C symbol-mangling-version=v0" CARGO_TARGET_DIR="$tdir" \
   cargo build --release --locked --target "$AARCH64_TARGET" -p tandem-dsp --example neon_insn_driver >&2
@@ -103,13 +104,25 @@ per_block() {
 }
 dyn_one=$(per_block single single_dot)
 dyn_tile=$(per_block tile4 tile_dot)
+# The neon-i8mm tile (2-row x 4-token smmla register tiles, the activations packed once per
+# call): ROWS weight rows x 4 tokens at QEMU_CPU=max, per row; 2 rows (one register tile, the
+# packing paid by 2 rows) and 16 rows (a pool task's share: the packing amortized).
+per_row_i8mm() {
+  local rows=$1 a b
+  a=$(QEMU_CPU=max python3 "$here/insn_exec.py" "$driver" dsp::backend::neon_i8mm::dot_tile_kquant tile4-i8mm 2 "$rows")
+  b=$(QEMU_CPU=max python3 "$here/insn_exec.py" "$driver" dsp::backend::neon_i8mm::dot_tile_kquant tile4-i8mm 6 "$rows")
+  python3 -c 'import json, sys; a, b = (json.loads(v)["insns"] for v in sys.argv[2:]); print("%g" % ((b - a) / 4 / int(sys.argv[1])))' "$rows" "$a" "$b"
+}
+i8_2=$(per_row_i8mm 2)
+i8_16=$(per_row_i8mm 16)
 echo
 python3 -c '
 import sys
-tile, one, static_one = (float(v) for v in sys.argv[1:])
-print("4-column Q4_K tile (1 row × 4 tokens), executed instructions per super-block (qemu, "
-      "neon-dotprod): %g vs one column %g (its static loop: %g): %.2f× one column in all, "
-      "%.2f× per column (target ≤ 1.5×)" % (tile, one, static_one, tile / one, tile / 4 / one))
-' "$dyn_tile" "$dyn_one" "$one_q4k"
+tile, one, static_one, i2, i16 = (float(v) for v in sys.argv[1:])
+print("4-column Q4_K tile, executed instructions per super-block and weight row (qemu): "
+      "neon-i8mm (smmla, 2-row tiles) %g with 2 rows, %g with 16 rows: %.2f× / %.2f× one column "
+      "(target ≤ 1.5×); neon-dotprod (1 row × 4 tokens) %g: %.2f×; one column (neon-dotprod) %g "
+      "(its static loop: %g)" % (i2, i16, i2 / one, i16 / one, tile, tile / one, one, static_one))
+' "$dyn_tile" "$dyn_one" "$one_q4k" "$i8_2" "$i8_16"
 echo
 echo "Toolchain: $(aarch64-linux-gnu-gcc --version | head -1); $(rustc --version); $(aarch64-linux-gnu-objdump --version | head -1); llama.cpp from llama-cpp-python $version ($(date -u +%F))"

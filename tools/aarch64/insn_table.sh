@@ -77,6 +77,7 @@ row() {
   read -r li lb lp lin < <(loop "$work/llama.dis" "$llama_fn" "$per" "$bw")
   echo "| $ty | $op | $lp | $(python3 -c "print('%.2f' % ($op / $lp))") | $oi × $ob ($oin) | $li × $lb |"
   [[ $ty == Q4_K ]] && one_q4k=$oi || true
+  [[ $ty == Q6_K ]] && one_q6k=$oi || true
 }
 row Q4_0 "$n::pair_dot::<0>" "" ggml_vec_dot_q4_0_q8_0 2 32
 row Q4_1 "$n::pair_dot::<1>" "" ggml_vec_dot_q4_1_q8_1 2 32
@@ -104,25 +105,32 @@ per_block() {
 }
 dyn_one=$(per_block single single_dot)
 dyn_tile=$(per_block tile4 tile_dot)
-# The neon-i8mm tile (2-row x 4-token smmla register tiles, the activations packed once per
-# call): ROWS weight rows x 4 tokens at QEMU_CPU=max, per row; 2 rows (one register tile, the
-# packing paid by 2 rows) and 16 rows (a pool task's share: the packing amortized).
+# The neon-i8mm tile (smmla register tiles of 2 weight rows x 4 tokens, Q4_K 4 rows while 4
+# are left; the activations packed once per call): ROWS weight rows x 4 tokens at
+# QEMU_CPU=max, per row; 2 rows (one register tile, the packing paid by 2 rows) and 16 rows
+# (a pool task's share: the packing amortized). TYPE q4_k or q6_k.
 per_row_i8mm() {
-  local rows=$1 a b
-  a=$(QEMU_CPU=max python3 "$here/insn_exec.py" "$driver" dsp::backend::neon_i8mm::dot_tile_kquant tile4-i8mm 2 "$rows")
-  b=$(QEMU_CPU=max python3 "$here/insn_exec.py" "$driver" dsp::backend::neon_i8mm::dot_tile_kquant tile4-i8mm 6 "$rows")
+  local rows=$1 ty=$2 a b
+  a=$(QEMU_CPU=max python3 "$here/insn_exec.py" "$driver" dsp::backend::neon_i8mm::dot_tile_kquant tile4-i8mm 2 "$rows" "$ty")
+  b=$(QEMU_CPU=max python3 "$here/insn_exec.py" "$driver" dsp::backend::neon_i8mm::dot_tile_kquant tile4-i8mm 6 "$rows" "$ty")
   python3 -c 'import json, sys; a, b = (json.loads(v)["insns"] for v in sys.argv[2:]); print("%g" % ((b - a) / 4 / int(sys.argv[1])))' "$rows" "$a" "$b"
 }
-i8_2=$(per_row_i8mm 2)
-i8_16=$(per_row_i8mm 16)
+i8_2=$(per_row_i8mm 2 q4_k)
+i8_16=$(per_row_i8mm 16 q4_k)
+q6_2=$(per_row_i8mm 2 q6_k)
+q6_16=$(per_row_i8mm 16 q6_k)
 echo
 python3 -c '
 import sys
-tile, one, static_one, i2, i16 = (float(v) for v in sys.argv[1:])
-print("4-column Q4_K tile, executed instructions per super-block and weight row (qemu): "
-      "neon-i8mm (smmla, 2-row tiles) %g with 2 rows, %g with 16 rows: %.2f× / %.2f× one column "
-      "(target ≤ 1.5×); neon-dotprod (1 row × 4 tokens) %g: %.2f×; one column (neon-dotprod) %g "
-      "(its static loop: %g)" % (i2, i16, i2 / one, i16 / one, tile, tile / one, one, static_one))
-' "$dyn_tile" "$dyn_one" "$one_q4k" "$i8_2" "$i8_16"
+tile, one, one_dyn, i2, i16, q6one, q2, q16 = (float(v) for v in sys.argv[1:])
+print("4-column tiles, executed instructions per super-block and weight row (qemu), against one "
+      "column (its static loop above, neon-dotprod; target ≤ 1.5×):")
+print("- Q4_K neon-i8mm (smmla): %g with 2 rows, %g with 16 rows: %.2f× / %.2f× one column (%g)"
+      % (i2, i16, i2 / one, i16 / one, one))
+print("- Q6_K neon-i8mm (smmla): %g with 2 rows, %g with 16 rows: %.2f× / %.2f× one column (%g)"
+      % (q2, q16, q2 / q6one, q16 / q6one, q6one))
+print("- Q4_K neon-dotprod (1 row × 4 tokens): %g: %.2f× one column (%g; executed, same "
+      "method: %g)" % (tile, tile / one, one, one_dyn))
+' "$dyn_tile" "$one_q4k" "$dyn_one" "$i8_2" "$i8_16" "$one_q6k" "$q6_2" "$q6_16"
 echo
 echo "Toolchain: $(aarch64-linux-gnu-gcc --version | head -1); $(rustc --version); $(aarch64-linux-gnu-objdump --version | head -1); llama.cpp from llama-cpp-python $version ($(date -u +%F))"

@@ -25,8 +25,8 @@
 use std::arch::aarch64::*;
 
 use super::neon::{cvt_f16x4, f16_to_f32};
-use super::neon_kquants::{scales_mins_q4k, KQuant};
-use super::DotTile;
+use super::neon_kquants::KQuant;
+use super::{DotTile, RawTile};
 use crate::quant::blocks::{BlockQ4K, BlockQ6K, BlockQ8K};
 
 /// Token pairs per register tile (4 tokens: the verification tile).
@@ -60,13 +60,6 @@ struct PairQ8K {
     d: [f32; 4],
 }
 
-const PAIR_ZERO: PairQ8K = PairQ8K {
-    qs: [0; 512],
-    lo: [0; 32],
-    hi: [0; 32],
-    d: [0.0; 4],
-};
-
 /// `[a.lo64, b.lo64]` and `[a.hi64, b.hi64]`: the two rows' (or tokens') 8-byte chunks side
 /// by side.
 #[inline(always)]
@@ -78,29 +71,40 @@ unsafe fn zip_rows(a: int8x16_t, b: int8x16_t) -> [int8x16_t; 2] {
     ]
 }
 
-/// Fills `out` from the activation blocks of tokens `ta` (`a`) and `tb` (`b`).
+/// Writes every field of `*out` from the activation blocks of tokens `ta` (`a`) and `tb` (`b`)
+/// (`out` may be uninitialized memory: nothing is zeroed first).
+///
+/// # Safety
+/// `out` is valid for writes of one [`PairQ8K`].
 #[inline(always)]
-unsafe fn pack_pair(q4k: bool, a: &BlockQ8K, b: &BlockQ8K, out: &mut PairQ8K) {
+unsafe fn pack_pair(q4k: bool, a: &BlockQ8K, b: &BlockQ8K, out: *mut PairQ8K) {
+    let qs = std::ptr::addr_of_mut!((*out).qs).cast::<i8>();
     for c in 0..16 {
         let z = zip_rows(vld1q_s8(a.qs.as_ptr().add(16 * c)), vld1q_s8(b.qs.as_ptr().add(16 * c)));
-        vst1q_s8(out.qs.as_mut_ptr().add(32 * c), z[0]);
-        vst1q_s8(out.qs.as_mut_ptr().add(32 * c + 16), z[1]);
+        vst1q_s8(qs.add(32 * c), z[0]);
+        vst1q_s8(qs.add(32 * c + 16), z[1]);
     }
     let bsums = |x: &BlockQ8K| [vld1q_s16(x.bsums.as_ptr()), vld1q_s16(x.bsums.as_ptr().add(8))];
     let (ba, bb) = (bsums(a), bsums(b));
-    // Q4_K: the pair sums in chunk 0; Q6_K: bsums 0..8 in chunk 0, 8..16 in chunk 1.
-    let (chunks, n) = if q4k {
-        ([[vpaddq_s16(ba[0], ba[1]), vpaddq_s16(bb[0], bb[1])], [ba[1], bb[1]]], 1)
+    // Q4_K: the pair sums in chunk 0 (chunk 1 is written but not read); Q6_K: bsums 0..8 in
+    // chunk 0, 8..16 in chunk 1.
+    let chunks = if q4k {
+        [[vpaddq_s16(ba[0], ba[1]), vpaddq_s16(bb[0], bb[1])], [ba[1], bb[1]]]
     } else {
-        ([[ba[0], bb[0]], [ba[1], bb[1]]], 2)
+        [[ba[0], bb[0]], [ba[1], bb[1]]]
     };
     let lo = |v: int16x8_t| vmovn_s16(vandq_s16(v, vdupq_n_s16(127)));
     let hi = |v: int16x8_t| vmovn_s16(vshrq_n_s16::<7>(v));
-    for (c, [va, vb]) in chunks.into_iter().enumerate().take(n) {
-        vst1q_s8(out.lo.as_mut_ptr().add(16 * c), vcombine_s8(lo(va), lo(vb)));
-        vst1q_s8(out.hi.as_mut_ptr().add(16 * c), vcombine_s8(hi(va), hi(vb)));
+    let (lo_p, hi_p) = (
+        std::ptr::addr_of_mut!((*out).lo).cast::<i8>(),
+        std::ptr::addr_of_mut!((*out).hi).cast::<i8>(),
+    );
+    for (c, [va, vb]) in chunks.into_iter().enumerate() {
+        vst1q_s8(lo_p.add(16 * c), vcombine_s8(lo(va), lo(vb)));
+        vst1q_s8(hi_p.add(16 * c), vcombine_s8(hi(va), hi(vb)));
     }
-    out.d = [a.d, b.d, a.d, b.d];
+    let d = vld1_lane_f32::<1>(&b.d, vld1_dup_f32(&a.d));
+    vst1q_f32(std::ptr::addr_of_mut!((*out).d).cast::<f32>(), vcombine_f32(d, d));
 }
 
 /// The i32 vectors `[a_n, a_n, b_n, b_n]` for `n = 4m..4m+4` from `u = [a_4m, b_4m, .., a_4m+3,
@@ -117,77 +121,167 @@ unsafe fn row_factors(u: int16x8_t) -> [int32x4_t; 4] {
     ]
 }
 
-/// The accumulated `(acc + ..)` f32 lanes `[r0·ta, r0·tb, r1·ta, r1·tb]` of `NP` token pairs
-/// after `nb` Q4_K super-blocks of rows `w0`, `w1` against the pairs at `x[p * x_pair]`.
+/// One super-block's factors of a Q4_K row pair (`r0`, `r1`), unpacked from both rows' 16-byte
+/// heads at once (one 128-bit operation for the two rows' 64-bit halves).
+struct Q4kPair {
+    /// Scale differences `t_k = s_k − s_{k+1}` (`s_8 = 0`; |t| ≤ 63, exact in i8), rows
+    /// interleaved: `[t0_0, t1_0, t0_1, t1_1, ..]`.
+    tt: int8x16_t,
+    /// `[m0_0..m0_8 | m1_0..m1_8]`: the mins as the bsum term's left `smmla` operand.
+    mins: int8x16_t,
+    /// `[d0, d0, d1, d1]` and `[dmin0, dmin0, dmin1, dmin1]`.
+    dw: float32x4_t,
+    dmw: float32x4_t,
+}
+
+/// [`Q4kPair`] of blocks `b0`, `b1` (the scale layout of `neon_kquants::scales_mins_q4k`: bytes 4..12 of
+/// the head are scale bytes 0..8, bytes 12..16 scale bytes 8..12).
+#[inline(always)]
+unsafe fn q4k_pair(b0: &BlockQ4K, b1: &BlockQ4K) -> Q4kPair {
+    let h0 = vld1q_u8((b0 as *const BlockQ4K).cast());
+    let h1 = vld1q_u8((b1 as *const BlockQ4K).cast());
+    let (u0, u1) = (vreinterpretq_u64_u8(vextq_u8::<4>(h0, h0)), vreinterpretq_u64_u8(vextq_u8::<4>(h1, h1)));
+    // [scale bytes 0..8 of r0 | of r1]; [bytes 8..12 of r0 twice | of r1 twice].
+    let ab = vreinterpretq_u8_u64(vzip1q_u64(u0, u1));
+    let c = vreinterpretq_u32_u64(vzip2q_u64(vreinterpretq_u64_u8(h0), vreinterpretq_u64_u8(h1)));
+    let cc = vreinterpretq_u8_u32(vtrn2q_u32(c, c));
+    let shifts = vreinterpretq_s8_u64(vdupq_n_u64(0xfcfc_fcfc_0000_0000));
+    let lo = vreinterpretq_u32_u8(vandq_u8(ab, vdupq_n_u8(63)));
+    let hi = vreinterpretq_u32_u8(vsliq_n_u8::<4>(vshlq_u8(cc, shifts), vshrq_n_u8::<6>(ab)));
+    // Per row: scales [lo.0, hi.0], mins [lo.1, hi.1] (u32 lanes of its 64-bit half).
+    let sc = vreinterpretq_u8_u32(vtrn1q_u32(lo, hi));
+    let mins = vreinterpretq_s8_u32(vtrn2q_u32(lo, hi));
+    // t_k = s_k − s_{k+1}: each row's half shifted down one byte (zero in).
+    let next = vreinterpretq_u8_u64(vshrq_n_u64::<8>(vreinterpretq_u64_u8(sc)));
+    let t = vreinterpretq_s8_u8(vsubq_u8(sc, next));
+    let tt = vzip1q_s8(t, vextq_s8::<8>(t, t));
+    // [d0, dmin0, d1, dmin1] (f16 bits of each row's first 4 bytes).
+    let dd = cvt_f16x4(vreinterpret_u16_u32(vzip1_u32(
+        vreinterpret_u32_u8(vget_low_u8(h0)),
+        vreinterpret_u32_u8(vget_low_u8(h1)),
+    )));
+    Q4kPair {
+        tt,
+        mins,
+        dw: vtrn1q_f32(dd, dd),
+        dmw: vtrn2q_f32(dd, dd),
+    }
+}
+
+/// The accumulated `(acc + ..)` f32 lanes `[r0·ta, r0·tb, r1·ta, r1·tb]` of `RP` row pairs
+/// (`w[r] = [r0, r1]`) × `NP` token pairs after `nb` Q4_K super-blocks, against the pairs at
+/// `x[p * x_pair]`. The row pairs share each activation load, the token pairs each unpacked
+/// weight register.
 ///
 /// # Safety
-/// Needs i8mm. `w0`, `w1` point at `nb` aligned blocks; `x + p * x_pair` (`p < NP`) at `nb`
+/// Needs i8mm. `w[r][i]` point at `nb` aligned blocks; `x + p * x_pair` (`p < NP`) at `nb`
 /// [`PairQ8K`].
 #[inline(always)]
-unsafe fn q4k_rows<const NP: usize>(
-    w0: *const BlockQ4K,
-    w1: *const BlockQ4K,
+unsafe fn q4k_rows<const RP: usize, const NP: usize>(
+    w: [[*const BlockQ4K; 2]; RP],
     x: *const PairQ8K,
     x_pair: usize,
     nb: usize,
-) -> [float32x4_t; NP] {
-    let mut acc = [vdupq_n_f32(0.0); NP];
+) -> [[float32x4_t; NP]; RP] {
+    let mut acc = [[vdupq_n_f32(0.0); NP]; RP];
+    let zero = vdupq_n_s32(0);
     for ib in 0..nb {
-        let (b0, b1) = (&*w0.add(ib), &*w1.add(ib));
         let xs: [&PairQ8K; NP] = std::array::from_fn(|p| &*x.add(p * x_pair + ib));
-        let (h0, sc0, mn0) = scales_mins_q4k(b0);
-        let (h1, sc1, mn1) = scales_mins_q4k(b1);
-        // [d0, dmin0, d1, dmin1] (f16 bits of each row's first 4 bytes).
-        let dd = cvt_f16x4(vreinterpret_u16_u32(vzip1_u32(
-            vreinterpret_u32_u8(vget_low_u8(h0)),
-            vreinterpret_u32_u8(vget_low_u8(h1)),
-        )));
-        let (dw, dmw) = (vtrn1q_f32(dd, dd), vtrn2q_f32(dd, dd));
-        // Scale differences t_k = s_k − s_{k+1} (s_8 = 0; |t| ≤ 63, exact in i8), rows
-        // interleaved: [t0_0, t1_0, t0_1, t1_1, ..].
-        let z8 = vdup_n_u8(0);
-        let t0 = vreinterpret_s8_u8(vsub_u8(sc0, vext_u8::<1>(sc0, z8)));
-        let t1 = vreinterpret_s8_u8(vsub_u8(sc1, vext_u8::<1>(sc1, z8)));
-        let tt = vcombine_s8(vzip1_s8(t0, t1), vzip2_s8(t0, t1));
-        let tw = [vmovl_s8(vget_low_s8(tt)), vmovl_high_s8(tt)];
-        let mins = vreinterpretq_s8_u8(vcombine_u8(mn0, mn1));
-        let zero = vdupq_n_s32(0);
-        let (mut chain, mut sumi) = ([zero; NP], [zero; NP]);
-        for g in 0..4 {
-            // Bytes 32g..32g+32 of both rows: low nibbles are sub-block 2g (weights 64g..+32),
-            // high nibbles sub-block 2g + 1 (64g + 32..+32); z[i] holds bytes 32g + 8i..+8.
-            let z0 = zip_rows(vld1q_s8(b0.qs.as_ptr().add(32 * g).cast()), vld1q_s8(b1.qs.as_ptr().add(32 * g).cast()));
-            let z1 = zip_rows(
-                vld1q_s8(b0.qs.as_ptr().add(32 * g + 16).cast()),
-                vld1q_s8(b1.qs.as_ptr().add(32 * g + 16).cast()),
-            );
-            let z = [z0[0], z0[1], z1[0], z1[1]];
-            let f = row_factors(tw[g / 2]);
-            for sub in 0..2 {
-                for (i, zi) in z.iter().enumerate() {
-                    let u = vreinterpretq_u8_s8(*zi);
-                    let wq = if sub == 0 { vandq_u8(u, vdupq_n_u8(0x0F)) } else { vshrq_n_u8::<4>(u) };
-                    let e = 8 * g + 4 * sub + i;
-                    for p in 0..NP {
-                        let xv = vld1q_s8(xs[p].qs.as_ptr().add(16 * e));
-                        chain[p] = smmla(chain[p], vreinterpretq_s8_u8(wq), xv);
-                    }
-                }
-                for p in 0..NP {
-                    sumi[p] = vmlaq_s32(sumi[p], chain[p], f[2 * (g % 2) + sub]);
-                }
-            }
-        }
+        let rows: [[&BlockQ4K; 2]; RP] = std::array::from_fn(|r| [&*w[r][0].add(ib), &*w[r][1].add(ib)]);
+        let f8: [Q4kPair; RP] = std::array::from_fn(|r| q4k_pair(rows[r][0], rows[r][1]));
+        let (mut chain, mut sumi) = ([[zero; NP]; RP], [[zero; NP]; RP]);
+        // The 4 groups written out (const G), so nothing is indexed at run time.
+        q4k_group::<RP, NP, 0>(&rows, &f8, &xs, &mut chain, &mut sumi);
+        q4k_group::<RP, NP, 1>(&rows, &f8, &xs, &mut chain, &mut sumi);
+        q4k_group::<RP, NP, 2>(&rows, &f8, &xs, &mut chain, &mut sumi);
+        q4k_group::<RP, NP, 3>(&rows, &f8, &xs, &mut chain, &mut sumi);
         let dx: [float32x4_t; NP] = std::array::from_fn(|p| vld1q_f32(xs[p].d.as_ptr()));
-        for p in 0..NP {
-            let m = smmla(zero, mins, vld1q_s8(xs[p].hi.as_ptr()));
-            let m = smmla(vshlq_n_s32::<7>(m), mins, vld1q_s8(xs[p].lo.as_ptr()));
-            let ds = vmulq_f32(vmulq_f32(dw, dx[p]), vcvtq_f32_s32(sumi[p]));
-            let dm = vmulq_f32(vmulq_f32(dmw, dx[p]), vcvtq_f32_s32(m));
-            acc[p] = vaddq_f32(acc[p], vsubq_f32(ds, dm));
+        let (hi, lo): ([int8x16_t; NP], [int8x16_t; NP]) = (
+            std::array::from_fn(|p| vld1q_s8(xs[p].hi.as_ptr())),
+            std::array::from_fn(|p| vld1q_s8(xs[p].lo.as_ptr())),
+        );
+        for r in 0..RP {
+            let q = &f8[r];
+            for p in 0..NP {
+                let m = smmla(zero, q.mins, hi[p]);
+                let m = smmla(vshlq_n_s32::<7>(m), q.mins, lo[p]);
+                let ds = vmulq_f32(vmulq_f32(q.dw, dx[p]), vcvtq_f32_s32(sumi[r][p]));
+                let dm = vmulq_f32(vmulq_f32(q.dmw, dx[p]), vcvtq_f32_s32(m));
+                acc[r][p] = vaddq_f32(acc[r][p], vsubq_f32(ds, dm));
+            }
         }
     }
     acc
+}
+
+/// Group `G` (weights `64G..64G+64`, sub-blocks `2G`, `2G + 1`) of a [`q4k_rows`] super-block:
+/// the `smmla` prefix chains and the scaled differences added to `sumi`.
+#[inline(always)]
+unsafe fn q4k_group<const RP: usize, const NP: usize, const G: usize>(
+    rows: &[[&BlockQ4K; 2]; RP],
+    f8: &[Q4kPair; RP],
+    xs: &[&PairQ8K; NP],
+    chain: &mut [[int32x4_t; NP]; RP],
+    sumi: &mut [[int32x4_t; NP]; RP],
+) {
+    // Bytes 32G..32G+32 of both rows: low nibbles are sub-block 2G (weights 64G..+32), high
+    // nibbles sub-block 2G + 1 (64G + 32..+32); z[r][i] holds bytes 32G + 8i..+8 of the pair's
+    // two rows.
+    let z: [[uint8x16_t; 4]; RP] = std::array::from_fn(|r| {
+        let a = vld1q_u8_x2(rows[r][0].qs.as_ptr().add(32 * G));
+        let b = vld1q_u8_x2(rows[r][1].qs.as_ptr().add(32 * G));
+        let (z0, z1) = (zip_rows_u8(a.0, b.0), zip_rows_u8(a.1, b.1));
+        [z0[0], z0[1], z1[0], z1[1]]
+    });
+    // The factors of sub-blocks 2G, 2G + 1: [t0, t0, t1, t1] in i32.
+    let f: [[int32x4_t; 2]; RP] = std::array::from_fn(|r| {
+        let tt = f8[r].tt;
+        let tw = if G < 2 { vmovl_s8(vget_low_s8(tt)) } else { vmovl_high_s8(tt) };
+        let u = if G % 2 == 0 { vzip1q_s16(tw, tw) } else { vzip2q_s16(tw, tw) };
+        [vmovl_s16(vget_low_s16(u)), vmovl_high_s16(u)]
+    });
+    // Both sub-blocks written out (nothing indexed at run time).
+    q4k_sub::<RP, NP, G, 0>(&z, &f, xs, chain, sumi);
+    q4k_sub::<RP, NP, G, 1>(&z, &f, xs, chain, sumi);
+}
+
+/// Sub-block `2G + SUB` of [`q4k_group`]: its 4 `smmla` steps per (row pair, token pair) on
+/// the chain, then the chain times the sub-block's scale difference into `sumi`.
+#[inline(always)]
+unsafe fn q4k_sub<const RP: usize, const NP: usize, const G: usize, const SUB: usize>(
+    z: &[[uint8x16_t; 4]; RP],
+    f: &[[int32x4_t; 2]; RP],
+    xs: &[&PairQ8K; NP],
+    chain: &mut [[int32x4_t; NP]; RP],
+    sumi: &mut [[int32x4_t; NP]; RP],
+) {
+    let m4 = vdupq_n_u8(0x0F);
+    for half in 0..2 {
+        let e = 8 * G + 4 * SUB + 2 * half;
+        let xv: [int8x16x2_t; NP] = std::array::from_fn(|p| vld1q_s8_x2(xs[p].qs.as_ptr().add(16 * e)));
+        for r in 0..RP {
+            for k in 0..2 {
+                let zi = z[r][2 * half + k];
+                let wq = vreinterpretq_s8_u8(if SUB == 0 { vandq_u8(zi, m4) } else { vshrq_n_u8::<4>(zi) });
+                for p in 0..NP {
+                    let xk = if k == 0 { xv[p].0 } else { xv[p].1 };
+                    chain[r][p] = smmla(chain[r][p], wq, xk);
+                }
+            }
+        }
+    }
+    for r in 0..RP {
+        for p in 0..NP {
+            sumi[r][p] = vmlaq_s32(sumi[r][p], chain[r][p], f[r][SUB]);
+        }
+    }
+}
+
+/// [`zip_rows`] of u8 vectors.
+#[inline(always)]
+unsafe fn zip_rows_u8(a: uint8x16_t, b: uint8x16_t) -> [uint8x16_t; 2] {
+    let z = zip_rows(vreinterpretq_s8_u8(a), vreinterpretq_s8_u8(b));
+    [vreinterpretq_u8_s8(z[0]), vreinterpretq_u8_s8(z[1])]
 }
 
 /// Chain order of the Q6_K sub-blocks in [`q6k_rows`]: position `n` = `4·(2h + i) + g` is
@@ -280,47 +374,38 @@ unsafe fn q6k_rows<const NP: usize>(
     acc
 }
 
-/// The 2 rows × `NP` token pairs register tile of `kind`.
+/// The `RP` row pairs × `NP` token pairs register tile of `kind` (`w[r]` = the pair's two row
+/// pointers; Q6_K runs its row pairs one after the other).
 ///
 /// # Safety
 /// As [`q4k_rows`] (with the blocks of `kind`).
 #[inline]
 #[target_feature(enable = "i8mm")]
-unsafe fn rows_tile<const NP: usize>(
+unsafe fn rows_tile<const RP: usize, const NP: usize>(
     kind: KQuant,
-    w0: *const u8,
-    w1: *const u8,
+    w: [[*const u8; 2]; RP],
     x: *const PairQ8K,
     x_pair: usize,
     nb: usize,
-) -> [float32x4_t; NP] {
+) -> [[float32x4_t; NP]; RP] {
     match kind {
-        KQuant::Q4K => q4k_rows::<NP>(w0.cast(), w1.cast(), x, x_pair, nb),
-        KQuant::Q6K => q6k_rows::<NP>(w0.cast(), w1.cast(), x, x_pair, nb),
+        KQuant::Q4K => q4k_rows::<RP, NP>(w.map(|r| r.map(|p| p.cast())), x, x_pair, nb),
+        KQuant::Q6K => std::array::from_fn(|r| q6k_rows::<NP>(w[r][0].cast(), w[r][1].cast(), x, x_pair, nb)),
     }
 }
 
-/// All products of a K-quant [`DotTile`] (`out[t * n_rows + r]`) in register tiles of 2 rows
-/// × [`PAIRS`] token pairs, the activations packed once per call ([`PairQ8K`]).
+/// Rows `rows[r]` (`RP` pairs; a pair `[r, r]` is a single row) × all tokens of `raw`, token
+/// pairs [`PAIRS`] at a time, against the packed activations (`nb` [`PairQ8K`] per token pair).
 ///
 /// # Safety
-/// Needs i8mm; the [`DotTile`] alignment contract (the geometry is checked here).
+/// As [`dot_tile_kquant`]; `packed` holds `n_tok.div_ceil(2) * nb` pairs.
+#[inline]
 #[target_feature(enable = "i8mm")]
-pub(super) unsafe fn dot_tile_kquant(kind: KQuant, tile: &DotTile<'_>, out: &mut [f32]) {
-    let xb = size_of::<BlockQ8K>();
-    let raw = tile.raw(kind.block_bytes(), xb, out);
+unsafe fn row_block<const RP: usize>(kind: KQuant, raw: &RawTile, packed: *const PairQ8K, rows: [[usize; 2]; RP]) {
     let (n_rows, n_tok, nb) = (raw.n_rows, raw.n_tok, raw.nb);
     let n_pairs = n_tok.div_ceil(2);
-    let mut packed = vec![PAIR_ZERO; n_pairs * nb];
-    for (p, blocks) in packed.chunks_exact_mut(nb.max(1)).enumerate().take(n_pairs) {
-        let (ta, tb) = (2 * p, (2 * p + 1).min(n_tok - 1));
-        for (ib, dst) in blocks.iter_mut().enumerate() {
-            let a = &*raw.x.add(ta * raw.xs + ib * xb).cast::<BlockQ8K>();
-            let b = &*raw.x.add(tb * raw.xs + ib * xb).cast::<BlockQ8K>();
-            pack_pair(kind == KQuant::Q4K, a, b, dst);
-        }
-    }
-    let store = |acc: float32x4_t, r0: usize, r1: usize, p: usize| {
+    let w = rows.map(|r| r.map(|i| raw.w.add(i * raw.ws)));
+    let store = |acc: float32x4_t, [r0, r1]: [usize; 2], p: usize| {
         let (ta, tb) = (2 * p, 2 * p + 1);
         let v: [f32; 4] = std::mem::transmute(acc);
         let o = |t: usize, r: usize| raw.o.add(t * n_rows + r);
@@ -335,23 +420,61 @@ pub(super) unsafe fn dot_tile_kquant(kind: KQuant, tile: &DotTile<'_>, out: &mut
             }
         }
     };
-    for r0 in (0..n_rows).step_by(2) {
-        let r1 = (r0 + 1).min(n_rows - 1);
-        let (w0, w1) = (raw.w.add(r0 * raw.ws), raw.w.add(r1 * raw.ws));
-        let mut p = 0;
-        while p < n_pairs {
-            let x = packed.as_ptr().add(p * nb);
-            if p + PAIRS <= n_pairs {
-                let acc = rows_tile::<PAIRS>(kind, w0, w1, x, nb, nb);
-                for (k, a) in acc.into_iter().enumerate() {
-                    store(a, r0, r1, p + k);
+    let mut p = 0;
+    while p < n_pairs {
+        let x = packed.add(p * nb);
+        if p + PAIRS <= n_pairs {
+            let acc = rows_tile::<RP, PAIRS>(kind, w, x, nb, nb);
+            for (r, accs) in acc.into_iter().enumerate() {
+                for (k, a) in accs.into_iter().enumerate() {
+                    store(a, rows[r], p + k);
                 }
-                p += PAIRS;
-            } else {
-                let [a] = rows_tile::<1>(kind, w0, w1, x, nb, nb);
-                store(a, r0, r1, p);
-                p += 1;
             }
+            p += PAIRS;
+        } else {
+            let acc = rows_tile::<RP, 1>(kind, w, x, nb, nb);
+            for (r, [a]) in acc.into_iter().enumerate() {
+                store(a, rows[r], p);
+            }
+            p += 1;
         }
+    }
+}
+
+/// All products of a K-quant [`DotTile`] (`out[t * n_rows + r]`) in register tiles of 2 rows
+/// × [`PAIRS`] token pairs (Q4_K: 4 rows, two row pairs sharing the activation loads, while 4
+/// rows are left), the activations packed once per call ([`PairQ8K`]).
+///
+/// # Safety
+/// Needs i8mm; the [`DotTile`] alignment contract (the geometry is checked here).
+#[target_feature(enable = "i8mm")]
+pub(super) unsafe fn dot_tile_kquant(kind: KQuant, tile: &DotTile<'_>, out: &mut [f32]) {
+    let xb = size_of::<BlockQ8K>();
+    let raw = tile.raw(kind.block_bytes(), xb, out);
+    let (n_rows, n_tok, nb) = (raw.n_rows, raw.n_tok, raw.nb);
+    let n_pairs = n_tok.div_ceil(2);
+    // Every field of every element is written before `set_len` (no zeroing pass: at 4 tokens
+    // a zeroed copy per element cost about as much as the packing).
+    let mut packed: Vec<PairQ8K> = Vec::with_capacity(n_pairs * nb);
+    let dst = packed.as_mut_ptr();
+    for p in 0..n_pairs {
+        let (ta, tb) = (2 * p, (2 * p + 1).min(n_tok - 1));
+        for ib in 0..nb {
+            let a = &*raw.x.add(ta * raw.xs + ib * xb).cast::<BlockQ8K>();
+            let b = &*raw.x.add(tb * raw.xs + ib * xb).cast::<BlockQ8K>();
+            pack_pair(kind == KQuant::Q4K, a, b, dst.add(p * nb + ib));
+        }
+    }
+    packed.set_len(n_pairs * nb);
+    let mut r0 = 0;
+    if kind == KQuant::Q4K {
+        while r0 + 4 <= n_rows {
+            row_block::<2>(kind, &raw, packed.as_ptr(), [[r0, r0 + 1], [r0 + 2, r0 + 3]]);
+            r0 += 4;
+        }
+    }
+    while r0 < n_rows {
+        row_block::<1>(kind, &raw, packed.as_ptr(), [[r0, (r0 + 1).min(n_rows - 1)]]);
+        r0 += 2;
     }
 }

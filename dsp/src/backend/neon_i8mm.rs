@@ -320,46 +320,11 @@ unsafe fn q6k_rows<const NP: usize>(
         let u = [vzip1q_s16(d0[0], d1[0]), vzip2q_s16(d0[0], d1[0]), vzip1q_s16(d0[1], d1[1]), vzip2q_s16(d0[1], d1[1])];
         let zero = vdupq_n_s32(0);
         let (mut chain, mut sumi) = ([zero; NP], [zero; NP]);
-        for h in 0..2 {
-            for i in 0..2 {
-                let ld = |b: &BlockQ6K, o: usize, qh: bool| {
-                    if qh {
-                        vld1q_u8(b.qh.as_ptr().add(o))
-                    } else {
-                        vld1q_u8(b.ql.as_ptr().add(o))
-                    }
-                };
-                let pair = |o: usize, qh: bool| {
-                    let z = zip_rows(vreinterpretq_s8_u8(ld(b0, o, qh)), vreinterpretq_s8_u8(ld(b1, o, qh)));
-                    [vreinterpretq_u8_s8(z[0]), vreinterpretq_u8_s8(z[1])]
-                };
-                let ql0 = pair(64 * h + 16 * i, false);
-                let ql1 = pair(64 * h + 32 + 16 * i, false);
-                let qhb = pair(32 * h + 16 * i, true);
-                let f = row_factors(u[2 * h + i]);
-                let m3f = vdupq_n_u8(0x3F);
-                for g in 0..4 {
-                    for zv in 0..2 {
-                        let (l0, l1, qh) = (ql0[zv], ql1[zv], qhb[zv]);
-                        // q + 32 = low 4 bits from ql, bits 4..6 from qh (bits 2g..2g+2).
-                        let wq = match g {
-                            0 => vandq_u8(vsliq_n_u8::<4>(l0, qh), m3f),
-                            1 => vandq_u8(vsliq_n_u8::<4>(l1, vshrq_n_u8::<2>(qh)), m3f),
-                            2 => vandq_u8(vsliq_n_u8::<4>(vshrq_n_u8::<4>(l0), vshrq_n_u8::<4>(qh)), m3f),
-                            _ => vsliq_n_u8::<4>(vshrq_n_u8::<4>(l1), vshrq_n_u8::<6>(qh)),
-                        };
-                        let e = 16 * h + 4 * g + 2 * i + zv;
-                        for p in 0..NP {
-                            let xv = vld1q_s8(xs[p].qs.as_ptr().add(16 * e));
-                            chain[p] = smmla(chain[p], vreinterpretq_s8_u8(wq), xv);
-                        }
-                    }
-                    for p in 0..NP {
-                        sumi[p] = vmlaq_s32(sumi[p], chain[p], f[g]);
-                    }
-                }
-            }
-        }
+        // The 4 (h, i) quarters written out (const H, I), so nothing is indexed at run time.
+        q6k_quarter::<NP, 0, 0>(b0, b1, &u, &xs, &mut chain, &mut sumi);
+        q6k_quarter::<NP, 0, 1>(b0, b1, &u, &xs, &mut chain, &mut sumi);
+        q6k_quarter::<NP, 1, 0>(b0, b1, &u, &xs, &mut chain, &mut sumi);
+        q6k_quarter::<NP, 1, 1>(b0, b1, &u, &xs, &mut chain, &mut sumi);
         for p in 0..NP {
             let hi = (vld1q_s8(xs[p].hi.as_ptr()), vld1q_s8(xs[p].hi.as_ptr().add(16)));
             let lo = (vld1q_s8(xs[p].lo.as_ptr()), vld1q_s8(xs[p].lo.as_ptr().add(16)));
@@ -372,6 +337,63 @@ unsafe fn q6k_rows<const NP: usize>(
         }
     }
     acc
+}
+
+/// Quarter `(H, I)` of a [`q6k_rows`] super-block: chain positions `4·(2H + I)..+4`, i.e.
+/// sub-blocks `8H + 2g + I` (weights `128H + 32g + 16I..+16`, `g < 4`).
+#[inline(always)]
+unsafe fn q6k_quarter<const NP: usize, const H: usize, const I: usize>(
+    b0: &BlockQ6K,
+    b1: &BlockQ6K,
+    u: &[int16x8_t; 4],
+    xs: &[&PairQ8K; NP],
+    chain: &mut [int32x4_t; NP],
+    sumi: &mut [int32x4_t; NP],
+) {
+    let pair = |a: *const u8, b: *const u8| zip_rows_u8(vld1q_u8(a), vld1q_u8(b));
+    let ql0 = pair(b0.ql.as_ptr().add(64 * H + 16 * I), b1.ql.as_ptr().add(64 * H + 16 * I));
+    let ql1 = pair(b0.ql.as_ptr().add(64 * H + 32 + 16 * I), b1.ql.as_ptr().add(64 * H + 32 + 16 * I));
+    let qhb = pair(b0.qh.as_ptr().add(32 * H + 16 * I), b1.qh.as_ptr().add(32 * H + 16 * I));
+    let f = row_factors(u[2 * H + I]);
+    q6k_step::<NP, H, I, 0>(&ql0, &ql1, &qhb, f[0], xs, chain, sumi);
+    q6k_step::<NP, H, I, 1>(&ql0, &ql1, &qhb, f[1], xs, chain, sumi);
+    q6k_step::<NP, H, I, 2>(&ql0, &ql1, &qhb, f[2], xs, chain, sumi);
+    q6k_step::<NP, H, I, 3>(&ql0, &ql1, &qhb, f[3], xs, chain, sumi);
+}
+
+/// Chain position `4·(2H + I) + G` of [`q6k_quarter`]: 2 `smmla` steps per token pair, then the
+/// chain times the position's scale difference `f` into `sumi`.
+#[inline(always)]
+unsafe fn q6k_step<const NP: usize, const H: usize, const I: usize, const G: usize>(
+    ql0: &[uint8x16_t; 2],
+    ql1: &[uint8x16_t; 2],
+    qhb: &[uint8x16_t; 2],
+    f: int32x4_t,
+    xs: &[&PairQ8K; NP],
+    chain: &mut [int32x4_t; NP],
+    sumi: &mut [int32x4_t; NP],
+) {
+    let m3f = vdupq_n_u8(0x3F);
+    // Activation chunks e, e + 1 (zv = 0, 1) in one load.
+    let e = 16 * H + 4 * G + 2 * I;
+    let xv: [int8x16x2_t; NP] = std::array::from_fn(|p| vld1q_s8_x2(xs[p].qs.as_ptr().add(16 * e)));
+    for zv in 0..2 {
+        let (l0, l1, qh) = (ql0[zv], ql1[zv], qhb[zv]);
+        // q + 32 = low 4 bits from ql, bits 4..6 from qh (bits 2G..2G+2).
+        let wq = match G {
+            0 => vandq_u8(vsliq_n_u8::<4>(l0, qh), m3f),
+            1 => vandq_u8(vsliq_n_u8::<4>(l1, vshrq_n_u8::<2>(qh)), m3f),
+            2 => vandq_u8(vsliq_n_u8::<4>(vshrq_n_u8::<4>(l0), vshrq_n_u8::<4>(qh)), m3f),
+            _ => vsliq_n_u8::<4>(vshrq_n_u8::<4>(l1), vshrq_n_u8::<6>(qh)),
+        };
+        for p in 0..NP {
+            let xk = if zv == 0 { xv[p].0 } else { xv[p].1 };
+            chain[p] = smmla(chain[p], vreinterpretq_s8_u8(wq), xk);
+        }
+    }
+    for p in 0..NP {
+        sumi[p] = vmlaq_s32(sumi[p], chain[p], f);
+    }
 }
 
 /// The `RP` row pairs × `NP` token pairs register tile of `kind` (`w[r]` = the pair's two row

@@ -62,6 +62,7 @@ fn llama_cpp_embeddings(name: &str) -> (usize, usize, Vec<f32>) {
 /// bicubic, the tower with its default, llama.cpp-compatible options).
 #[test]
 fn image_embeddings_match_llama_cpp() {
+    device_worker::config::KernelArgs::install_env().expect("TANDEM_KERNELS");
     let pool = ThreadPool::new(2).unwrap();
     for ty in PROJECTORS {
         let p = Projector::open(&file(&format!("mmproj-tiny-qwen35vl-{ty}.gguf")), 64).unwrap();

@@ -590,6 +590,55 @@ fn avx512_q4_0_q4_1_q8_0_products_equal_avx2_bitwise() {
     }
 }
 
+/// Q4_K and Q6_K have the scalar reference's numerics on every backend that promises them
+/// (AVX2 and every NEON level: per super-block the exact integer totals combined in f32 as the
+/// scalar backend does, whatever the integer lanes; the cross-arch golden file pins AVX2 to
+/// the other backends). Single dots and every tile shape (2-row × 4-token `smmla` tiles and
+/// their odd-row and odd-token edges on `neon-i8mm`) equal the scalar dot bit for bit, on
+/// random blocks with full-range scales, mins and quants and on quantized matrices.
+#[test]
+fn kquant_products_equal_scalar_bitwise() {
+    let backends: Vec<_> = backend::available()
+        .into_iter()
+        .filter(|b| b.name() == "avx2" || b.name().starts_with("neon"))
+        .collect();
+    let mut rng = Rng(31);
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        for nb in [1usize, 2, 5] {
+            let cols = 256 * nb;
+            for (rows, toks) in [(1, 1), (2, 1), (1, 2), (3, 4), (4, 4), (5, 3), (6, 5), (2, 9)] {
+                let random = rng.next_u64().is_multiple_of(2);
+                let w = if random {
+                    let blocks = rows * nb;
+                    match ty {
+                        GgmlType::Q4_K => Aligned::new(blocks_as_bytes(&rand_q4_k(&mut rng, blocks))),
+                        _ => Aligned::new(blocks_as_bytes(&rand_q6_k(&mut rng, blocks))),
+                    }
+                } else {
+                    let w: Vec<f32> = rng.vec(rows * cols).iter().map(|v| v * 3.0).collect();
+                    quantize_matrix(ty, &w, rows, cols)
+                };
+                let x = Aligned::new(blocks_as_bytes(&rand_q8_k(&mut rng, toks * nb)));
+                let (wrb, xrb) = (ty.row_bytes(cols).expect("rb"), GgmlType::Q8_K.row_bytes(cols).expect("rb"));
+                let tile = backend::DotTile { ty, w: w.bytes(), w_row_bytes: wrb, x: x.bytes(), x_row_bytes: xrb };
+                for be in &backends {
+                    let mut out = vec![f32::NAN; rows * toks];
+                    be.dot_tile(&tile, &mut out);
+                    for t in 0..toks {
+                        for r in 0..rows {
+                            let (wr, xr) = (&w.bytes()[r * wrb..(r + 1) * wrb], &x.bytes()[t * xrb..(t + 1) * xrb]);
+                            let want = backend::scalar().vec_dot_bytes(ty, wr, xr);
+                            let what = format!("{} {ty} nb={nb} {rows}x{toks} r{r} t{t} (random blocks: {random})", be.name());
+                            assert_eq!(be.vec_dot_bytes(ty, wr, xr).to_bits(), want.to_bits(), "single dot, {what}");
+                            assert_eq!(out[t * rows + r].to_bits(), want.to_bits(), "tile, {what}: {} vs {want}", out[t * rows + r]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// `TANDEM_REQUIRE_KERNELS=neon,neon-dotprod` (comma-separated backend names): every backend
 /// named must be available on this CPU, so a CI run on the wrong machine (or an emulator at
 /// the wrong CPU level) fails instead of silently skipping the per-backend tests above.
@@ -611,7 +660,8 @@ fn required_backends_are_available() {
 }
 
 /// Every NEON level computes the same bits (dotprod's `sdot` builds the same exact i32 lanes
-/// as the NEON-only `vmull` + pairwise adds), on every tile shape.
+/// as the NEON-only `vmull` + pairwise adds; the K-quants' `smmla` tiles of `neon-i8mm` the
+/// same integer totals), on every tile shape.
 #[cfg(target_arch = "aarch64")]
 #[test]
 fn neon_levels_are_bit_identical() {

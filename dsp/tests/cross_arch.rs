@@ -2,7 +2,10 @@
 //! every weight type, float dots, RMS norm, SiLU, SwiGLU, softmax, axpy) recorded from the
 //! x86_64 `avx2` backend in `tests/fixtures/avx2_golden.txt` must come out bit for bit from
 //! every backend that promises the AVX2 numerics (`avx2` itself and `neon*`), so that an
-//! aarch64 build decodes the same greedy tokens as an x86_64 one.
+//! aarch64 build decodes the same greedy tokens as an x86_64 one. (Q4_K and Q6_K have the
+//! scalar reference's numerics on all of them, per super-block exact integer totals combined
+//! in f32 as `backend::scalar` does; `conformance.rs::kquant_products_equal_scalar_bitwise`
+//! checks that on each CPU, this file across them.)
 //!
 //! Regenerate on an x86_64 machine with AVX2 (after a deliberate change of the numerics):
 //! `TANDEM_WRITE_GOLDEN=1 cargo test -p tandem-dsp --test cross_arch`.

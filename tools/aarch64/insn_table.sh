@@ -77,6 +77,7 @@ row() {
   read -r li lb lp lin < <(loop "$work/llama.dis" "$llama_fn" "$per" "$bw")
   echo "| $ty | $op | $lp | $(python3 -c "print('%.2f' % ($op / $lp))") | $oi × $ob ($oin) | $li × $lb |"
   [[ $ty == Q4_K ]] && one_q4k=$oi || true
+  [[ $ty == Q6_K ]] && one_q6k=$oi || true
 }
 row Q4_0 "$n::pair_dot::<0>" "" ggml_vec_dot_q4_0_q8_0 2 32
 row Q4_1 "$n::pair_dot::<1>" "" ggml_vec_dot_q4_1_q8_1 2 32
@@ -89,7 +90,8 @@ row Q6_K "${n}_kquants::single_dot" "--with smull2" ggml_vec_dot_q6_K_q8_K 16 25
 # translation block, every executed instruction of one call of the kernel function,
 # callees included), on a driver (dsp/examples/neon_insn_driver.rs) at QEMU_CPU=cortex-a76
 # (neon-dotprod), for 2 and 6 super-blocks: the difference / 4 is the cost of one
-# super-block (the call's fixed cost cancels). The single Q4_K dot is counted the same way,
+# super-block (the call's fixed cost cancels); the neon-i8mm tile likewise at QEMU_CPU=max
+# (per weight row). The single Q4_K dot is counted the same way,
 # which also checks the method against the static count of its loop above.
 RUSTFLAGS="${RUSTFLAGS:-} -C symbol-mangling-version=v0" CARGO_TARGET_DIR="$tdir" \
   cargo build --release --locked --target "$AARCH64_TARGET" -p tandem-dsp --example neon_insn_driver >&2
@@ -103,13 +105,32 @@ per_block() {
 }
 dyn_one=$(per_block single single_dot)
 dyn_tile=$(per_block tile4 tile_dot)
+# The neon-i8mm tile (smmla register tiles of 2 weight rows x 4 tokens, Q4_K 4 rows while 4
+# are left; the activations packed once per call): ROWS weight rows x 4 tokens at
+# QEMU_CPU=max, per row; 2 rows (one register tile, the packing paid by 2 rows) and 16 rows
+# (a pool task's share: the packing amortized). TYPE q4_k or q6_k.
+per_row_i8mm() {
+  local rows=$1 ty=$2 a b
+  a=$(QEMU_CPU=max python3 "$here/insn_exec.py" "$driver" dsp::backend::neon_i8mm::dot_tile_kquant tile4-i8mm 2 "$rows" "$ty")
+  b=$(QEMU_CPU=max python3 "$here/insn_exec.py" "$driver" dsp::backend::neon_i8mm::dot_tile_kquant tile4-i8mm 6 "$rows" "$ty")
+  python3 -c 'import json, sys; a, b = (json.loads(v)["insns"] for v in sys.argv[2:]); print("%g" % ((b - a) / 4 / int(sys.argv[1])))' "$rows" "$a" "$b"
+}
+i8_2=$(per_row_i8mm 2 q4_k)
+i8_16=$(per_row_i8mm 16 q4_k)
+q6_2=$(per_row_i8mm 2 q6_k)
+q6_16=$(per_row_i8mm 16 q6_k)
 echo
 python3 -c '
 import sys
-tile, one, static_one = (float(v) for v in sys.argv[1:])
-print("4-column Q4_K tile (1 row × 4 tokens), executed instructions per super-block (qemu, "
-      "neon-dotprod): %g vs one column %g (its static loop: %g): %.2f× one column in all, "
-      "%.2f× per column (target ≤ 1.5×)" % (tile, one, static_one, tile / one, tile / 4 / one))
-' "$dyn_tile" "$dyn_one" "$one_q4k"
+tile, one, one_dyn, i2, i16, q6one, q2, q16 = (float(v) for v in sys.argv[1:])
+print("4-column tiles, executed instructions per super-block and weight row (qemu), against one "
+      "column (its static loop above, neon-dotprod; target ≤ 1.5×):")
+print("- Q4_K neon-i8mm (smmla): %g with 2 rows, %g with 16 rows: %.2f× / %.2f× one column (%g)"
+      % (i2, i16, i2 / one, i16 / one, one))
+print("- Q6_K neon-i8mm (smmla): %g with 2 rows, %g with 16 rows: %.2f× / %.2f× one column (%g)"
+      % (q2, q16, q2 / q6one, q16 / q6one, q6one))
+print("- Q4_K neon-dotprod (1 row × 4 tokens): %g: %.2f× one column (%g; executed, same "
+      "method: %g)" % (tile, tile / one, one, one_dyn))
+' "$dyn_tile" "$one_q4k" "$dyn_one" "$i8_2" "$i8_16" "$one_q6k" "$q6_2" "$q6_16"
 echo
 echo "Toolchain: $(aarch64-linux-gnu-gcc --version | head -1); $(rustc --version); $(aarch64-linux-gnu-objdump --version | head -1); llama.cpp from llama-cpp-python $version ($(date -u +%F))"

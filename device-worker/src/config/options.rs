@@ -196,6 +196,24 @@ impl KernelArgs {
         dsp::backend::install(selection.backend)?;
         Ok(selection.warning("--kernels (TANDEM_KERNELS)"))
     }
+
+    /// Installs the backend `TANDEM_KERNELS` names (unset or empty: the fastest), as
+    /// [`KernelArgs::install`] does for the binaries: for in-process engines without a command
+    /// line (the integration tests), so a test run can be repeated per backend.
+    ///
+    /// # Errors
+    /// The name is no backend of this CPU (not silently replaced here), or a kernel already
+    /// ran with another backend.
+    pub fn install_env() -> Result<(), String> {
+        let args = KernelArgs {
+            kernels: std::env::var("TANDEM_KERNELS").ok(),
+        };
+        match args.install() {
+            Ok(None) => Ok(()),
+            Ok(Some(warning)) => Err(warning),
+            Err(e) => Err(e.to_string()),
+        }
+    }
 }
 
 /// The `--drafters` list (empty for `none`).

@@ -22,7 +22,9 @@ pub struct TestWorker {
 }
 
 /// Starts a worker with `cfg` on an ephemeral loopback port and connects a client.
+/// The kernel backend is the one `TANDEM_KERNELS` names (the fastest when unset).
 pub async fn start_worker(cfg: EngineOptions) -> TestWorker {
+    device_worker::config::KernelArgs::install_env().expect("TANDEM_KERNELS");
     let engine = EngineHandle::spawn(cfg.settings().expect("valid options")).expect("engine thread");
     start_worker_with(engine).await
 }

@@ -40,8 +40,10 @@ pub fn reference_cases<C: serde::de::DeserializeOwned>() -> Vec<C> {
     read_json::<Cases<C>>("reference.json").cases
 }
 
-/// The GGUF fixture `name`, loaded (it must be a `qwen35` model).
+/// The GGUF fixture `name`, loaded (it must be a `qwen35` model), to run on the kernel backend
+/// `TANDEM_KERNELS` names (the fastest when unset).
 pub fn load(name: &str) -> Model {
+    device_worker::config::KernelArgs::install_env().expect("TANDEM_KERNELS");
     let file = Arc::new(GgufFile::open(&fixture(name)).expect("fixture GGUF opens"));
     let m = Model::load(file).unwrap_or_else(|e| panic!("{name} loads: {e}"));
     assert_eq!(m.architecture(), "qwen35");
@@ -63,8 +65,10 @@ impl Runner {
         Self::with_model(load(name), n_batch)
     }
 
-    /// `model` (of any architecture) with micro-batches of up to `n_batch` tokens.
+    /// `model` (of any architecture) with micro-batches of up to `n_batch` tokens, on the
+    /// kernel backend `TANDEM_KERNELS` names.
     pub fn with_model(mut model: Model, n_batch: usize) -> Self {
+        device_worker::config::KernelArgs::install_env().expect("TANDEM_KERNELS");
         model.set_max_batch(n_batch);
         Self {
             model,

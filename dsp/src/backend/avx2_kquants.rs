@@ -4,10 +4,14 @@
 //! in `ggml/src/ggml-cpu/arch/x86/quants.c`): a weight super-block (256 weights) is unpacked
 //! once into eight 32-byte groups of unsigned quants and eight vectors of per-group scales
 //! ([`Unpacked`]); for each token, `_mm256_maddubs_epi16` (u8 × i8 → i16 pairs) and
-//! `_mm256_madd_epi16` with the scales give exact i32 lane sums, which are converted and
-//! `fmadd`ed with `d_w * d_x` into an 8-lane f32 accumulator per (row, token). The Q4_K min
-//! term (`dmin * Σ m_k * bsum_k`) is subtracted lane-wise from the same accumulator (no
-//! horizontal sum per super-block); Q6_K's `-32` offset is removed exactly in the integers.
+//! `_mm256_madd_epi16` with the scales give exact i32 lane sums. Per super-block the lanes are
+//! summed to the block's exact integers (one `hadd_epi32` joins the product and bsum-term
+//! lanes, [`block_totals`]) and combined in f32 exactly as the scalar reference does
+//! (`super::scalar`): Q4_K `acc + ((d_x·d_w)·S − (d_x·dmin)·M)`, Q6_K `acc + (d_x·d_w)·S`, with
+//! `S` the scaled product sum and `M` the min term (Q6_K's `+32` offset removed exactly in the
+//! integers). So every K-quant result equals the scalar backend's bit for bit, and so every
+//! other backend's that follows the same definition (NEON at every level, whatever its integer
+//! lane split: `sdot`'s 4-product lanes or `smmla`'s 8-product ones).
 //!
 //! Blocking ([`dot_tile_kquant`]): `ROWS` weight rows × up to [`TOKENS`] tokens per sweep; for
 //! each super-block column the activation blocks of the sweep's tokens (≤ 64 × 292 B) stay in
@@ -23,7 +27,7 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::avx2::{hsum_ps, load_f16};
+use super::avx2::load_f16;
 use super::{DotTile, Piece};
 use crate::quant::blocks::{BlockQ4K, BlockQ6K, BlockQ8K};
 
@@ -136,13 +140,30 @@ unsafe fn unpack_q6k(b: &BlockQ6K) -> Unpacked {
     }
 }
 
-/// Adds one super-block product `w · x` to the 8-lane accumulator `acc`.
+/// The exact totals `[Σ lanes of a, Σ lanes of b]` of two 8-lane i32 vectors (wrapping i32
+/// adds; the callers' totals fit), as f32 lanes 0 and 1 (exact conversion up to 2^24, else
+/// rounded to nearest as `i32 as f32`).
+///
+/// # Safety
+/// Needs avx2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block_totals(a: __m256i, b: __m256i) -> (f32, f32) {
+    // [a01 a23 b01 b23 | a45 a67 b45 b67] -> [A0 A1 B0 B1] -> [A B A B].
+    let h = _mm256_hadd_epi32(a, b);
+    let q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+    let t = _mm_cvtepi32_ps(_mm_hadd_epi32(q, q));
+    (_mm_cvtss_f32(t), _mm_cvtss_f32(_mm_movehdup_ps(t)))
+}
+
+/// Adds one super-block product `w · x` to the running f32 sum `acc`, with the scalar
+/// reference's operations (`super::scalar`, `vec_dot_q4_k_q8_k` / `vec_dot_q6_k_q8_k`).
 ///
 /// # Safety
 /// Needs avx2, fma, f16c.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn accumulate<const Q4K: bool>(u: &Unpacked, x: &BlockQ8K, acc: __m256) -> __m256 {
+unsafe fn accumulate<const Q4K: bool>(u: &Unpacked, x: &BlockQ8K, acc: f32) -> f32 {
     let mut sumi = _mm256_setzero_si256();
     for j in 0..8 {
         let xv = _mm256_loadu_si256(x.qs.as_ptr().add(32 * j).cast());
@@ -154,13 +175,20 @@ unsafe fn accumulate<const Q4K: bool>(u: &Unpacked, x: &BlockQ8K, acc: __m256) -
     let bs = _mm256_loadu_si256(x.bsums.as_ptr().cast());
     let corr = _mm256_madd_epi16(bs, u.bias);
     if Q4K {
-        let acc = _mm256_fmadd_ps(_mm256_set1_ps(x.d * u.d), _mm256_cvtepi32_ps(sumi), acc);
-        _mm256_fnmadd_ps(_mm256_set1_ps(x.d * u.dmin), _mm256_cvtepi32_ps(corr), acc)
+        let (s, m) = block_totals(sumi, corr);
+        acc + ((x.d * u.d) * s - (x.d * u.dmin) * m)
     } else {
         // The quants above are q + 32: remove 32 * Σ_k sc_k * bsum_k, exactly.
         let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5));
-        _mm256_fmadd_ps(_mm256_set1_ps(x.d * u.d), _mm256_cvtepi32_ps(sumi), acc)
+        let (s, _) = block_totals(sumi, _mm256_setzero_si256());
+        acc + (x.d * u.d) * s
     }
+}
+
+/// The finished sum of a (row, token) pair (the sweep's reduction hook: already one f32).
+#[inline(always)]
+fn total(acc: f32) -> f32 {
+    acc
 }
 
 /// `rows × n_tok` products for `rows ≤ ROWS` weight rows and `n_tok ≤ NT` tokens (`NT`: the
@@ -173,7 +201,7 @@ unsafe fn accumulate<const Q4K: bool>(u: &Unpacked, x: &BlockQ8K, acc: __m256) -
 /// `out + t*out_stride + r` must be writable.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn sweep<const Q4K: bool, const NT: usize>(p: Piece) {
-    kquant_sweep!(p, Q4K, NT, ROWS, _mm256_setzero_ps(), |u, bx, a| accumulate::<Q4K>(&u, bx, a), hsum_ps)
+    kquant_sweep!(p, Q4K, NT, ROWS, 0f32, |u, bx, a| accumulate::<Q4K>(&u, bx, a), total)
 }
 
 /// [`sweep`] with the smallest accumulator capacity that holds `n_tok ≤ TOKENS` tokens.

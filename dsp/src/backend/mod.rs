@@ -128,6 +128,8 @@ mod avx512_kquants;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
 #[cfg(target_arch = "aarch64")]
+mod neon_i8mm;
+#[cfg(target_arch = "aarch64")]
 mod neon_kquants;
 #[cfg(target_arch = "aarch64")]
 mod neon_math;

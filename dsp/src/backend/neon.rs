@@ -10,20 +10,23 @@
 //! - an AVX2 `__m256` accumulator is a pair of `float32x4_t` (lanes 0..4, 4..8), updated with
 //!   the same fused multiply-adds (`vfmaq_f32` / `vfmsq_f32` for `fmadd` / `fnmadd`) and
 //!   reduced as `hsum_ps` does: `(s0 + s2) + (s1 + s3)` of `s = lo + hi` ([`hsum8`]);
-//! - quantized blocks give the same exact i32 lanes: lane `k` of a 32-byte group is the sum
-//!   of products of bytes `4k..4k+4` (`maddubs` + `madd` on x86). At `neon` level
+//! - Q4_0, Q4_1 and Q8_0 blocks give the same exact i32 lanes: lane `k` of a 32-byte block
+//!   is the sum of products of bytes `4k..4k+4` (`maddubs` + `madd` on x86). At `neon` level
 //!   `vmull_s8` + `vpaddlq_s16` + `vpaddq_s32` build it ([`dot4`]); at `neon-dotprod` one
 //!   `sdot` does (lane `k` of `sdot` is exactly bytes `4k..4k+4`);
+//! - Q4_K and Q6_K have no lanes in their numerics: per super-block the exact integer totals
+//!   are combined in f32 as the scalar reference does ([`super::neon_kquants`]), so any
+//!   integer lane split gives the same bits (`sdot`'s 4-product lanes, `smmla`'s 8-product
+//!   2 × 2 tiles);
 //! - the float dots keep the two 8-lane FMA chains of `dot_widened`, `rms_norm_row` its two
 //!   4-lane f64 sums, and `exp` the f64 Cody–Waite + degree-11 polynomial of `avx2_math`
 //!   ([`super::neon_math`]).
 //!
-//! `neon-i8mm`: `smmla` sums 8 adjacent byte products per i32 lane, which cannot give the
-//! 4-byte lanes above without zero-padding half of each operand (then one `smmla` does the
-//! useful work of one `sdot`, plus the shuffles to build and unzip its 2 × 2 layout). Keeping
-//! results equal to the x86 build is worth more than that, so `neon-i8mm` runs the dotprod
-//! kernels (it exists so that `--kernels neon-i8mm` and the tests can name the level; an
-//! i8mm-specific tile that changes the lane split would need its own bit-identity story).
+//! `neon-i8mm`: the Q4_K and Q6_K tiles (every `dot_tile` of those types, one token or many)
+//! run `smmla` register tiles of 2 rows × 4 tokens ([`super::neon_i8mm`]). Q4_0, Q4_1 and
+//! Q8_0 keep the 4-product lanes above, which `smmla` (8 adjacent products per lane) cannot
+//! give without zero-padding half of each operand, so at this level they and the single dots
+//! run the dotprod kernels (the single K-quant dots compute the tiles' bits).
 //!
 //! Q4_0, Q4_1 and Q8_0 have a register-blocked tile kernel ([`TILE_R`] rows × [`TILE_T`]
 //! tokens) in which each weight block is unpacked once per tile. Single dot products (and the
@@ -55,7 +58,7 @@ pub enum Level {
     Neon,
     /// + `sdot` (FEAT_DotProd).
     DotProd,
-    /// + `smmla` (FEAT_I8MM); runs the dotprod kernels (see the module docs).
+    /// + `smmla` (FEAT_I8MM): K-quant tiles in `smmla` register tiles, the rest as dotprod.
     I8mm,
 }
 
@@ -774,6 +777,12 @@ impl KernelBackend for Neon {
                 (GgmlType::Q4_1, true) => dot_tile_q::<K_Q4_1, TILE_R, TILE_T, true>(tile, out),
                 (GgmlType::Q8_0, false) => dot_tile_q::<K_Q8_0, TILE_R, TILE_T, false>(tile, out),
                 (GgmlType::Q8_0, true) => dot_tile_q::<K_Q8_0, TILE_R, TILE_T, true>(tile, out),
+                (GgmlType::Q4_K, _) if self.level == Level::I8mm => {
+                    super::neon_i8mm::dot_tile_kquant(KQuant::Q4K, tile, out)
+                }
+                (GgmlType::Q6_K, _) if self.level == Level::I8mm => {
+                    super::neon_i8mm::dot_tile_kquant(KQuant::Q6K, tile, out)
+                }
                 (GgmlType::Q4_K, dot) => dot_tile_kquant(dot, KQuant::Q4K, tile, out),
                 (GgmlType::Q6_K, dot) => dot_tile_kquant(dot, KQuant::Q6K, tile, out),
                 _ => dot_tile_by_pairs(self, tile, out),

@@ -1,20 +1,21 @@
-//! NEON Q4_K and Q6_K products against Q8_K activations, for any number of tokens: the
-//! arithmetic of [`super::avx2_kquants`] lane for lane (see [`super::neon`] for why).
+//! NEON Q4_K and Q6_K products against Q8_K activations, for any number of tokens, with the
+//! scalar reference's numerics (`super::scalar`; see [`super::avx2_kquants`]).
 //!
 //! A weight super-block is unpacked once ([`Unpacked`]: eight 32-byte groups of unsigned
 //! quants, the per-16-weight scales, the Q4_K mins) and applied to every token of the sweep.
-//! Per (row, token) the exact i32 lanes are the AVX2 ones: lane `k` (0..8) of a super-block
-//! sums, over the eight groups `j`, `scale(j, k) · Σ_{i<4} q[32j+4k+i]·x[32j+4k+i]` (lanes
-//! 0..4 from bytes 0..16 of a group, 4..8 from bytes 16..32; `sdot` or
-//! [`super::neon::dot4`]); the bsum correction lane `k` pairs `bsums[2k]` and `bsums[2k+1]`
-//! with the mins (Q4_K) or scales (Q6_K). They are converted and fused into an 8-lane f32
-//! accumulator with `d_w·d_x` (Q4_K: minus `dmin·d_x · corr`; Q6_K: `−32·corr` removed in the
-//! integers first), and reduced once at the end as `hsum_ps`. Every (row, token) accumulator
-//! sees the same operations whatever the sweep shape: tiles equal single dots bit for bit.
+//! Per (row, token) and super-block the exact integers are the scaled product sum
+//! `S = Σ_k sc_k · Σ_{p in sub-block k} q_p·x_p` (in i32 lanes of `sdot` or
+//! [`super::neon::dot4`], any lane split) and the bsum term `M = Σ_k m_k · (bsum_2k +
+//! bsum_2k+1)` (Q4_K; Q6_K's `−32 · Σ_k sc_k · bsum_k` is removed from `S` in the integers);
+//! the lanes are summed, converted as `i32 as f32` and combined as the scalar backend does:
+//! `acc + ((d_x·d_w)·S − (d_x·dmin)·M)` (Q4_K), `acc + (d_x·d_w)·S` (Q6_K). So every result
+//! equals the scalar backend's, the AVX2 backend's and every other NEON level's bit for bit,
+//! in every sweep shape (tiles equal single dots). The `neon-i8mm` tile
+//! ([`super::neon_i8mm`]) computes the same integers with `smmla`.
 
 use std::arch::aarch64::*;
 
-use super::neon::{cvt_f16x4, dot4, dot4_acc, f16_to_f32, hsum8};
+use super::neon::{cvt_f16x4, dot4, dot4_acc, f16_to_f32};
 use super::{DotTile, Piece};
 use crate::quant::blocks::{BlockQ4K, BlockQ6K, BlockQ8K};
 
@@ -31,7 +32,7 @@ pub(super) enum KQuant {
 }
 
 impl KQuant {
-    fn block_bytes(self) -> usize {
+    pub(super) fn block_bytes(self) -> usize {
         match self {
             KQuant::Q4K => size_of::<BlockQ4K>(),
             KQuant::Q6K => size_of::<BlockQ6K>(),
@@ -88,6 +89,27 @@ unsafe fn widen_u8x8(v: uint8x8_t) -> [int32x4_t; 2] {
     ]
 }
 
+/// The first 16 bytes of a [`BlockQ4K`] (`d`, `dmin` as f16 bits in u16 lanes 0 and 1, then
+/// scale bytes 0..12) and its 8 six-bit scales and 8 mins ([`BlockQ4K::scales_mins`]) in
+/// vector lanes: the 12 scale bytes are a = 0..4, b = 4..8, c = 8..12;
+/// [sc 0..4, m 0..4] = [a, b] & 63 and [sc 4..8, m 4..8] = [c & 15, c >> 4] with bits 4..6
+/// from [a, b] >> 6 (`sli`).
+#[inline(always)]
+pub(super) unsafe fn scales_mins_q4k(b: &BlockQ4K) -> (uint8x16_t, uint8x8_t, uint8x8_t) {
+    let head = vld1q_u8((b as *const BlockQ4K).cast());
+    let ab = vget_low_u8(vextq_u8::<4>(head, head));
+    let cc = vreinterpret_u8_u32(vdup_laneq_u32::<3>(vreinterpretq_u32_u8(head)));
+    let shifts = vcreate_s8(0xfcfc_fcfc_0000_0000);
+    let lo = vand_u8(ab, vdup_n_u8(63));
+    let hi = vsli_n_u8::<4>(vshl_u8(cc, shifts), vshr_n_u8::<6>(ab));
+    let (lo, hi) = (vreinterpret_u32_u8(lo), vreinterpret_u32_u8(hi));
+    (
+        head,
+        vreinterpret_u8_u32(vzip1_u32(lo, hi)),
+        vreinterpret_u8_u32(vzip2_u32(lo, hi)),
+    )
+}
+
 #[inline(always)]
 unsafe fn unpack_q4k(b: &BlockQ4K) -> Unpacked {
     let mask = vdupq_n_u8(0x0F);
@@ -99,19 +121,9 @@ unsafe fn unpack_q4k(b: &BlockQ4K) -> Unpacked {
             q[2 * g + 1][h] = vreinterpretq_s8_u8(vshrq_n_u8::<4>(q4));
         }
     }
-    // The first 16 bytes: d, dmin, then the 12 scale bytes a = 0..4, b = 4..8, c = 8..12.
-    // The 6-bit scales and mins of [`BlockQ4K::scales_mins`] in vector lanes:
-    // [sc 0..4, m 0..4] = [a, b] & 63 and
-    // [sc 4..8, m 4..8] = [c & 15, c >> 4] with bits 4..6 from [a, b] >> 6 (`sli`).
-    let head = vld1q_u8((b as *const BlockQ4K).cast());
-    let ab = vget_low_u8(vextq_u8::<4>(head, head));
-    let cc = vreinterpret_u8_u32(vdup_laneq_u32::<3>(vreinterpretq_u32_u8(head)));
-    let shifts = vcreate_s8(0xfcfc_fcfc_0000_0000);
-    let lo = vand_u8(ab, vdup_n_u8(63));
-    let hi = vsli_n_u8::<4>(vshl_u8(cc, shifts), vshr_n_u8::<6>(ab));
-    let (lo, hi) = (vreinterpret_u32_u8(lo), vreinterpret_u32_u8(hi));
-    let sc = widen_u8x8(vreinterpret_u8_u32(vzip1_u32(lo, hi)));
-    let mn = widen_u8x8(vreinterpret_u8_u32(vzip2_u32(lo, hi)));
+    let (head, sc8, mn8) = scales_mins_q4k(b);
+    let sc = widen_u8x8(sc8);
+    let mn = widen_u8x8(mn8);
     let z = vdupq_n_s32(0);
     let t = [
         opaque(vsubq_s32(sc[0], vextq_s32::<1>(sc[0], sc[1]))),
@@ -175,8 +187,8 @@ unsafe fn unpack_q6k(b: &BlockQ6K) -> Unpacked {
     }
 }
 
-/// Adds one super-block product `w · x` to the 8-lane accumulator `acc` (`own_qs_reg`, a
-/// constant: code generation only, see below).
+/// Adds one super-block product `w · x` to the running f32 sum `acc` with the scalar
+/// reference's operations (`own_qs_reg`, a constant: code generation only, see below).
 ///
 /// # Safety
 /// Needs dotprod when `DOT`.
@@ -185,14 +197,16 @@ unsafe fn unpack_q6k(b: &BlockQ6K) -> Unpacked {
 unsafe fn accumulate<const Q4K: bool, const DOT: bool>(
     u: &Unpacked,
     x: &BlockQ8K,
-    acc: [float32x4_t; 2],
+    acc: f32,
     own_qs_reg: bool,
-) -> [float32x4_t; 2] {
-    // Lane k of sumi[h] = Σ_j s_j · D_j with D_j the group's `dot4` lanes (exact i32). At
-    // dotprod level the `sdot`s run as one chain per half, P_j = D_0 + .. + D_j (no zeroed
-    // accumulator per group), and Σ_j s_j · D_j = Σ_j (s_j − s_{j+1}) · P_j (s_8 = 0; Abel
-    // summation): the same integers (i32 arithmetic wraps, the result fits), one `movi`
-    // less per half and group. At neon level (no accumulating dot) each D_j is scaled.
+) -> f32 {
+    // Σ_j s_j · D_j over the groups (or half-groups) j, D_j the exact `dot4` lanes of their
+    // bytes; only the total of the lanes counts, so the lane split is free. At dotprod level
+    // the `sdot`s run as prefix chains, P_j = D_0 + .. + D_j (no zeroed accumulator per group),
+    // and Σ_j s_j · D_j = Σ_j (s_j − s_{j+1}) · P_j (s past the last = 0; Abel summation):
+    // the same integers (i32 arithmetic wraps, the result fits). Q4_K's two halves of a group
+    // share a scale, so they share one chain (one `mla` per group); Q6_K's halves have their
+    // own scales (one chain per half). At neon level (no accumulating dot) each D_j is scaled.
     let mut sumi = [vdupq_n_s32(0); 2];
     let mut prefix = [vdupq_n_s32(0); 2];
     // `own_qs_reg` (the single column): the quants' address in a register of its own (an
@@ -207,14 +221,20 @@ unsafe fn accumulate<const Q4K: bool, const DOT: bool>(
         std::arch::asm!("/* {0} */", inout(reg) qs, options(pure, nomem, nostack, preserves_flags));
     }
     for j in 0..8 {
+        let xv = [vld1q_s8(qs.add(32 * j)), vld1q_s8(qs.add(32 * j + 16))];
+        if DOT && Q4K {
+            prefix[0] = dot4_acc::<DOT>(prefix[0], u.q[j][0], xv[0]);
+            prefix[0] = dot4_acc::<DOT>(prefix[0], u.q[j][1], xv[1]);
+            sumi[0] = mla_lane(sumi[0], prefix[0], u.t[j / 4], j % 4);
+            continue;
+        }
         for h in 0..2 {
-            let xv = vld1q_s8(qs.add(32 * j + 16 * h));
             let slot = if Q4K { j } else { 2 * j + h };
             if DOT {
-                prefix[h] = dot4_acc::<DOT>(prefix[h], u.q[j][h], xv);
+                prefix[h] = dot4_acc::<DOT>(prefix[h], u.q[j][h], xv[h]);
                 sumi[h] = mla_lane(sumi[h], prefix[h], u.t[slot / 4], slot % 4);
             } else {
-                let dot = dot4::<DOT>(u.q[j][h], xv);
+                let dot = dot4::<DOT>(u.q[j][h], xv[h]);
                 sumi[h] = mla_lane(sumi[h], dot, u.s[slot / 4], slot % 4);
             }
         }
@@ -234,22 +254,26 @@ unsafe fn accumulate<const Q4K: bool, const DOT: bool>(
             vpaddq_s32(lo, hi)
         };
     }
-    // [x.d · d, x.d · dmin, ..]: the scalar products, lane-wise.
+    let s4 = vaddq_s32(sumi[0], sumi[1]);
+    let c4 = vaddq_s32(corr[0], corr[1]);
+    // [x.d · d, x.d · dmin, ..]: the scalar reference's scale products, lane-wise.
     let dd = vmulq_n_f32(u.dd, x.d);
-    let mut out = acc;
     if Q4K {
-        for h in 0..2 {
-            out[h] = vfmaq_laneq_f32::<0>(out[h], vcvtq_f32_s32(sumi[h]), dd);
-            out[h] = vfmsq_laneq_f32::<1>(out[h], vcvtq_f32_s32(corr[h]), dd);
-        }
+        // [S, M, S, M] (pairwise adds: exact, wrapping), converted as `i32 as f32`.
+        let t = vpaddq_s32(s4, c4);
+        let p = vmulq_f32(vcvtq_f32_s32(vpaddq_s32(t, t)), dd);
+        acc + (vgetq_lane_f32::<0>(p) - vgetq_lane_f32::<1>(p))
     } else {
-        for h in 0..2 {
-            // The quants above are q + 32: remove 32 * Σ_k sc_k * bsum_k, exactly.
-            let s = vsubq_s32(sumi[h], vshlq_n_s32::<5>(corr[h]));
-            out[h] = vfmaq_laneq_f32::<0>(out[h], vcvtq_f32_s32(s), dd);
-        }
+        // The quants above are q + 32: remove 32 * Σ_k sc_k * bsum_k, exactly.
+        let s = vaddvq_s32(vsubq_s32(s4, vshlq_n_s32::<5>(c4)));
+        acc + vgetq_lane_f32::<0>(dd) * s as f32
     }
-    out
+}
+
+/// The finished sum of a (row, token) pair (the sweep's reduction hook: already one f32).
+#[inline(always)]
+pub(super) fn total(acc: f32) -> f32 {
+    acc
 }
 
 /// `rows × n_tok` products (`rows ≤ ROWS`, `n_tok ≤ NT`); `out[t * out_stride + r]`.
@@ -260,8 +284,7 @@ unsafe fn accumulate<const Q4K: bool, const DOT: bool>(
 /// must be writable.
 #[inline(always)]
 unsafe fn sweep<const Q4K: bool, const NT: usize, const DOT: bool>(p: Piece) {
-    let zero = [vdupq_n_f32(0.0); 2];
-    kquant_sweep!(p, Q4K, NT, ROWS, zero, |u, bx, a| accumulate::<Q4K, DOT>(&u, bx, a, NT == 1), hsum8)
+    kquant_sweep!(p, Q4K, NT, ROWS, 0f32, |u, bx, a| accumulate::<Q4K, DOT>(&u, bx, a, NT == 1), total)
 }
 
 /// [`sweep`] with the smallest accumulator capacity that holds `n_tok ≤ TOKENS` tokens.

@@ -1,6 +1,8 @@
-//! Attention tile throughput (`KernelBackend::attention_queries`): a SmolLM2-135M prefill
-//! task at depth, 8 tokens × 3 query heads of one KV head (24 queries), head_dim 64, the
-//! tokens seeing 1017..=1024 cached positions. Per backend, `pairs` is the per-pair
+//! Attention tile throughput (`KernelBackend::attention_queries`), SmolLM2-135M shapes at
+//! depth 1024, head_dim 64: `prefill8x3` is a prefill task (8 tokens × 3 query heads of one
+//! KV head, 24 queries, seeing 1017..=1024 cached positions), `decode1x3` a decode task of
+//! one KV head's 3 query heads and `decode1x1` one query head alone (the block of fewer
+//! than 4 queries that reduces 4 keys at a time and accumulates 64 value columns per pass). Per backend, `pairs` is the per-pair
 //! composition (`attention_queries_by_pairs`: one `vec_dot_f16` and one `axpy_f16` call per
 //! position and query) and `tile` the backend's override (the same bits). Throughput is in
 //! multiply-accumulates (Q·K and P·V).
@@ -16,7 +18,22 @@ use dsp::backend::{self, attention_queries_by_pairs, AttnTile};
 use half::f16;
 
 fn bench_attention(c: &mut Criterion) {
-    let (tokens, group_size, hd, depth) = (8usize, 3usize, 64usize, 1024usize);
+    let mut group = c.benchmark_group("attention_queries");
+    for (shape, tokens, group_size) in [("prefill8x3", 8usize, 3usize), ("decode1x3", 1, 3), ("decode1x1", 1, 1)] {
+        bench_shape(&mut group, shape, tokens, group_size);
+    }
+    group.finish();
+}
+
+/// `tokens` consecutive tokens × `group_size` query heads against one KV head of 1024
+/// cached positions (the last token seeing all of them).
+fn bench_shape(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    shape: &str,
+    tokens: usize,
+    group_size: usize,
+) {
+    let (hd, depth) = (64usize, 1024usize);
     let n_q = tokens * group_size;
     let n_ctx: Vec<usize> = (0..n_q)
         .map(|i| depth - tokens + 1 + i / group_size)
@@ -39,17 +56,15 @@ fn bench_attention(c: &mut Criterion) {
     let macs: usize = n_ctx.iter().map(|&n| 2 * n * hd).sum();
     let mut scores = vec![0f32; n_q * depth];
     let mut out = vec![0f32; n_q * hd];
-    let mut group = c.benchmark_group("attention_queries");
     group.throughput(Throughput::Elements(macs as u64));
     for be in backend::available() {
-        group.bench_function(BenchmarkId::new(be.name(), "pairs"), |b| {
+        group.bench_function(BenchmarkId::new(be.name(), format!("{shape} pairs")), |b| {
             b.iter(|| attention_queries_by_pairs(be, black_box(&tile), &mut scores, &mut out))
         });
-        group.bench_function(BenchmarkId::new(be.name(), "tile"), |b| {
+        group.bench_function(BenchmarkId::new(be.name(), format!("{shape} tile")), |b| {
             b.iter(|| be.attention_queries(black_box(&tile), &mut scores, &mut out))
         });
     }
-    group.finish();
 }
 
 criterion_group!(benches, bench_attention);

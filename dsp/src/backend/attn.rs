@@ -6,11 +6,13 @@
 //! `axpy_f16` per (position, query)); these kernels give every query its exact bits:
 //! - scores: per key row `j`, each 16-element K chunk is widened once and FMA'd into [`QB`]
 //!   queries' two accumulators (`a0` even, `a1` odd 8-lane chunks, one more 8-element step
-//!   into `a0`), reduced `hsum(a0 + a1)` (four queries at a time, [`Lanes::hsum4`]), the
-//!   tail added in order, times `scale`: the backends' `dot_widened` (`avx2.rs`, `neon.rs`)
-//!   lane for lane;
-//! - values: per 16 output columns, [`QB`] queries' accumulators stay in registers while each
-//!   V chunk is widened once per position and added as `acc + p·v` (multiply, then add) in
+//!   into `a0`), reduced `hsum(a0 + a1)` (four vectors at a time, [`Lanes::hsum4`]: four
+//!   queries of one key, or, in blocks of fewer than four queries (decode), four keys of one
+//!   query), the tail added in order, times `scale`: the backends' `dot_widened` (`avx2.rs`,
+//!   `neon.rs`) lane for lane;
+//! - values: per 16 output columns (64 for one query, 32 for two, so that enough independent
+//!   accumulators are in flight), the block's accumulators stay in registers while each V
+//!   chunk is widened once per position and added as `acc + p·v` (multiply, then add) in
 //!   increasing `j`: `axpy_f16`'s elementwise operations, in its order, from `+0.0`.
 //!
 //! [`KernelBackend::attention_queries`]: super::KernelBackend::attention_queries
@@ -127,8 +129,33 @@ unsafe fn scores_block<L: Lanes, const N: usize>(
         *sb = sb.add((q0 + b) * max_ctx);
     }
     let all = n_ctx.iter().copied().min().unwrap_or(0);
-    for j in 0..span {
-        let dots = dots::<L, N>(tile.k.get_unchecked(j * hd..(j + 1) * hd), q);
+    let krow = |j: usize| tile.k.get_unchecked(j * hd..(j + 1) * hd);
+    let mut j = 0;
+    if N < 4 {
+        // Fewer than 4 queries (decode: one query head per task): reduce 4 keys' vectors
+        // together per query ([`Lanes::hsum4`], the same additions as 4 `hsum`s).
+        while j + 4 <= all {
+            let mut v = [[L::zero(); 4]; N];
+            let mut tail = hd;
+            for (jj, kj) in (j..j + 4).enumerate() {
+                let (d, t) = dot_vecs::<L, N>(krow(kj), q);
+                for b in 0..N {
+                    v[b][jj] = d[b];
+                }
+                tail = t;
+            }
+            for b in 0..N {
+                let r = L::hsum4(v[b]);
+                for (jj, kj) in (j..j + 4).enumerate() {
+                    let dot = dot_tail(krow(kj), q[b], tail, r[jj]);
+                    *s[b].add(kj) = dot * tile.scale;
+                }
+            }
+            j += 4;
+        }
+    }
+    for j in j..span {
+        let dots = dots::<L, N>(krow(j), q);
         for b in 0..N {
             if j < all || j < n_ctx[b] {
                 *s[b].add(j) = dots[b] * tile.scale;
@@ -144,6 +171,30 @@ unsafe fn scores_block<L: Lanes, const N: usize>(
 /// Each `q[b]` points at `k.len()` readable f32.
 #[inline(always)]
 unsafe fn dots<L: Lanes, const N: usize>(k: &[f16], q: [*const f32; N]) -> [f32; N] {
+    let (a, tail) = dot_vecs::<L, N>(k, q);
+    let mut sums = [0f32; N];
+    let mut b = 0;
+    while b + 4 <= N {
+        let r = L::hsum4([a[b], a[b + 1], a[b + 2], a[b + 3]]);
+        sums[b..b + 4].copy_from_slice(&r);
+        b += 4;
+    }
+    for b in b..N {
+        sums[b] = a[b].hsum();
+    }
+    for b in 0..N {
+        sums[b] = dot_tail(k, q[b], tail, sums[b]);
+    }
+    sums
+}
+
+/// The vector part of [`dots`]: per query the unreduced `a0 + a1` of `dot_widened`, and the
+/// index where the scalar tail starts (`k.len()` rounded down to 8).
+///
+/// # Safety
+/// As [`dots`].
+#[inline(always)]
+unsafe fn dot_vecs<L: Lanes, const N: usize>(k: &[f16], q: [*const f32; N]) -> ([L; N], usize) {
     let (n, pk) = (k.len(), k.as_ptr());
     let mut a0 = [L::zero(); N];
     let mut a1 = [L::zero(); N];
@@ -165,27 +216,24 @@ unsafe fn dots<L: Lanes, const N: usize>(k: &[f16], q: [*const f32; N]) -> [f32;
     }
     // (Loops, not closures, here and below: a closure would not be inlined into the
     // feature-enabled caller, and every vector operation would become a call.)
-    let mut sums = [0f32; N];
-    let mut b = 0;
-    while b + 4 <= N {
-        let r = L::hsum4([
-            L::add(a0[b], a1[b]),
-            L::add(a0[b + 1], a1[b + 1]),
-            L::add(a0[b + 2], a1[b + 2]),
-            L::add(a0[b + 3], a1[b + 3]),
-        ]);
-        sums[b..b + 4].copy_from_slice(&r);
-        b += 4;
-    }
-    for b in b..N {
-        sums[b] = L::add(a0[b], a1[b]).hsum();
-    }
+    let mut a = [L::zero(); N];
     for b in 0..N {
-        for t in i..n {
-            sums[b] += k[t].to_f32() * *q[b].add(t);
-        }
+        a[b] = L::add(a0[b], a1[b]);
     }
-    sums
+    (a, i)
+}
+
+/// `sum` (the reduced vector part of `k · q`) plus the scalar tail `k[t]·q[t]` for
+/// `t in from..k.len()`, in order.
+///
+/// # Safety
+/// `q` points at `k.len()` readable f32.
+#[inline(always)]
+unsafe fn dot_tail(k: &[f16], q: *const f32, from: usize, mut sum: f32) -> f32 {
+    for (t, kt) in k.iter().enumerate().skip(from) {
+        sum += kt.to_f32() * *q.add(t);
+    }
+    sum
 }
 
 /// Outputs of queries `q0..q0 + N`: `out_i = Σ_{j < n_ctx[i]} p_ij · v_j` from `+0.0`, one
@@ -211,21 +259,15 @@ unsafe fn values_block<L: Lanes, const N: usize>(
         o[b] = o[b].add((q0 + b) * hd);
     }
     let pv = tile.v.as_ptr();
+    // Few queries (decode): several 16-column chunks per pass, so that enough independent
+    // accumulators are in flight (the adds of one chunk form a chain over the positions).
     let mut c = 0;
-    while c + 16 <= hd {
-        let mut acc = [[L::zero(); 2]; N];
-        for j in 0..all {
-            value_step::<L, N>(&mut acc, pv.add(j * hd + c), p, j, None);
-        }
-        for j in all..span {
-            value_step::<L, N>(&mut acc, pv.add(j * hd + c), p, j, Some(n_ctx));
-        }
-        for b in 0..N {
-            acc[b][0].store(o[b].add(c));
-            acc[b][1].store(o[b].add(c + 8));
-        }
-        c += 16;
+    if N == 1 {
+        c = value_cols::<L, N, 4>(pv, hd, p, o, c, all, span, n_ctx);
+    } else if N == 2 {
+        c = value_cols::<L, N, 2>(pv, hd, p, o, c, all, span, n_ctx);
     }
+    c = value_cols::<L, N, 1>(pv, hd, p, o, c, all, span, n_ctx);
     // The last columns (fewer than 16): elementwise `out += p · v`, as `axpy_f16`'s tail.
     for b in 0..N {
         for t in c..hd {
@@ -238,25 +280,67 @@ unsafe fn values_block<L: Lanes, const N: usize>(
     }
 }
 
-/// `acc_b += p_b[j] · v[0..16]` (multiply, then add) for the `N` queries, or only for those
+/// Output columns from `c` on, `16·C` at a time while they fit in `hd`, for the `N` queries
+/// of [`values_block`] (`p`, `o`: their probability and output rows; positions `0..all` seen
+/// by all, `all..span` by some); returns the first column not done.
+///
+/// # Safety
+/// As [`attention_tile`], whose shape check covers every access here.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn value_cols<L: Lanes, const N: usize, const C: usize>(
+    pv: *const f16,
+    hd: usize,
+    p: [*const f32; N],
+    o: [*mut f32; N],
+    mut c: usize,
+    all: usize,
+    span: usize,
+    n_ctx: &[usize],
+) -> usize {
+    while c + 16 * C <= hd {
+        let mut acc = [[[L::zero(); 2]; C]; N];
+        for j in 0..all {
+            value_step::<L, N, C>(&mut acc, pv.add(j * hd + c), p, j, None);
+        }
+        for j in all..span {
+            value_step::<L, N, C>(&mut acc, pv.add(j * hd + c), p, j, Some(n_ctx));
+        }
+        for b in 0..N {
+            for (cc, a) in acc[b].iter().enumerate() {
+                a[0].store(o[b].add(c + 16 * cc));
+                a[1].store(o[b].add(c + 16 * cc + 8));
+            }
+        }
+        c += 16 * C;
+    }
+    c
+}
+
+/// `acc_b += p_b[j] · v[0..16C]` (multiply, then add) for the `N` queries, or only for those
 /// with `j < n_ctx[b]` when `n_ctx` is given (the ragged end of a causal tile).
 ///
 /// # Safety
-/// `v` points at 16 readable f16 and each `p[b]` at `j + 1` readable f32.
+/// `v` points at `16·C` readable f16 and each `p[b]` at `j + 1` readable f32.
 #[inline(always)]
-unsafe fn value_step<L: Lanes, const N: usize>(
-    acc: &mut [[L; 2]; N],
+unsafe fn value_step<L: Lanes, const N: usize, const C: usize>(
+    acc: &mut [[[L; 2]; C]; N],
     v: *const f16,
     p: [*const f32; N],
     j: usize,
     n_ctx: Option<&[usize]>,
 ) {
-    let vj = [L::load_f16(v), L::load_f16(v.add(8))];
+    let mut vj = [[L::zero(); 2]; C];
+    for (cc, vc) in vj.iter_mut().enumerate() {
+        *vc = [L::load_f16(v.add(16 * cc)), L::load_f16(v.add(16 * cc + 8))];
+    }
     for b in 0..N {
         if n_ctx.is_none_or(|n| j < n[b]) {
             let pj = L::splat(*p[b].add(j));
-            acc[b][0] = L::add(acc[b][0], L::mul(pj, vj[0]));
-            acc[b][1] = L::add(acc[b][1], L::mul(pj, vj[1]));
+            for cc in 0..C {
+                acc[b][cc][0] = L::add(acc[b][cc][0], L::mul(pj, vj[cc][0]));
+                acc[b][cc][1] = L::add(acc[b][cc][1], L::mul(pj, vj[cc][1]));
+            }
         }
     }
 }

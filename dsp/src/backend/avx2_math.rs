@@ -115,6 +115,29 @@ pub(super) unsafe fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
+/// The largest element of `x` ignoring NaNs, `−inf` when empty: the value of
+/// `x.iter().fold(−inf, f32::max)` (`maxps` returns its second operand, the running maximum,
+/// when the new element is NaN; a maximum is the same whatever the order, up to the sign of
+/// a zero, which `exp(x − max)` does not see).
+///
+/// # Safety
+/// Needs avx2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn max_ps(x: &[f32]) -> f32 {
+    let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        m = _mm256_max_ps(_mm256_loadu_ps(c.as_ptr()), m);
+    }
+    let mut lanes = [0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+    lanes
+        .iter()
+        .chain(chunks.remainder())
+        .fold(f32::NEG_INFINITY, |m, &v| m.max(v))
+}
+
 /// In-place softmax with [`exp_ps`]: `exp(x_i − max)`, the sum in f64 in element order, then a
 /// multiply by `(1/sum) as f32` (the contract of `KernelBackend::softmax_inplace`).
 ///
@@ -122,7 +145,7 @@ pub(super) unsafe fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
 /// Needs avx2, fma, f16c.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn softmax_inplace(x: &mut [f32]) {
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let max = max_ps(x);
     if max == f32::NEG_INFINITY {
         return;
     }

@@ -129,7 +129,10 @@ fn unknown_ids_and_missing_roots_are_errors() {
         Err(CorpusError::UnknownEpisode { known, .. }) => assert!(known.len() >= 3),
         other => panic!("expected UnknownEpisode, got {other:?}"),
     }
-    assert!(matches!(load_episodes(Path::new("/nonexistent/corpus")), Err(CorpusError::Io { .. })));
+    match load_episodes(Path::new("/nonexistent/corpus")) {
+        Err(CorpusError::MissingRoot { root }) => assert_eq!(root, Path::new("/nonexistent/corpus")),
+        other => panic!("expected MissingRoot, got {other:?}"),
+    }
     let empty = std::env::temp_dir().join(format!("empty-corpus-{}", std::process::id()));
     std::fs::create_dir_all(&empty).unwrap();
     assert!(matches!(load_episodes(&empty), Err(CorpusError::NoEpisodes { .. })));

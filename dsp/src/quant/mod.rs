@@ -3,6 +3,8 @@
 pub mod blocks;
 mod dequant;
 mod quantize;
+#[cfg(target_arch = "aarch64")]
+mod quantize_neon;
 mod types;
 
 pub use dequant::dequantize_row;

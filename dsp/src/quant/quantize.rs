@@ -46,7 +46,8 @@ fn q8_scales(xb: &[f32]) -> (f32, f32) {
 
 /// Quantizes `x` (`32 * y.len()` values) to Q8_0: per block `d = amax / 127`,
 /// `q = round_ties_even(x * (127 / amax))`, as ggml's x86 `quantize_row_q8_0` (see [`q8_scales`]).
-/// On AVX2 through [`q8_block_avx2`], bit-identical to the scalar loop.
+/// On AVX2 through [`q8_block_avx2`], on aarch64 through NEON (`quantize_neon.rs`), both
+/// bit-identical to the scalar loop.
 ///
 /// # Errors
 /// `NotBlockMultiple` / `LengthMismatch` on a bad `x` or `y` length.
@@ -61,6 +62,11 @@ pub fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) -> Result<(), DspError>
         }
         return Ok(());
     }
+    #[cfg(target_arch = "aarch64")]
+    for (xb, yb) in x.chunks_exact(QK).zip(y.iter_mut()) {
+        yb.d = f16::from_f32(super::quantize_neon::q8_block_neon(xb, &mut yb.qs).0);
+    }
+    #[cfg(not(target_arch = "aarch64"))]
     for (xb, yb) in x.chunks_exact(QK).zip(y.iter_mut()) {
         yb.d = f16::from_f32(q8_block(xb, &mut yb.qs).0);
     }
@@ -68,7 +74,8 @@ pub fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) -> Result<(), DspError>
 }
 
 /// Quantizes `x` to Q8_1 (the activation type of Q4_1): as Q8_0 plus `s = sum(q) * d`,
-/// ggml `quantize_row_q8_1_ref`. On AVX2 through [`q8_block_avx2`], bit-identical.
+/// ggml `quantize_row_q8_1_ref`. On AVX2 through [`q8_block_avx2`], on aarch64 through NEON
+/// (`quantize_neon.rs`), bit-identical.
 ///
 /// # Errors
 /// `NotBlockMultiple` / `LengthMismatch` on a bad `x` or `y` length.
@@ -85,6 +92,9 @@ pub fn quantize_row_q8_1(x: &[f32], y: &mut [BlockQ8_1]) -> Result<(), DspError>
         return Ok(());
     }
     for (xb, yb) in x.chunks_exact(QK).zip(y.iter_mut()) {
+        #[cfg(target_arch = "aarch64")]
+        let (d, sum) = super::quantize_neon::q8_block_neon(xb, &mut yb.qs);
+        #[cfg(not(target_arch = "aarch64"))]
         let (d, sum) = q8_block(xb, &mut yb.qs);
         yb.d = f16::from_f32(d);
         yb.s = f16::from_f32(sum as f32 * d);
@@ -93,7 +103,8 @@ pub fn quantize_row_q8_1(x: &[f32], y: &mut [BlockQ8_1]) -> Result<(), DspError>
 }
 
 /// One Q8_0/Q8_1 block (the scalar reference): `qs = round_ties_even(xb * id)` with the
-/// scales of [`q8_scales`]; returns `(d, sum(qs))`.
+/// scales of [`q8_scales`]; returns `(d, sum(qs))`. On aarch64 only the NEON twin runs.
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))]
 fn q8_block(xb: &[f32], qs: &mut [i8; QK]) -> (f32, i32) {
     let (d, id) = q8_scales(xb);
     let mut sum = 0i32;
@@ -155,7 +166,8 @@ unsafe fn q8_block_avx2(xb: &[f32], qs: &mut [i8; QK]) -> (f32, i32) {
 
 /// Quantizes `x` (`256 * y.len()` values) to Q8_K: `iscale = -127 / max` where `max` is the
 /// value of largest magnitude (first one on ties), `q = min(127, nearest_int(iscale * x))`,
-/// `d = 1 / iscale`, `bsums` = sums of 16 quants; ggml `quantize_row_q8_K_ref`.
+/// `d = 1 / iscale`, `bsums` = sums of 16 quants; ggml `quantize_row_q8_K_ref`. On AVX2 and on
+/// aarch64 NEON (`quantize_neon.rs`), bit-identical to the scalar loop.
 ///
 /// # Errors
 /// `NotBlockMultiple` / `LengthMismatch` on a bad `x` or `y` length.
@@ -167,6 +179,9 @@ pub fn quantize_row_q8_k(x: &[f32], y: &mut [BlockQ8K]) -> Result<(), DspError> 
         unsafe { quantize_q8_k_avx2(x, y) };
         return Ok(());
     }
+    #[cfg(target_arch = "aarch64")]
+    super::quantize_neon::quantize_q8_k_neon(x, y);
+    #[cfg(not(target_arch = "aarch64"))]
     quantize_q8_k_blocks(x, y);
     Ok(())
 }
@@ -241,7 +256,8 @@ unsafe fn quantize_q8_k_avx2(x: &[f32], y: &mut [BlockQ8K]) {
 }
 
 /// The body of [`quantize_row_q8_k`] (lengths checked by the caller): ggml's
-/// `quantize_row_q8_K_ref`.
+/// `quantize_row_q8_K_ref`. On aarch64 only the NEON twin runs.
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))]
 fn quantize_q8_k_blocks(x: &[f32], y: &mut [BlockQ8K]) {
     for (xb, yb) in x.chunks_exact(QK_K).zip(y.iter_mut()) {
         let (mut amax, mut max) = (0.0f32, 0.0f32);

@@ -34,14 +34,20 @@ if [[ -e "$out" && ! -d "$out" ]]; then
   exit 1
 fi
 
-rm -rf "$out"
-mkdir -p "$out"
+if ! "$PY" -c 'import grpc_tools.protoc' 2>/dev/null; then
+  echo "gen_stubs.sh: $PY has no grpcio-tools (pip install grpcio-tools, or set PYTHON to a Python that has it); $out left as it was" >&2
+  exit 1
+fi
+# Generate beside $out and swap it in only when everything succeeded: a failure leaves $out as it was.
+mkdir -p "$(dirname "$out")"
+tmp="$(mktemp -d "$(dirname "$out")/.gen_stubs.XXXXXX")"
+trap 'rm -rf "$tmp"' EXIT
 "$PY" -m grpc_tools.protoc -I "$proto" \
-  --python_out="$out" --pyi_out="$out" --grpc_python_out="$out" \
+  --python_out="$tmp" --pyi_out="$tmp" --grpc_python_out="$tmp" \
   tandem/agent/v1/agent.proto tandem/step/v1/step.proto
 # protoc writes `from tandem.agent.v1 import agent_pb2`; make the modules a subpackage of
 # tandem_client instead of a top-level `tandem` package.
-"$PY" - "$out" <<'PYEOF'
+"$PY" - "$tmp" <<'PYEOF'
 import pathlib, re, sys
 out = pathlib.Path(sys.argv[1])
 for d in [out, *[p for p in out.rglob("*") if p.is_dir()]]:
@@ -50,4 +56,6 @@ for f in out.rglob("*_pb2*.py"):
     text = f.read_text()
     f.write_text(re.sub(r"^from tandem\.", "from tandem_client._gen.tandem.", text, flags=re.M))
 PYEOF
+rm -rf "$out"
+mv "$tmp" "$out"
 echo "gen_stubs.sh: stubs written to $out (import them as tandem_client._gen)" >&2

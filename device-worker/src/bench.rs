@@ -88,7 +88,7 @@ pub struct BenchOptions {
     #[arg(long, default_value_t = crate::model::vision::preprocess::DEFAULT_MAX_TOKENS, value_parser = at_least_one)]
     pub image_max_tokens: usize,
     /// With `--image`: time only the encoder and skip pp/tg (with `--json`, one object with
-    /// `encode_ms`, `encode_ms_runs`, `first_ms`, `n_tokens`, sizes). `bench/vision_encode.sh`
+    /// `encode_ms`, `encode_ms_runs`, `first_ms`, `n_tokens`, sizes). `bench/vision_encode.py`
     /// uses it against `llama-mtmd-cli`.
     #[arg(long, requires = "image")]
     pub encode_only: bool,

@@ -1,5 +1,7 @@
 //! Matrix product throughput: Q4_1 and Q8_0 weights of SmolLM2-135M's MLP shape
-//! (1536 × 576 up-projection) at decode (n = 1) and prefill (n = 128), 2 threads.
+//! (1536 × 576 up-projection) at decode (n = 1) and prefill (n = 128), and f16 / Q8_0 weights
+//! of the 0.8B-shape vision tower's fc1 (3072 × 768) over 256 patches (`matmul_vision`), 2
+//! threads.
 //! Throughput is reported in elements = multiply-accumulates (GFLOP/s = 2 × Gelem/s).
 //!
 //! `cargo bench -p tandem-dsp -- --quick`
@@ -30,5 +32,21 @@ fn bench_matmul(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_matmul);
+fn bench_matmul_vision(c: &mut Criterion) {
+    let (rows, cols, n) = (3072, 768, 256);
+    let pool = ThreadPool::new(2).expect("pool");
+    let mut group = c.benchmark_group("matmul_vision");
+    group.sample_size(10);
+    let x: Vec<f32> = support::lcg(2, n * cols);
+    for be in backend::available() {
+        for ty in [GgmlType::F16, GgmlType::Q8_0] {
+            let data = support::quantize(ty, &support::lcg(1, rows * cols), rows, cols);
+            let w = QMatRef::new(ty, rows, cols, &data).expect("weights");
+            support::bench_columns(&mut group, be, &pool, &w, &x, n);
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_matmul, bench_matmul_vision);
 criterion_main!(benches);

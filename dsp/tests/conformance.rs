@@ -351,6 +351,23 @@ macro_rules! backend_conformance {
                 }
             }
 
+            /// Float tiles (f16, bf16, f32) have no blocks: every row length is legal, and
+            /// the 16- and 8-element vector steps and the scalar tail must each give a tile
+            /// the single dot's bits, on tile shapes that exercise every piece and edge of
+            /// the backends' float tiles (AVX2 2 × 3, AVX-512VL 4 × 3, NEON 2 × 2).
+            #[test]
+            fn float_tiles_of_any_length_equal_single_dots() {
+                let Some(be) = be() else { return };
+                let mut rng = Rng(29);
+                for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+                    for cols in [1usize, 7, 8, 9, 15, 16, 17, 24, 31, 40, 769] {
+                        for (rows, toks) in [(1, 1), (2, 3), (4, 3), (5, 7), (9, 4)] {
+                            assert_random_tile_equals_single_dots(be, ty, &mut rng, (rows, toks, cols), &format!("{ty} cols={cols}"));
+                        }
+                    }
+                }
+            }
+
             #[test]
             fn matmul_matches_f32_reference() {
                 let Some(be) = be() else { return };
@@ -553,13 +570,13 @@ fn qmatref_rejects_bad_weights() {
 }
 
 /// The AVX-512 VNNI kernels for Q4_0/Q4_1/Q8_0 produce exactly the AVX2 kernels' integer
-/// lanes (`vpdpbusd` for `maddubs` + `madd`), so the two backends agree bit for bit on those
-/// types and every tile shape. (The AVX-512 K-quant kernels spread their exact integer sums
+/// lanes (`vpdpbusd` for `maddubs` + `madd`), and float tiles the same 8-lane chains in more
+/// registers, so the two backends agree bit for bit on those types and every tile shape. (The AVX-512 K-quant kernels spread their exact integer sums
 /// over other lanes and differ from AVX2 in f32 rounding only; both are checked against the
 /// reference above.)
 #[cfg(target_arch = "x86_64")]
 #[test]
-fn avx512_q4_0_q4_1_q8_0_products_equal_avx2_bitwise() {
+fn avx512_q4_0_q4_1_q8_0_and_float_products_equal_avx2_bitwise() {
     let (Some(a2), Some(a5)) = (
         test_support::kernel_backend("avx2", backend::avx2::Avx2::get()),
         test_support::kernel_backend("avx512-vnni", backend::avx512::Avx512::get()),
@@ -567,7 +584,7 @@ fn avx512_q4_0_q4_1_q8_0_products_equal_avx2_bitwise() {
         return;
     };
     let mut rng = Rng(19);
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F16, GgmlType::BF16, GgmlType::F32] {
         let cols = 1024;
         for (rows, toks) in [(1, 1), (3, 2), (4, 4), (5, 5), (9, 8), (4, 9), (7, 70)] {
             // Large-magnitude inputs push the quants to their extremes (|q_x| = 127/128).

@@ -7,7 +7,7 @@
 //! - scores: per key row `j`, each 16-element K chunk is widened once and FMA'd into [`QB`]
 //!   queries' two accumulators (`a0` even, `a1` odd 8-lane chunks, one more 8-element step
 //!   into `a0`), reduced `hsum(a0 + a1)` (four queries at a time, [`Lanes::hsum4`]), the
-//!   tail added in order, times `scale`: the backends' `dot_widened` (`avx2.rs`, `neon.rs`)
+//!   tail added in order, times `scale`: the backends' f16 dot ([`super::float_tile::dot_float`])
 //!   lane for lane;
 //! - values: per 16 output columns, [`QB`] queries' accumulators stay in registers while each
 //!   V chunk is widened once per position and added as `acc + p·v` (multiply, then add) in
@@ -31,6 +31,8 @@ pub(super) trait Lanes: Copy {
     unsafe fn splat(x: f32) -> Self;
     /// 8 f16 at `p` (unaligned) widened to f32, as the backend's `load_f16x8`.
     unsafe fn load_f16(p: *const f16) -> Self;
+    /// 8 bf16 at `p` (unaligned) widened to f32 (a bf16 is the high half of an f32).
+    unsafe fn load_bf16(p: *const half::bf16) -> Self;
     /// 8 f32 at `p` (unaligned).
     unsafe fn load_f32(p: *const f32) -> Self;
     /// Stores the 8 lanes at `p` (unaligned).

@@ -19,6 +19,7 @@ use std::arch::x86_64::*;
 use half::{bf16, f16};
 
 use super::attn::{attention_tile, Lanes};
+use super::float_tile::{self, FloatElem};
 use super::avx2_kquants::{dot_kquant, dot_tile_kquant, KQuant};
 use super::{dot_tile_by_pairs, AttnTile, DotTile, KernelBackend, Piece};
 use crate::quant::blocks::{
@@ -30,6 +31,9 @@ use crate::quant::GgmlType;
 const TILE_R: usize = 4;
 /// Tokens per register tile.
 const TILE_T: usize = 2;
+/// Tokens per register tile of the VNNI kernels (AVX-512VL: 32 vector registers hold the
+/// 4 × 4 accumulators, the rows' quants, lane bases and scales).
+const TILE_T_VNNI: usize = 4;
 
 /// The AVX2 backend. Only obtainable through [`Avx2::get`], which checks the CPU features, so
 /// holding one proves AVX2, FMA and F16C are available.
@@ -119,7 +123,18 @@ const fn geometry(k: u8) -> (usize, usize, usize) {
 /// `R × T` dot products of `nb` blocks: weight kind `K` (Q4_0 / Q4_1 / Q8_0) against its
 /// activation type; `out[t * out_stride + r] = w_row(r) · x_row(t)`.
 ///
-/// `VNNI` selects the integer dot of [`dot_u8`] (same lanes, so the same results).
+/// Per block and pair: the exact i32 lanes of 4 adjacent byte products, converted to f32 and
+/// fused-multiply-added with the block-scale product `dw·dx` (ggml's `vec_dot` order). The
+/// scales are broadcast once per row and per token and multiplied lane-wise (the same f32
+/// product in every lane).
+///
+/// `VNNI`: the lanes by `vpdpbusd` (unsigned × signed bytes into i32) with one instruction per
+/// pair. Q8_0 over several tokens adds 128 to the activations once per token (`x ^ 0x80`) and
+/// starts each row's lanes at `−128·Σw` (once per row; for one token, decode, the sign trick
+/// costs less); Q4_0 keeps its nibbles unsigned and starts each token's
+/// lanes at `−8·Σx` (once per token); Q4_1 needs neither. Without VNNI, `maddubs` + `madd`
+/// with the sign trick ([`dot_i8`]). Both give exactly the same integers in the same lanes, so
+/// the same results.
 ///
 /// # Safety
 /// Inlined into [`tile_any`] / [`tile_any_vnni`], which enable the features it needs.
@@ -129,16 +144,20 @@ const fn geometry(k: u8) -> (usize, usize, usize) {
 unsafe fn tile_q<const K: u8, const R: usize, const T: usize, const VNNI: bool>(p: Piece) {
     let Piece { w, w_stride, x, x_stride, nb, out, out_stride, .. } = p;
     let (wb, xb, xq) = geometry(K);
+    let zero = _mm256_setzero_si256();
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     let mut accm = [[0f32; T]; R];
     for ib in 0..nb {
-        let mut qw = [_mm256_setzero_si256(); R];
-        let mut dw = [0f32; R];
+        let mut qw = [zero; R];
+        // Q8_0 with VNNI: −128·Σw per lane of each row.
+        let mut base_w = [zero; R];
+        let mut dw = [_mm256_setzero_ps(); R];
         let mut mw = [0f32; R];
         for r in 0..R {
             let p = w.add(r * w_stride + ib * wb);
-            dw[r] = load_f16(p);
+            dw[r] = bcast_f16(p);
             qw[r] = match K {
+                K_Q4_0 if VNNI => load_nibbles(p.add(2)),
                 K_Q4_0 => _mm256_sub_epi8(load_nibbles(p.add(2)), _mm256_set1_epi8(8)),
                 K_Q4_1 => {
                     mw[r] = load_f16(p.add(2));
@@ -146,23 +165,33 @@ unsafe fn tile_q<const K: u8, const R: usize, const T: usize, const VNNI: bool>(
                 }
                 _ => _mm256_loadu_si256(p.add(2).cast()),
             };
+            if VNNI && K == K_Q8_0 && T > 1 {
+                let s = _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(-128), qw[r]);
+                base_w[r] = _mm256_sub_epi32(zero, s);
+            }
         }
         for t in 0..T {
             let p = x.add(t * x_stride + ib * xb);
-            let dx = load_f16(p);
+            let dx = bcast_f16(p);
             let qx = _mm256_loadu_si256(p.add(xq).cast());
             let sx = if K == K_Q4_1 { load_f16(p.add(2)) } else { 0.0 };
+            // VNNI: Q8_0's activations offset to unsigned, Q4_0's lanes start at −8·Σx.
+            let (xu, base_x) = match K {
+                K_Q8_0 if VNNI && T > 1 => (_mm256_xor_si256(qx, _mm256_set1_epi8(-128)), zero),
+                K_Q4_0 if VNNI => {
+                    let s = _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(8), qx);
+                    (qx, _mm256_sub_epi32(zero, s))
+                }
+                _ => (qx, zero),
+            };
             for r in 0..R {
-                let dot = if K == K_Q4_1 {
-                    dot_u8::<VNNI>(qw[r], qx)
-                } else {
-                    dot_i8::<VNNI>(qw[r], qx)
+                let dot = match K {
+                    K_Q8_0 if VNNI && T > 1 => _mm256_dpbusd_epi32(base_w[r], xu, qw[r]),
+                    K_Q4_0 if VNNI => _mm256_dpbusd_epi32(base_x, qw[r], qx),
+                    K_Q4_1 => dot_u8::<VNNI>(qw[r], qx),
+                    _ => dot_i8::<VNNI>(qw[r], qx),
                 };
-                acc[r][t] = _mm256_fmadd_ps(
-                    _mm256_set1_ps(dw[r] * dx),
-                    _mm256_cvtepi32_ps(dot),
-                    acc[r][t],
-                );
+                acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(dw[r], dx), _mm256_cvtepi32_ps(dot), acc[r][t]);
                 if K == K_Q4_1 {
                     accm[r][t] += mw[r] * sx;
                 }
@@ -174,6 +203,12 @@ unsafe fn tile_q<const K: u8, const R: usize, const T: usize, const VNNI: bool>(
             *out.add(t * out_stride + r) = hsum_ps(acc[r][t]) + accm[r][t];
         }
     }
+}
+
+/// The f16 at `p` (unaligned) widened to f32 in all 8 lanes.
+#[inline(always)]
+unsafe fn bcast_f16(p: *const u8) -> __m256 {
+    _mm256_cvtph_ps(_mm_set1_epi16(p.cast::<i16>().read_unaligned()))
 }
 
 /// The `R × T` tile kernel of weight kind `K` ([`tile_q`]).
@@ -268,9 +303,9 @@ unsafe fn dot_q<const K: u8, const VNNI: bool>(w: *const u8, x: *const u8, nb: u
 /// Needs avx2, fma, f16c, avx512vl, avx512vnni; the [`DotTile`] contract.
 pub(super) unsafe fn dot_tile_q_vnni(tile: &DotTile<'_>, out: &mut [f32]) {
     match tile.ty {
-        GgmlType::Q4_0 => dot_tile_q::<K_Q4_0, TILE_R, TILE_T, true>(tile, out),
-        GgmlType::Q4_1 => dot_tile_q::<K_Q4_1, TILE_R, TILE_T, true>(tile, out),
-        GgmlType::Q8_0 => dot_tile_q::<K_Q8_0, TILE_R, TILE_T, true>(tile, out),
+        GgmlType::Q4_0 => dot_tile_q::<K_Q4_0, TILE_R, TILE_T_VNNI, true>(tile, out),
+        GgmlType::Q4_1 => dot_tile_q::<K_Q4_1, TILE_R, TILE_T_VNNI, true>(tile, out),
+        GgmlType::Q8_0 => dot_tile_q::<K_Q8_0, TILE_R, TILE_T_VNNI, true>(tile, out),
         other => panic!("dot_tile_q_vnni: {other} is not Q4_0, Q4_1 or Q8_0"),
     }
 }
@@ -306,56 +341,27 @@ unsafe fn load_bf16x8(p: *const bf16) -> __m256 {
     ))
 }
 
-/// Loads 8 f32 values.
-#[inline]
+/// The float dot products and tiles ([`super::float_tile`]) with AVX2 vectors.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load_f32x8(p: *const f32) -> __m256 {
-    _mm256_loadu_ps(p)
+unsafe fn dot_float<E: FloatElem>(w: &[E], x: &[E]) -> f32 {
+    float_tile::dot_float::<__m256, E>(w, x)
 }
 
-/// `Σ w[j]·x[j]` of two float rows widened to f32 by `load` (8 lanes) and `widen` (the
-/// tail): two fused multiply-add chains over 16-element steps, one more 8-element step, the
-/// chains added and reduced, then the tail in scalar order. Inlined into each caller.
-#[inline(always)]
-unsafe fn dot_widened<T: Copy>(
-    w: &[T],
-    x: &[T],
-    load: impl Fn(*const T) -> __m256,
-    widen: impl Fn(T) -> f32,
-) -> f32 {
-    let n = w.len().min(x.len());
-    let (pw, px) = (w.as_ptr(), x.as_ptr());
-    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut i = 0;
-    while i + 16 <= n {
-        a0 = _mm256_fmadd_ps(load(pw.add(i)), load(px.add(i)), a0);
-        a1 = _mm256_fmadd_ps(load(pw.add(i + 8)), load(px.add(i + 8)), a1);
-        i += 16;
-    }
-    if i + 8 <= n {
-        a0 = _mm256_fmadd_ps(load(pw.add(i)), load(px.add(i)), a0);
-        i += 8;
-    }
-    let mut sum = hsum_ps(_mm256_add_ps(a0, a1));
-    for j in i..n {
-        sum += widen(w[j]) * widen(x[j]);
-    }
-    sum
+/// A float [`DotTile`] in 2 × 3 pieces (12 accumulators in the 16 AVX2 registers).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_tile_float<E: FloatElem>(tile: &DotTile<'_>, out: &mut [f32]) {
+    float_tile::dot_tile_float::<__m256, E, 2, 3>(tile, out)
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_f16(w: &[f16], x: &[f16]) -> f32 {
-    dot_widened(w, x, |p| unsafe { load_f16x8(p) }, f16::to_f32)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_bf16(w: &[bf16], x: &[bf16]) -> f32 {
-    dot_widened(w, x, |p| unsafe { load_bf16x8(p) }, bf16::to_f32)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
-    dot_widened(w, x, |p| unsafe { load_f32x8(p) }, |v| v)
+/// A float [`DotTile`] in 4 × 3 pieces with AVX-512VL's 32 vector registers (24 accumulators),
+/// for the AVX-512 backend; bit-identical to [`Avx2`]'s tiles and dots (the same operations on
+/// the same 8-lane vectors, only more of them in flight).
+///
+/// # Safety
+/// Needs avx2, fma, f16c, avx512f, avx512vl; the [`DotTile`] contract with the tile's type `E`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+pub(super) unsafe fn dot_tile_float_wide<E: FloatElem>(tile: &DotTile<'_>, out: &mut [f32]) {
+    float_tile::dot_tile_float::<__m256, E, 4, 3>(tile, out)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -428,7 +434,7 @@ unsafe fn axpy_f16(out: &mut [f32], a: f32, v: &[f16]) {
 }
 
 /// The AVX2 vector of the attention tiles: `load_f16x8`, `fmadd`, `hsum_ps` as in
-/// [`dot_f16`] and mul-then-add as in [`axpy_f16`] (callers must have avx2, fma, f16c).
+/// [`dot_float`] and mul-then-add as in [`axpy_f16`] (callers must have avx2, fma, f16c).
 impl Lanes for __m256 {
     #[inline(always)]
     unsafe fn zero() -> Self {
@@ -441,6 +447,10 @@ impl Lanes for __m256 {
     #[inline(always)]
     unsafe fn load_f16(p: *const f16) -> Self {
         load_f16x8(p)
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const bf16) -> Self {
+        load_bf16x8(p)
     }
     #[inline(always)]
     unsafe fn load_f32(p: *const f32) -> Self {
@@ -497,7 +507,7 @@ impl Lanes for __m256 {
 }
 
 /// [`KernelBackend::attention_queries`] with AVX2 tiles ([`super::attn`]; reference:
-/// [`super::attention_queries_by_pairs`] with [`dot_f16`] and [`axpy_f16`]).
+/// [`super::attention_queries_by_pairs`] with [`dot_float`] and [`axpy_f16`]).
 ///
 /// # Safety
 /// Needs avx2, fma, f16c (shapes are checked inside).
@@ -544,17 +554,17 @@ impl KernelBackend for Avx2 {
 
     fn vec_dot_f16(&self, w: &[f16], x: &[f16]) -> f32 {
         // SAFETY: see the impl comment.
-        unsafe { dot_f16(w, x) }
+        unsafe { dot_float(w, x) }
     }
 
     fn vec_dot_bf16(&self, w: &[bf16], x: &[bf16]) -> f32 {
         // SAFETY: see the impl comment.
-        unsafe { dot_bf16(w, x) }
+        unsafe { dot_float(w, x) }
     }
 
     fn vec_dot_f32(&self, w: &[f32], x: &[f32]) -> f32 {
         // SAFETY: see the impl comment.
-        unsafe { dot_f32(w, x) }
+        unsafe { dot_float(w, x) }
     }
 
     fn dot_tile(&self, tile: &DotTile<'_>, out: &mut [f32]) {
@@ -566,6 +576,9 @@ impl KernelBackend for Avx2 {
                 GgmlType::Q8_0 => dot_tile_q::<K_Q8_0, TILE_R, TILE_T, false>(tile, out),
                 GgmlType::Q4_K => dot_tile_kquant(KQuant::Q4K, tile, out),
                 GgmlType::Q6_K => dot_tile_kquant(KQuant::Q6K, tile, out),
+                GgmlType::F16 => dot_tile_float::<f16>(tile, out),
+                GgmlType::BF16 => dot_tile_float::<bf16>(tile, out),
+                GgmlType::F32 => dot_tile_float::<f32>(tile, out),
                 _ => dot_tile_by_pairs(self, tile, out),
             }
         }

@@ -6,15 +6,16 @@
 //! row-at-a-time path for decode and verification and a register-blocked one for prefill);
 //! their exact integer sums are spread over other lanes than the AVX2 kernel's, so results
 //! differ from the AVX2 backend's in f32 rounding only. Q4_0, Q4_1 and Q8_0 tiles are the AVX2
-//! kernels with one `vpdpbusd` in place of `maddubs` + `madd`, bit-identical to the AVX2
-//! backend's; every other kernel is the AVX2 backend's. Like every backend it is tested
+//! kernels with one `vpdpbusd` in place of `maddubs` + `madd`, and float (f16, bf16, f32)
+//! tiles are the AVX2 ones with 4 × 3 pieces in AVX-512VL's 32 registers, both bit-identical to
+//! the AVX2 backend's; every other kernel is the AVX2 backend's. Like every backend it is tested
 //! against the scalar reference in `tests/conformance.rs`, and its tiles are bit-identical to
 //! its single dot products (so a verification pass equals decode, and prefill batch splits
 //! do not change results).
 
 use half::{bf16, f16};
 
-use super::avx2::{dot_q_vnni, dot_tile_q_vnni, Avx2, AVX2};
+use super::avx2::{dot_q_vnni, dot_tile_float_wide, dot_tile_q_vnni, Avx2, AVX2};
 use super::avx2_kquants::KQuant;
 use super::avx512_kquants::{dot_kquant, dot_tile_kquant};
 use super::{AttnTile, DotTile, KernelBackend};
@@ -95,6 +96,9 @@ impl KernelBackend for Avx512 {
                 GgmlType::Q4_K => dot_tile_kquant(KQuant::Q4K, tile, out),
                 GgmlType::Q6_K => dot_tile_kquant(KQuant::Q6K, tile, out),
                 GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => dot_tile_q_vnni(tile, out),
+                GgmlType::F16 => dot_tile_float_wide::<f16>(tile, out),
+                GgmlType::BF16 => dot_tile_float_wide::<bf16>(tile, out),
+                GgmlType::F32 => dot_tile_float_wide::<f32>(tile, out),
                 _ => self.avx2.dot_tile(tile, out),
             }
         }

@@ -115,6 +115,8 @@ mod exp_consts {
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod attn;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod float_tile;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
 #[cfg(target_arch = "x86_64")]

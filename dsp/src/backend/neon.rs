@@ -18,7 +18,8 @@
 //!   are combined in f32 as the scalar reference does ([`super::neon_kquants`]), so any
 //!   integer lane split gives the same bits (`sdot`'s 4-product lanes, `smmla`'s 8-product
 //!   2 × 2 tiles);
-//! - the float dots keep the two 8-lane FMA chains of `dot_widened`, `rms_norm_row` its two
+//! - the float dots and tiles are the AVX2 ones over a pair of 4-lane vectors
+//!   ([`super::float_tile`]: two 8-lane FMA chains, 2 × 2 tiles), `rms_norm_row` keeps its two
 //!   4-lane f64 sums, and `exp` the f64 Cody–Waite + degree-11 polynomial of `avx2_math`
 //!   ([`super::neon_math`]).
 //!
@@ -39,6 +40,7 @@ use std::arch::aarch64::*;
 use half::{bf16, f16};
 
 use super::attn::{attention_tile, Lanes};
+use super::float_tile::{self, FloatElem};
 use super::neon_kquants::{dot_kquant, dot_tile_kquant, KQuant};
 use super::{dot_tile_by_pairs, AttnTile, DotTile, KernelBackend, Piece};
 use crate::quant::blocks::{
@@ -537,49 +539,9 @@ unsafe fn fma8(a: F8, b: F8, c: F8) -> F8 {
     [vfmaq_f32(a[0], b[0], c[0]), vfmaq_f32(a[1], b[1], c[1])]
 }
 
-/// `Σ w[j]·x[j]` as the AVX2 `dot_widened`: two 8-lane FMA chains over 16-element steps, one
-/// more 8-element step into the first, the chains added and reduced, the tail in order.
-#[inline(always)]
-unsafe fn dot_widened<T: Copy>(
-    w: &[T],
-    x: &[T],
-    load: impl Fn(*const T) -> F8,
-    widen: impl Fn(T) -> f32,
-) -> f32 {
-    let n = w.len().min(x.len());
-    let (pw, px) = (w.as_ptr(), x.as_ptr());
-    let z = vdupq_n_f32(0.0);
-    let (mut a0, mut a1) = ([z; 2], [z; 2]);
-    let mut i = 0;
-    while i + 16 <= n {
-        a0 = fma8(a0, load(pw.add(i)), load(px.add(i)));
-        a1 = fma8(a1, load(pw.add(i + 8)), load(px.add(i + 8)));
-        i += 16;
-    }
-    if i + 8 <= n {
-        a0 = fma8(a0, load(pw.add(i)), load(px.add(i)));
-        i += 8;
-    }
-    let mut sum = hsum8(add8(a0, a1));
-    for j in i..n {
-        sum += widen(w[j]) * widen(x[j]);
-    }
-    sum
-}
-
-fn dot_f16(w: &[f16], x: &[f16]) -> f32 {
-    // SAFETY: NEON is baseline on aarch64; `dot_widened` reads `min(len)` elements.
-    unsafe { dot_widened(w, x, |p| load_f16x8(p), f16::to_f32) }
-}
-
-fn dot_bf16(w: &[bf16], x: &[bf16]) -> f32 {
-    // SAFETY: as `dot_f16`.
-    unsafe { dot_widened(w, x, |p| load_bf16x8(p), bf16::to_f32) }
-}
-
-fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
-    // SAFETY: as `dot_f16`.
-    unsafe { dot_widened(w, x, |p| load_f32x8(p), |v| v) }
+fn dot_float<E: FloatElem>(w: &[E], x: &[E]) -> f32 {
+    // SAFETY: NEON is baseline on aarch64; `dot_float` reads `min(len)` elements.
+    unsafe { float_tile::dot_float::<F8, E>(w, x) }
 }
 
 /// As the AVX2 `rms_norm_row`: squares in f32, widened and summed in two 4-lane f64
@@ -668,7 +630,7 @@ fn axpy_f16(out: &mut [f32], a: f32, v: &[f16]) {
 }
 
 /// The NEON vector of the attention tiles: [`load_f16x8`], [`fma8`], [`hsum8`] as in
-/// [`dot_f16`] and mul-then-add on each half as in [`axpy_f16`] (NEON is baseline).
+/// [`dot_float`] and mul-then-add on each half as in [`axpy_f16`] (NEON is baseline).
 impl Lanes for F8 {
     #[inline(always)]
     unsafe fn zero() -> Self {
@@ -681,6 +643,10 @@ impl Lanes for F8 {
     #[inline(always)]
     unsafe fn load_f16(p: *const f16) -> Self {
         load_f16x8(p)
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const bf16) -> Self {
+        load_bf16x8(p)
     }
     #[inline(always)]
     unsafe fn load_f32(p: *const f32) -> Self {
@@ -756,15 +722,15 @@ impl KernelBackend for Neon {
     quant_dot_methods!();
 
     fn vec_dot_f16(&self, w: &[f16], x: &[f16]) -> f32 {
-        dot_f16(w, x)
+        dot_float(w, x)
     }
 
     fn vec_dot_bf16(&self, w: &[bf16], x: &[bf16]) -> f32 {
-        dot_bf16(w, x)
+        dot_float(w, x)
     }
 
     fn vec_dot_f32(&self, w: &[f32], x: &[f32]) -> f32 {
-        dot_f32(w, x)
+        dot_float(w, x)
     }
 
     fn dot_tile(&self, tile: &DotTile<'_>, out: &mut [f32]) {
@@ -785,6 +751,9 @@ impl KernelBackend for Neon {
                 }
                 (GgmlType::Q4_K, dot) => dot_tile_kquant(dot, KQuant::Q4K, tile, out),
                 (GgmlType::Q6_K, dot) => dot_tile_kquant(dot, KQuant::Q6K, tile, out),
+                (GgmlType::F16, _) => float_tile::dot_tile_float::<F8, f16, 2, 2>(tile, out),
+                (GgmlType::BF16, _) => float_tile::dot_tile_float::<F8, bf16, 2, 2>(tile, out),
+                (GgmlType::F32, _) => float_tile::dot_tile_float::<F8, f32, 2, 2>(tile, out),
                 _ => dot_tile_by_pairs(self, tile, out),
             }
         }
@@ -820,7 +789,7 @@ impl KernelBackend for Neon {
 
     fn attention_queries(&self, tile: &AttnTile<'_>, scores: &mut [f32], out: &mut [f32]) {
         // SAFETY: see the impl comment; the kernel checks the tile's shapes. Reference:
-        // `attention_queries_by_pairs` with `dot_f16` and `axpy_f16`.
+        // `attention_queries_by_pairs` with `dot_float` and `axpy_f16`.
         unsafe { attention_tile::<F8>(tile, scores, out, super::neon_math::softmax_inplace) }
     }
 }

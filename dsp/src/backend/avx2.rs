@@ -143,10 +143,14 @@ const fn geometry(k: u8) -> (usize, usize, usize) {
 #[inline(always)]
 unsafe fn tile_q<const K: u8, const R: usize, const T: usize, const VNNI: bool>(p: Piece) {
     let Piece { w, w_stride, x, x_stride, nb, out, out_stride, .. } = p;
+    const { assert!(T <= 4) };
     let (wb, xb, xq) = geometry(K);
     let zero = _mm256_setzero_si256();
     let mut acc = [[_mm256_setzero_ps(); T]; R];
+    // Q4_1's `Σ m_w·s_x` per pair: scalar for one token, else one row's tokens in the lanes
+    // of a 4-lane vector (the same f32 multiply and add per lane).
     let mut accm = [[0f32; T]; R];
+    let mut accm4 = [_mm_setzero_ps(); R];
     for ib in 0..nb {
         let mut qw = [zero; R];
         // Q8_0 with VNNI: −128·Σw per lane of each row.
@@ -170,11 +174,15 @@ unsafe fn tile_q<const K: u8, const R: usize, const T: usize, const VNNI: bool>(
                 base_w[r] = _mm256_sub_epi32(zero, s);
             }
         }
+        let mut sx4 = [0u16; 4];
         for t in 0..T {
             let p = x.add(t * x_stride + ib * xb);
+            if K == K_Q4_1 && T > 1 {
+                sx4[t] = p.add(2).cast::<u16>().read_unaligned();
+            }
             let dx = bcast_f16(p);
             let qx = _mm256_loadu_si256(p.add(xq).cast());
-            let sx = if K == K_Q4_1 { load_f16(p.add(2)) } else { 0.0 };
+            let sx = if K == K_Q4_1 && T == 1 { load_f16(p.add(2)) } else { 0.0 };
             // VNNI: Q8_0's activations offset to unsigned, Q4_0's lanes start at −8·Σx.
             let (xu, base_x) = match K {
                 K_Q8_0 if VNNI && T > 1 => (_mm256_xor_si256(qx, _mm256_set1_epi8(-128)), zero),
@@ -192,10 +200,23 @@ unsafe fn tile_q<const K: u8, const R: usize, const T: usize, const VNNI: bool>(
                     _ => dot_i8::<VNNI>(qw[r], qx),
                 };
                 acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(dw[r], dx), _mm256_cvtepi32_ps(dot), acc[r][t]);
-                if K == K_Q4_1 {
+                if K == K_Q4_1 && T == 1 {
                     accm[r][t] += mw[r] * sx;
                 }
             }
+        }
+        if K == K_Q4_1 && T > 1 {
+            let sxv = _mm_cvtph_ps(_mm_loadl_epi64(sx4.as_ptr().cast()));
+            for r in 0..R {
+                accm4[r] = _mm_add_ps(accm4[r], _mm_mul_ps(_mm_set1_ps(mw[r]), sxv));
+            }
+        }
+    }
+    if K == K_Q4_1 && T > 1 {
+        for r in 0..R {
+            let mut lanes = [0f32; 4];
+            _mm_storeu_ps(lanes.as_mut_ptr(), accm4[r]);
+            accm[r] = std::array::from_fn(|t| lanes[t]);
         }
     }
     for r in 0..R {

@@ -12,6 +12,7 @@
 
 use std::sync::Mutex;
 
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 use crate::backend::{select, DotTile, KernelBackend};
@@ -215,16 +216,14 @@ fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), DspError>
         GgmlType::Q8_0 => quantize_row_q8_0(x, as_blocks_mut(out)?),
         GgmlType::Q8_1 => quantize_row_q8_1(x, as_blocks_mut(out)?),
         GgmlType::Q8_K => quantize_row_q8_k(x, as_blocks_mut(out)?),
+        // `half`'s slice conversions: F16C / fp16 vector instructions where the CPU has them,
+        // rounding to nearest-even as `f16::from_f32` (exactly).
         GgmlType::F16 => {
-            for (o, &v) in as_blocks_mut::<f16>(out)?.iter_mut().zip(x) {
-                *o = f16::from_f32(v);
-            }
+            as_blocks_mut::<f16>(out)?.convert_from_f32_slice(x);
             Ok(())
         }
         GgmlType::BF16 => {
-            for (o, &v) in as_blocks_mut::<bf16>(out)?.iter_mut().zip(x) {
-                *o = bf16::from_f32(v);
-            }
+            as_blocks_mut::<bf16>(out)?.convert_from_f32_slice(x);
             Ok(())
         }
         GgmlType::F32 => {

@@ -35,6 +35,7 @@ use dsp::encoder::{attention_full, layer_norm, Bilinear, Gelu};
 use dsp::matmul::QMatRef;
 use dsp::pool::ThreadPool;
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 use super::mmproj::{Affine, Norm, Projector, VisionBlock, TEMPORAL_PATCH};
 use super::position::{learned_positions, merge_order};
@@ -184,10 +185,8 @@ impl Attn16 {
                     // SAFETY: task `h` writes head `h`'s rows only.
                     let dst = unsafe { part.chunk(h * head_len, head_len) };
                     for (i, row) in dst.chunks_exact_mut(hd).enumerate() {
-                        let src = &qkv[i * 3 * e + p * e + h * hd..][..hd];
-                        for (d, &x) in row.iter_mut().zip(src) {
-                            *d = f16::from_f32(x);
-                        }
+                        // Vector F16C / fp16 rounding where the CPU has it (nearest-even).
+                        row.convert_from_f32_slice(&qkv[i * 3 * e + p * e + h * hd..][..hd]);
                     }
                 }
             });

@@ -185,7 +185,8 @@ pub fn load_episode(corpus_root: &Path, id: &str) -> Result<Episode, CorpusError
 /// TANDEM_CORPUS hint), [`CorpusError::Io`] for an unreadable root, [`CorpusError::NoEpisodes`].
 pub fn scan_corpus(corpus_root: &Path) -> Result<CorpusLoad, CorpusError> {
     if !corpus_root.is_dir() {
-        return Err(CorpusError::MissingRoot { root: corpus_root.to_path_buf() });
+        let why = if corpus_root.exists() { "is a file, not a folder" } else { "not found" };
+        return Err(CorpusError::MissingRoot { root: corpus_root.to_path_buf(), why });
     }
     std::fs::read_dir(corpus_root).map_err(|source| CorpusError::Io { path: corpus_root.to_path_buf(), source })?;
     let mut load = CorpusLoad::default();
@@ -219,7 +220,12 @@ pub fn scan_corpus(corpus_root: &Path) -> Result<CorpusLoad, CorpusError> {
     load.episodes.sort_by(|a, b| a.id.cmp(&b.id));
     load.skipped.sort_by(|a, b| a.source.cmp(&b.source));
     if load.episodes.is_empty() {
-        return Err(CorpusError::NoEpisodes { root: corpus_root.to_path_buf() });
+        let hint = if corpus_root.join("raw").is_dir() {
+            format!(" (its raw/ subfolder may hold them: --corpus {})", corpus_root.join("raw").display())
+        } else {
+            String::new()
+        };
+        return Err(CorpusError::NoEpisodes { root: corpus_root.to_path_buf(), hint });
     }
     Ok(load)
 }

@@ -105,12 +105,17 @@ pub enum CorpusError {
     /// The corpus root is not a folder (a wrong `--corpus`, or the relative default
     /// `../shared/corpus/raw` from another working directory).
     #[error(
-        "corpus folder {root} not found (relative paths start at the current directory); pass --corpus PATH or set TANDEM_CORPUS to the corpus's raw/ folder"
+        "corpus {root} {why} (relative paths start at the current directory); pass --corpus PATH or set TANDEM_CORPUS to the corpus's raw/ folder"
     )]
-    MissingRoot { root: PathBuf },
-    /// The corpus root holds no usable episode.
-    #[error("no usable episode under {root}")]
-    NoEpisodes { root: PathBuf },
+    MissingRoot {
+        root: PathBuf,
+        /// "not found" or "is a file, not a folder".
+        why: &'static str,
+    },
+    /// The corpus root holds no usable episode (`hint`: empty, or where the episodes may be,
+    /// e.g. the root's own `raw/` subfolder).
+    #[error("no usable episode under {root}{hint}")]
+    NoEpisodes { root: PathBuf, hint: String },
 }
 
 /// Errors of the gateway's services and commands (configuration, workers, replay).

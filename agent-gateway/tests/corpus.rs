@@ -130,11 +130,28 @@ fn unknown_ids_and_missing_roots_are_errors() {
         other => panic!("expected UnknownEpisode, got {other:?}"),
     }
     match load_episodes(Path::new("/nonexistent/corpus")) {
-        Err(CorpusError::MissingRoot { root }) => assert_eq!(root, Path::new("/nonexistent/corpus")),
+        Err(CorpusError::MissingRoot { root, why }) => {
+            assert_eq!(root, Path::new("/nonexistent/corpus"));
+            assert_eq!(why, "not found");
+        }
         other => panic!("expected MissingRoot, got {other:?}"),
     }
     let empty = std::env::temp_dir().join(format!("empty-corpus-{}", std::process::id()));
     std::fs::create_dir_all(&empty).unwrap();
     assert!(matches!(load_episodes(&empty), Err(CorpusError::NoEpisodes { .. })));
-    let _ = std::fs::remove_dir(&empty);
+    // A file is not a folder; a parent of raw/ points at it.
+    let file = empty.join("corpus.txt");
+    std::fs::write(&file, b"x").unwrap();
+    match load_episodes(&file) {
+        Err(e @ CorpusError::MissingRoot { why: "is a file, not a folder", .. }) => {
+            assert!(e.to_string().contains("is a file, not a folder"), "{e}")
+        }
+        other => panic!("expected MissingRoot (a file), got {other:?}"),
+    }
+    std::fs::create_dir_all(empty.join("raw")).unwrap();
+    match load_episodes(&empty) {
+        Err(e @ CorpusError::NoEpisodes { .. }) => assert!(e.to_string().contains("raw/ subfolder"), "{e}"),
+        other => panic!("expected NoEpisodes with a raw/ hint, got {other:?}"),
+    }
+    let _ = std::fs::remove_dir_all(&empty);
 }

@@ -209,6 +209,8 @@ impl Engine {
             slots = compute.slots.len(),
             threads,
             kernels = dsp::backend::select().name(),
+            mmproj = %cfg.vision.as_ref().map_or_else(|| "none".to_string(), |v| v.mmproj.display().to_string()),
+            image_tokens = %cfg.vision.as_ref().map_or_else(String::new, |v| format!("{}..={}", v.budget.min_tokens, v.budget.max_tokens)),
             load_ms = t0.elapsed().as_millis() as u64,
             engine = inst.id,
             "model loaded"

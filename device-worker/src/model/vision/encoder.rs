@@ -42,7 +42,7 @@ use super::position::{learned_positions, merge_order};
 use super::preprocess::Preprocessed;
 use super::rope2d::Rope2d;
 use super::VisionError;
-use crate::model::parallel::DisjointMut;
+use crate::model::parallel::{for_token_ranges, DisjointMut};
 use crate::model::project::mm;
 
 /// Query patches per attention task of the f32 path (each task runs every head of its
@@ -276,9 +276,7 @@ impl Projector {
         };
         self.embed_patches(pool, &pre.pixels, n, &mut s.h)?;
         let pos = learned_positions(self, (gh, gw), opts.position_resize)?;
-        for (h, p) in s.h.iter_mut().zip(&pos) {
-            *h += p;
-        }
+        add(pool, &mut s.h, &pos);
         let coords = merge_order(gh, gw, m);
         let rope = Rope2d::new(c.head_dim());
         for (i, blk) in self.blocks.iter().enumerate() {
@@ -312,7 +310,7 @@ impl Projector {
             .map_err(|source| VisionError::kernel("v.patch_embd", source))?;
         dsp::matmul::matmul(pool, &w, pixels, n, h)
             .map_err(|source| VisionError::kernel("v.patch_embd", source))?;
-        add_bias(h, &self.patch_bias);
+        add_bias(pool, h, &self.patch_bias);
         Ok(())
     }
 
@@ -331,9 +329,17 @@ impl Projector {
     ) -> Result<(), VisionError> {
         let c = &self.config;
         let (n, eps) = (coords.len(), c.layer_norm_eps);
-        norm(&blk.ln1, &s.h, eps, &mut s.x, "ln1")?;
+        norm(pool, &blk.ln1, &s.h, eps, &mut s.x, "ln1")?;
         affine(pool, bytes, &blk.qkv, &s.x, n, &mut s.qkv)?;
-        rope.apply(&mut s.qkv, coords, c.n_head)?;
+        let failed = std::sync::Mutex::new(None);
+        for_row_ranges(pool, &mut s.qkv, 3 * c.n_embd, &|range, rows| {
+            if let Err(e) = rope.apply(rows, &coords[range], c.n_head) {
+                failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_or_insert(e);
+            }
+        });
+        if let Some(e) = failed.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner) {
+            return Err(e);
+        }
         let heads = PatchHeads {
             n,
             n_head: c.n_head,
@@ -344,12 +350,12 @@ impl Projector {
             AttnPrecision::F32 => attention(pool, &s.qkv, heads, &mut s.attn)?,
         }
         affine(pool, bytes, &blk.out, &s.attn, n, &mut s.x)?;
-        add(&mut s.h, &s.x);
-        norm(&blk.ln2, &s.h, eps, &mut s.x, "ln2")?;
+        add(pool, &mut s.h, &s.x);
+        norm(pool, &blk.ln2, &s.h, eps, &mut s.x, "ln2")?;
         affine(pool, bytes, &blk.up, &s.x, n, &mut s.ff)?;
-        Gelu::Tanh.apply_inplace(&mut s.ff);
+        gelu_rows(pool, Gelu::Tanh, &mut s.ff, c.n_ff);
         affine(pool, bytes, &blk.down, &s.ff, n, &mut s.x)?;
-        add(&mut s.h, &s.x);
+        add(pool, &mut s.h, &s.x);
         tracing::trace!(layer = il, "vision block");
         Ok(())
     }
@@ -367,11 +373,11 @@ impl Projector {
         let groups = c.spatial_merge * c.spatial_merge;
         let n_tok = n / groups;
         let mut x = vec![0f32; n * c.n_embd];
-        norm(&self.merger_norm, h, c.layer_norm_eps, &mut x, "v.post_ln")?;
+        norm(pool, &self.merger_norm, h, c.layer_norm_eps, &mut x, "v.post_ln")?;
         // Rows of 4 consecutive patches are one merge block: `x` is already [n/4, 4·n_embd].
         let mut mid = vec![0f32; n_tok * self.merger_fc1.weight.rows];
         affine(pool, bytes, &self.merger_fc1, &x, n_tok, &mut mid)?;
-        gelu.apply_inplace(&mut mid);
+        gelu_rows(pool, gelu, &mut mid, self.merger_fc1.weight.rows);
         let mut out = vec![0f32; n_tok * c.projection_dim];
         affine(pool, bytes, &self.merger_fc2, &mid, n_tok, &mut out)?;
         Ok(out)
@@ -391,27 +397,81 @@ fn affine(
         op: a.weight.name.clone(),
         source,
     })?;
-    add_bias(y, &a.bias);
+    add_bias(pool, y, &a.bias);
     Ok(())
 }
 
-fn norm(nm: &Norm, x: &[f32], eps: f32, out: &mut [f32], op: &str) -> Result<(), VisionError> {
-    layer_norm(x, &nm.weight, &nm.bias, eps, out).map_err(|source| VisionError::kernel(op, source))
+/// Runs `f(range, rows)` on contiguous row ranges of `buf` (`[n, d]` row-major) covering
+/// `0..n`, one per thread of `pool`; `rows` is the range's part of `buf`. The steps below are
+/// row-wise, so their bits do not depend on the split (the element-wise steps of a block
+/// would otherwise run on one thread between the parallel products).
+fn for_row_ranges(
+    pool: &ThreadPool,
+    buf: &mut [f32],
+    d: usize,
+    f: &(dyn Fn(std::ops::Range<usize>, &mut [f32]) + Sync),
+) {
+    let n = buf.len() / d.max(1);
+    let rows = DisjointMut::new(buf);
+    for_token_ranges(pool, n, &|range| {
+        // SAFETY: the ranges of `for_token_ranges` are disjoint.
+        let part = unsafe { rows.chunk(range.start * d, range.len() * d) };
+        f(range, part)
+    });
 }
 
-/// `y[r] += b` for every row `r` of `y` (rows of `b.len()`).
-fn add_bias(y: &mut [f32], b: &[f32]) {
-    for row in y.chunks_exact_mut(b.len()) {
-        for (v, &bb) in row.iter_mut().zip(b) {
-            *v += bb;
+/// LayerNorm of every row of `x` into `out`, rows split over `pool`.
+fn norm(
+    pool: &ThreadPool,
+    nm: &Norm,
+    x: &[f32],
+    eps: f32,
+    out: &mut [f32],
+    op: &str,
+) -> Result<(), VisionError> {
+    let d = nm.weight.len();
+    if x.len() != out.len() || d == 0 || x.len() % d != 0 {
+        // The kernel's own shape error.
+        return layer_norm(x, &nm.weight, &nm.bias, eps, out)
+            .map_err(|source| VisionError::kernel(op, source));
+    }
+    let failed = std::sync::Mutex::new(None);
+    for_row_ranges(pool, out, d, &|range, rows| {
+        let xr = &x[range.start * d..range.end * d];
+        if let Err(e) = layer_norm(xr, &nm.weight, &nm.bias, eps, rows) {
+            failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_or_insert(e);
         }
+    });
+    match failed.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner) {
+        Some(source) => Err(VisionError::kernel(op, source)),
+        None => Ok(()),
     }
 }
 
-fn add(dst: &mut [f32], src: &[f32]) {
-    for (d, &v) in dst.iter_mut().zip(src) {
-        *d += v;
-    }
+/// `gelu` of every element of `x` (`[n, d]`), rows split over `pool`.
+fn gelu_rows(pool: &ThreadPool, gelu: Gelu, x: &mut [f32], d: usize) {
+    for_row_ranges(pool, x, d, &|_, rows| gelu.apply_inplace(rows));
+}
+
+/// `y[r] += b` for every row `r` of `y` (rows of `b.len()`), rows split over `pool`.
+fn add_bias(pool: &ThreadPool, y: &mut [f32], b: &[f32]) {
+    for_row_ranges(pool, y, b.len(), &|_, rows| {
+        for row in rows.chunks_exact_mut(b.len()) {
+            for (v, &bb) in row.iter_mut().zip(b) {
+                *v += bb;
+            }
+        }
+    });
+}
+
+/// `dst += src` element-wise (equal lengths), split over `pool`.
+fn add(pool: &ThreadPool, dst: &mut [f32], src: &[f32]) {
+    debug_assert_eq!(dst.len(), src.len());
+    for_row_ranges(pool, dst, 1, &|range, part| {
+        for (d, &v) in part.iter_mut().zip(&src[range]) {
+            *d += v;
+        }
+    });
 }
 
 /// The shape of one attention call over the patches: `n` patches, `n_head` heads of

@@ -21,7 +21,7 @@ use half::{bf16, f16};
 use super::attn::{attention_tile, Lanes};
 use super::float_tile::{self, FloatElem};
 use super::avx2_kquants::{dot_kquant, dot_tile_kquant, KQuant};
-use super::{dot_tile_by_pairs, AttnTile, DotTile, KernelBackend, Piece};
+use super::{dot_tile_by_pairs, AttnTile, DotTile, KernelBackend, Piece, PieceKernel};
 use crate::quant::blocks::{
     BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
@@ -265,8 +265,18 @@ unsafe fn tile_pick<const K: u8, const R: usize, const T: usize, const VNNI: boo
     }
 }
 
-/// Runs [`tile_any`] over a whole [`DotTile`] in `R × T` pieces plus `1 × T`, `R × 1` and
-/// `1 × 1` edges.
+/// [`tile_pick`] of kind `K` as a [`PieceKernel`].
+struct QKernel<const K: u8, const VNNI: bool>;
+
+impl<const K: u8, const VNNI: bool> PieceKernel for QKernel<K, VNNI> {
+    #[inline(always)]
+    unsafe fn piece<const R: usize, const T: usize>(p: Piece) {
+        tile_pick::<K, R, T, VNNI>(p)
+    }
+}
+
+/// Runs [`tile_any`] over a whole [`DotTile`] in `R × T` pieces and their edges
+/// ([`super::RawTile::cover`]).
 ///
 /// # Safety
 /// Needs avx2, fma, f16c (and avx512vl, avx512vnni when `VNNI`).
@@ -276,33 +286,7 @@ unsafe fn dot_tile_q<const K: u8, const R: usize, const T: usize, const VNNI: bo
     out: &mut [f32],
 ) {
     let (wb, xb, _) = geometry(K);
-    let raw = tile.raw(wb, xb, out);
-    let (n_rows, n_tok) = (raw.n_rows, raw.n_tok);
-    let mut r = 0;
-    while r + R <= n_rows {
-        let mut t = 0;
-        while t + T <= n_tok {
-            tile_pick::<K, R, T, VNNI>(raw.piece(r, R, t, T));
-            t += T;
-        }
-        while t < n_tok {
-            tile_pick::<K, R, 1, VNNI>(raw.piece(r, R, t, 1));
-            t += 1;
-        }
-        r += R;
-    }
-    while r < n_rows {
-        let mut t = 0;
-        while t + T <= n_tok {
-            tile_pick::<K, 1, T, VNNI>(raw.piece(r, 1, t, T));
-            t += T;
-        }
-        while t < n_tok {
-            tile_pick::<K, 1, 1, VNNI>(raw.piece(r, 1, t, 1));
-            t += 1;
-        }
-        r += 1;
-    }
+    tile.raw(wb, xb, out).cover::<QKernel<K, VNNI>, R, T>();
 }
 
 /// One dot product through the tile kernel (so that it is bit-identical to tiled results).

@@ -19,7 +19,7 @@
 use half::{bf16, f16};
 
 use super::attn::Lanes;
-use super::{DotTile, Piece};
+use super::{DotTile, Piece, PieceKernel};
 
 /// An element type of float weight rows, widened to f32 exactly.
 pub(super) trait FloatElem: Copy {
@@ -134,9 +134,18 @@ pub(super) unsafe fn dot_float<L: Lanes, E: FloatElem>(w: &[E], x: &[E]) -> f32 
     out
 }
 
+/// The float tile kernel as a [`PieceKernel`] (vectors `L`, elements `E`).
+struct FloatKernel<L, E>(std::marker::PhantomData<(L, E)>);
+
+impl<L: Lanes, E: FloatElem> PieceKernel for FloatKernel<L, E> {
+    #[inline(always)]
+    unsafe fn piece<const R: usize, const T: usize>(p: Piece) {
+        tile_float::<L, E, R, T>(p)
+    }
+}
+
 /// A whole [`DotTile`] of float rows (`E` is the tile's type: f16, bf16 or f32) in `R × T`
-/// pieces plus `R × 1`, `1 × T` and `1 × 1` edges, rows outer (a piece's weight rows stay in
-/// cache while it sweeps the tokens).
+/// pieces and their edges ([`super::RawTile::cover`]).
 ///
 /// # Safety
 /// The CPU has `L`'s features; the tile's type is `E`'s (the geometry is checked by
@@ -147,31 +156,5 @@ pub(super) unsafe fn dot_tile_float<L: Lanes, E: FloatElem, const R: usize, cons
     out: &mut [f32],
 ) {
     let es = std::mem::size_of::<E>();
-    let raw = tile.raw(es, es, out);
-    let (n_rows, n_tok) = (raw.n_rows, raw.n_tok);
-    let mut r = 0;
-    while r + R <= n_rows {
-        let mut t = 0;
-        while t + T <= n_tok {
-            tile_float::<L, E, R, T>(raw.piece(r, R, t, T));
-            t += T;
-        }
-        while t < n_tok {
-            tile_float::<L, E, R, 1>(raw.piece(r, R, t, 1));
-            t += 1;
-        }
-        r += R;
-    }
-    while r < n_rows {
-        let mut t = 0;
-        while t + T <= n_tok {
-            tile_float::<L, E, 1, T>(raw.piece(r, 1, t, T));
-            t += T;
-        }
-        while t < n_tok {
-            tile_float::<L, E, 1, 1>(raw.piece(r, 1, t, 1));
-            t += 1;
-        }
-        r += 1;
-    }
+    tile.raw(es, es, out).cover::<FloatKernel<L, E>, R, T>();
 }

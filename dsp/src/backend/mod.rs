@@ -209,7 +209,54 @@ impl RawTile {
     }
 }
 
+/// A register-tile kernel of every fixed shape `R × T`, for [`RawTile::cover`].
+#[allow(dead_code)] // only the SIMD backends of the target use it
+pub(crate) trait PieceKernel {
+    /// The `R × T` products of `p` (`p.rows == R`, `p.n_tok == T`).
+    ///
+    /// # Safety
+    /// The piece lies inside a checked [`RawTile`]; the CPU has the kernel's features.
+    unsafe fn piece<const R: usize, const T: usize>(p: Piece);
+}
+
 impl RawTile {
+    /// Covers the tile with `K`'s `R × T` pieces plus `R × 1`, `1 × T` and `1 × 1` edges,
+    /// rows outer (a piece's weight rows stay in cache while it sweeps the tokens).
+    ///
+    /// # Safety
+    /// As [`PieceKernel::piece`]: the CPU has `K`'s features (the geometry was checked by
+    /// [`DotTile::raw`]).
+    #[allow(dead_code)] // only the SIMD backends of the target use it
+    #[inline(always)]
+    pub(crate) unsafe fn cover<K: PieceKernel, const R: usize, const T: usize>(&self) {
+        let (n_rows, n_tok) = (self.n_rows, self.n_tok);
+        let mut r = 0;
+        while r + R <= n_rows {
+            let mut t = 0;
+            while t + T <= n_tok {
+                K::piece::<R, T>(self.piece(r, R, t, T));
+                t += T;
+            }
+            while t < n_tok {
+                K::piece::<R, 1>(self.piece(r, R, t, 1));
+                t += 1;
+            }
+            r += R;
+        }
+        while r < n_rows {
+            let mut t = 0;
+            while t + T <= n_tok {
+                K::piece::<1, T>(self.piece(r, 1, t, T));
+                t += T;
+            }
+            while t < n_tok {
+                K::piece::<1, 1>(self.piece(r, 1, t, 1));
+                t += 1;
+            }
+            r += 1;
+        }
+    }
+
     /// The pieces of at most `rows` rows × `toks` tokens that cover the tile, tokens outer.
     #[allow(dead_code)] // only the SIMD backends of the target use it
     pub(crate) fn pieces(&self, rows: usize, toks: usize) -> impl Iterator<Item = Piece> + '_ {

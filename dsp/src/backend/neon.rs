@@ -42,7 +42,7 @@ use half::{bf16, f16};
 use super::attn::{attention_tile, Lanes};
 use super::float_tile::{self, FloatElem};
 use super::neon_kquants::{dot_kquant, dot_tile_kquant, KQuant};
-use super::{dot_tile_by_pairs, AttnTile, DotTile, KernelBackend, Piece};
+use super::{dot_tile_by_pairs, AttnTile, DotTile, KernelBackend, Piece, PieceKernel};
 use crate::quant::blocks::{
     BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
@@ -466,7 +466,23 @@ unsafe fn tile_pick<const K: u8, const R: usize, const T: usize, const DOT: bool
     }
 }
 
-/// A whole [`DotTile`] of kind `K` in `R × T` pieces plus `1 × T`, `R × 1` and `1 × 1` edges.
+/// [`tile_pick`] of kind `K` as a [`PieceKernel`]; a 1 × 1 piece is the single dot
+/// [`dot_q`] (the same bits).
+struct QKernel<const K: u8, const DOT: bool>;
+
+impl<const K: u8, const DOT: bool> PieceKernel for QKernel<K, DOT> {
+    #[inline(always)]
+    unsafe fn piece<const R: usize, const T: usize>(p: Piece) {
+        if R == 1 && T == 1 {
+            *p.out = dot_q::<K, DOT>(p.w, p.x, p.nb)
+        } else {
+            tile_pick::<K, R, T, DOT>(p)
+        }
+    }
+}
+
+/// A whole [`DotTile`] of kind `K` in `R × T` pieces and their edges
+/// ([`super::RawTile::cover`]).
 ///
 /// # Safety
 /// Needs dotprod when `DOT`; the geometry is checked here.
@@ -475,27 +491,7 @@ unsafe fn dot_tile_q<const K: u8, const R: usize, const T: usize, const DOT: boo
     out: &mut [f32],
 ) {
     let (wb, xb, _) = geometry(K);
-    let raw = tile.raw(wb, xb, out);
-    let (n_rows, n_tok) = (raw.n_rows, raw.n_tok);
-    let mut r = 0;
-    while r < n_rows {
-        let full = r + R <= n_rows;
-        let mut t = 0;
-        while t < n_tok {
-            let tfull = t + T <= n_tok;
-            match (full, tfull) {
-                (true, true) => tile_pick::<K, R, T, DOT>(raw.piece(r, R, t, T)),
-                (true, false) => tile_pick::<K, R, 1, DOT>(raw.piece(r, R, t, 1)),
-                (false, true) => tile_pick::<K, 1, T, DOT>(raw.piece(r, 1, t, T)),
-                (false, false) => {
-                    let p = raw.piece(r, 1, t, 1);
-                    *p.out = dot_q::<K, DOT>(p.w, p.x, p.nb)
-                }
-            }
-            t += if tfull { T } else { 1 };
-        }
-        r += if full { R } else { 1 };
-    }
+    tile.raw(wb, xb, out).cover::<QKernel<K, DOT>, R, T>();
 }
 
 /// One dot product: [`dot_pairs`] at the level `DOT` names (bit-identical to tiled results).

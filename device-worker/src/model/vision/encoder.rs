@@ -331,15 +331,9 @@ impl Projector {
         let (n, eps) = (coords.len(), c.layer_norm_eps);
         norm(pool, &blk.ln1, &s.h, eps, &mut s.x, "ln1")?;
         affine(pool, bytes, &blk.qkv, &s.x, n, &mut s.qkv)?;
-        let failed = std::sync::Mutex::new(None);
-        for_row_ranges(pool, &mut s.qkv, 3 * c.n_embd, &|range, rows| {
-            if let Err(e) = rope.apply(rows, &coords[range], c.n_head) {
-                failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_or_insert(e);
-            }
-        });
-        if let Some(e) = failed.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner) {
-            return Err(e);
-        }
+        try_for_row_ranges(pool, &mut s.qkv, 3 * c.n_embd, &|range, rows| {
+            rope.apply(rows, &coords[range], c.n_head)
+        })?;
         let heads = PatchHeads {
             n,
             n_head: c.n_head,
@@ -420,6 +414,25 @@ fn for_row_ranges(
     });
 }
 
+/// [`for_row_ranges`] for a fallible step: the first error a range returns.
+fn try_for_row_ranges<E: Send>(
+    pool: &ThreadPool,
+    buf: &mut [f32],
+    d: usize,
+    f: &(dyn Fn(std::ops::Range<usize>, &mut [f32]) -> Result<(), E> + Sync),
+) -> Result<(), E> {
+    let failed = std::sync::Mutex::new(None);
+    for_row_ranges(pool, buf, d, &|range, rows| {
+        if let Err(e) = f(range, rows) {
+            failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_or_insert(e);
+        }
+    });
+    match failed.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
 /// LayerNorm of every row of `x` into `out`, rows split over `pool`.
 fn norm(
     pool: &ThreadPool,
@@ -435,17 +448,10 @@ fn norm(
         return layer_norm(x, &nm.weight, &nm.bias, eps, out)
             .map_err(|source| VisionError::kernel(op, source));
     }
-    let failed = std::sync::Mutex::new(None);
-    for_row_ranges(pool, out, d, &|range, rows| {
-        let xr = &x[range.start * d..range.end * d];
-        if let Err(e) = layer_norm(xr, &nm.weight, &nm.bias, eps, rows) {
-            failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_or_insert(e);
-        }
-    });
-    match failed.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner) {
-        Some(source) => Err(VisionError::kernel(op, source)),
-        None => Ok(()),
-    }
+    try_for_row_ranges(pool, out, d, &|range, rows| {
+        layer_norm(&x[range.start * d..range.end * d], &nm.weight, &nm.bias, eps, rows)
+    })
+    .map_err(|source| VisionError::kernel(op, source))
 }
 
 /// `gelu` of every element of `x` (`[n, d]`), rows split over `pool`.

@@ -60,6 +60,10 @@ CONFIGS = {
 }
 
 
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every option's default in --help."""
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -177,7 +181,7 @@ def run_peer(args, fmt, plan, log):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--model", help="default: models/qwen35-0.8b-shape-random-Q4_K_M.gguf "
                     "(qwen35vl-… with --screenshots)")
     ap.add_argument("--steps", type=int, help="default 40; with --episodes or --screenshots, all their steps")

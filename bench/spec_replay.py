@@ -32,6 +32,10 @@ CONFIGS = {
 }
 
 
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every option's default in --help."""
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -39,7 +43,7 @@ def free_port():
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--model", default=str(CACHE / "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--corpus", default=str(ROOT.parent / "shared/corpus/raw"))
     ap.add_argument("--count", type=int, default=4, help="episodes (corpus order)")

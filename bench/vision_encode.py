@@ -35,6 +35,10 @@ PEER_BIN = CACHE / "peer/llama-cpp-python-0.3.36/vendor/llama.cpp/build/bin"
 STEM = "qwen35vl-0.8b-shape-random"
 
 
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every option's default in --help."""
+
 def ours(args, mmproj, max_tokens):
     """One `device-worker bench --encode-only` run; returns its JSON object."""
     cmd = [str(args.bin / "device-worker"), "bench", "--model", args.model, "--mmproj", mmproj, "--image", args.image,
@@ -64,7 +68,7 @@ def peer(args, mmproj, max_tokens):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--model", default=str(MODELS / f"{STEM}-Q4_K_M.gguf"))
     ap.add_argument("--mmproj", default=f"{MODELS}/mmproj-{STEM}-f16.gguf,{MODELS}/mmproj-{STEM}-q8_0.gguf")
     ap.add_argument("--image", default=os.path.join(os.environ.get("TANDEM_CORPUS", str(ROOT.parent / "shared/corpus/raw")),

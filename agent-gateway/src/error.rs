@@ -145,6 +145,29 @@ pub enum GatewayError {
     },
 }
 
+/// The first `messages[I].content[K]` reference in a worker's error text (written in the
+/// request's terms by `PartOrigins::to_openai`), as OpenAI's `error.param`.
+fn content_part_in(message: &str) -> Option<&str> {
+    let digits = |s: &str| s.bytes().take_while(u8::is_ascii_digit).count();
+    let mut from = 0;
+    while let Some(at) = message[from..].find("messages[") {
+        let start = from + at;
+        let rest = &message[start + "messages[".len()..];
+        let i = digits(rest);
+        if i > 0 {
+            if let Some(after) = rest[i..].strip_prefix("].content[") {
+                let k = digits(after);
+                if k > 0 && after[k..].starts_with(']') {
+                    let len = "messages[".len() + i + "].content[".len() + k + 1;
+                    return Some(&message[start..start + len]);
+                }
+            }
+        }
+        from = start + "messages[".len();
+    }
+    None
+}
+
 /// Whether a worker status is tonic's refusal of a message over the decoding (or encoding)
 /// limit: `"Error, decoded message length too large: found N bytes, the limit is: M bytes"`
 /// (tonic `codec/decode.rs`; OUT_OF_RANGE in tonic 0.14, RESOURCE_EXHAUSTED before), as
@@ -243,6 +266,12 @@ impl ApiError {
     pub fn to_json(&self) -> serde_json::Value {
         let param = match self {
             ApiError::InvalidParam { param, .. } => serde_json::Value::String(param.to_string()),
+            // A worker's refusal of one content part (an image that does not decode, an
+            // image sent to a text-only model) names the part in its message; the parameter
+            // is `messages`, as for the gateway's own check of the parts.
+            ApiError::Worker { message, .. } if self.http_status() == 400 && content_part_in(message).is_some() => {
+                serde_json::Value::String("messages".to_string())
+            }
             _ => serde_json::Value::Null,
         };
         let code = match self {
@@ -253,6 +282,7 @@ impl ApiError {
             ApiError::BodyTooLarge { .. } | ApiError::RequestTooLarge { .. } => "request_too_large",
             ApiError::Worker { .. } if self.http_status() == 413 => "request_too_large",
             ApiError::Worker { .. } if self.http_status() == 429 => "worker_busy",
+            ApiError::Worker { .. } if self.http_status() == 400 => "invalid_value",
             ApiError::Worker { .. } | ApiError::WorkerStreamEnded { .. } => "worker_error",
             ApiError::NoWorker(_) => "no_worker",
         };

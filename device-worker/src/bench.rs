@@ -32,11 +32,12 @@ fn encode_image(
 ) -> anyhow::Result<serde_json::Value> {
     use crate::model::vision::{preprocess::preprocess, EncodeOptions, PreprocessOptions};
     let bytes = std::fs::read(image).with_context(|| format!("reading {}", image.display()))?;
-    let pre = preprocess(&bytes, &projector.config, &PreprocessOptions { budget, ..Default::default() })?;
+    let pre = preprocess(&bytes, &projector.config, &PreprocessOptions { budget, ..Default::default() })
+        .with_context(|| format!("image {}", image.display()))?;
     let opts = EncodeOptions::default();
     let timed = |pool: &ThreadPool| -> anyhow::Result<f64> {
         let start = Instant::now();
-        projector.encode(pool, &pre, &opts)?;
+        projector.encode(pool, &pre, &opts).with_context(|| format!("encoding {}", image.display()))?;
         Ok(start.elapsed().as_secs_f64() * 1e3)
     };
     let first_ms = timed(pool)?;
@@ -165,7 +166,7 @@ pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
             .with_context(|| format!("loading the projector {}", p.display()))?;
         eprintln!("projector {}: {} parameters, {:?}", p.display(), projector.n_params(), projector.config);
         if let Some(image) = &cfg.image {
-            let budget = crate::model::vision::ImageBudget::new(cfg.image_min_tokens, cfg.image_max_tokens)?;
+            let budget = crate::config::image_budget(cfg.image_min_tokens, cfg.image_max_tokens)?;
             let result = encode_image(&projector, &pool, image, budget, cfg.repetitions.max(1))?;
             if cfg.encode_only {
                 if cfg.json {

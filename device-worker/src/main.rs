@@ -97,7 +97,8 @@ impl WorkerClientArgs {
 }
 
 /// Exits with code 2 and the error on one line, as clap reports its own usage errors, for a
-/// combination of options clap cannot check (an image option without `--mmproj`).
+/// combination of options clap cannot check (an image option without `--mmproj`, an image-token
+/// budget with min > max).
 fn exit_on_usage_error(check: Result<(), device_worker::config::ConfigError>) {
     if let Err(e) = check {
         eprintln!("error: {e}");
@@ -115,7 +116,7 @@ fn main() -> anyhow::Result<()> {
         print!("{file}");
         return Ok(());
     }
-    exit_on_usage_error(cfg.engine.check_image_options_need_mmproj());
+    exit_on_usage_error(cfg.engine.check_usage());
     let settings = cfg.engine.settings()?;
     let telemetry = cfg.telemetry.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -248,7 +249,12 @@ fn load_failure(
 fn run_tool(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Serve(_) => anyhow::bail!("serve is run by main, not as a tool"),
-        Command::Bench(cfg) => device_worker::bench::run(&cfg),
+        Command::Bench(cfg) => {
+            exit_on_usage_error(
+                device_worker::config::image_budget(cfg.image_min_tokens, cfg.image_max_tokens).map(|_| ()),
+            );
+            device_worker::bench::run(&cfg)
+        }
         Command::Request {
             worker,
             text,

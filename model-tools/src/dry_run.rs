@@ -30,7 +30,7 @@ use device_worker::config::defaults as d;
 use device_worker::config::{at_least_one, PlannerSettings};
 use device_worker::engine::images::{chat_tokens_with_parts, mark_image_tokens, ImageAdmission};
 use device_worker::model::vision::preprocess::{DEFAULT_MAX_TOKENS, DEFAULT_MIN_TOKENS};
-use device_worker::model::vision::{ImageBudget, PreprocessOptions, VisionConfig};
+use device_worker::model::vision::{PreprocessOptions, VisionConfig};
 use device_worker::state::planner::{plan, CacheState, PlanConfig, PlanRequest, Policy};
 use device_worker::state::sequence::SequenceShape;
 use gguf::{ChatTemplate, GgufFile, Tokenizer};
@@ -231,8 +231,7 @@ impl Setup {
             (Some(mmproj), _) => {
                 let f = GgufFile::open(mmproj).map_err(|e| model_err(mmproj, "cannot read", &e))?;
                 let config = VisionConfig::from_gguf(&f).map_err(|e| model_err(mmproj, "projector", &e))?;
-                let budget = ImageBudget::new(args.image_min_tokens, args.image_max_tokens)
-                    .map_err(|e| model_err(mmproj, "image budget", &e))?;
+                let budget = device_worker::config::image_budget(args.image_min_tokens, args.image_max_tokens)?;
                 let options = PreprocessOptions { budget, ..PreprocessOptions::default() };
                 Some(ImageAdmission::new(&tokenizer, config, options).map_err(|e| model_err(&path, "vision tokens", &e))?)
             }

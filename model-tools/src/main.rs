@@ -54,6 +54,11 @@ fn main() -> anyhow::Result<()> {
     let _tracing = tandem_telemetry::otel::init("tandem-tools", None)?;
     match Cli::parse().command {
         Command::DryRun(c) => {
+            // A usage error exits 2 before any file is read, as clap's own and the worker's.
+            if let Err(e) = device_worker::config::image_budget(c.args.image_min_tokens, c.args.image_max_tokens) {
+                eprintln!("error: {e}");
+                std::process::exit(2);
+            }
             model_tools::dry_run::run(&c.corpus, &c.episodes, &c.args)?;
         }
         Command::DraftVocab(args) => println!("{}", model_tools::draft_vocab::run(&args)?),

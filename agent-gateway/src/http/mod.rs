@@ -248,6 +248,27 @@ mod tests {
         assert_eq!(json_of(busy).await["error"]["type"], "rate_limit_error");
     }
 
+    /// A worker's refusal of one content part (an image that does not decode) is a 400 with
+    /// `param` `messages` (as the gateway's own part check) and code `invalid_value`; worker
+    /// errors that name no content part have no `param`.
+    #[tokio::test]
+    async fn a_refused_content_part_is_the_param() {
+        let e = ApiError::Worker {
+            worker: "w".into(),
+            code: tonic::Code::InvalidArgument,
+            message: "messages[1].content[2]: image cannot be decoded: unexpected end of file".into(),
+        };
+        let v = json_of(e.into_response()).await;
+        assert_eq!((v["error"]["param"].as_str(), v["error"]["code"].as_str()), (Some("messages"), Some("invalid_value")), "{v}");
+        for message in ["messages[x].content[2] bad", "messages[1].parts[2]: bad", "no reference"] {
+            let e = ApiError::Worker { worker: "w".into(), code: tonic::Code::InvalidArgument, message: message.into() };
+            assert!(json_of(e.into_response()).await["error"]["param"].is_null(), "{message}");
+        }
+        let e = ApiError::Worker { worker: "w".into(), code: tonic::Code::Internal, message: "messages[0].content[0]".into() };
+        let v = json_of(e.into_response()).await;
+        assert_eq!((v["error"]["param"].is_null(), v["error"]["code"].as_str()), (true, Some("worker_error")), "{v}");
+    }
+
     /// tonic's own refusal of a message over the worker's decoding limit (OUT_OF_RANGE in
     /// tonic 0.14, RESOURCE_EXHAUSTED before) is a 413 with OpenAI error JSON and no
     /// Retry-After (a retry cannot cure it), not a 400 or a 429.

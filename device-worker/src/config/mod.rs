@@ -17,7 +17,7 @@ use std::path::PathBuf;
 pub use options::{
     DraftLengthMode, Drafters, EngineOptions, KernelArgs, PowerBackendKind, ServeOptions,
 };
-pub use settings::{ConfigError, EngineSettings, PlannerSettings, SpecSettings, VisionSettings};
+pub use settings::{image_budget, ConfigError, EngineSettings, PlannerSettings, SpecSettings, VisionSettings};
 
 /// Where `tools/fetch_model.sh` puts the default model (`$TANDEM_CACHE/models/`, default
 /// `~/.cache/tandem/models/`).

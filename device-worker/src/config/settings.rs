@@ -21,6 +21,21 @@ pub struct ConfigError {
     pub reason: &'static str,
 }
 
+/// The image-token budget of `--image-min-tokens` and `--image-max-tokens`, one check for
+/// every command that takes them (`serve`, `bench`, `tandem-tools dry-run`).
+///
+/// Errors: [`ConfigError`] (`image-min-tokens`) unless `1 <= min_tokens <= max_tokens`.
+pub fn image_budget(
+    min_tokens: usize,
+    max_tokens: usize,
+) -> Result<crate::model::vision::ImageBudget, ConfigError> {
+    crate::model::vision::ImageBudget::new(min_tokens, max_tokens).map_err(|_| ConfigError {
+        option: "image-min-tokens",
+        value: format!("{min_tokens} (--image-max-tokens {max_tokens})"),
+        reason: "must be at least 1 and at most --image-max-tokens",
+    })
+}
+
 /// `ctx_size` if it is at least [`d::MIN_CTX_SIZE`].
 ///
 /// Errors: [`ConfigError`] (`ctx-size`) for a smaller one.
@@ -186,6 +201,17 @@ impl EngineOptions {
         }
     }
 
+    /// The checks of option combinations that clap cannot make, reported as usage errors
+    /// (exit code 2) before anything is loaded: an image option without `--mmproj`
+    /// ([`EngineOptions::check_image_options_need_mmproj`]) and the image-token budget
+    /// ([`image_budget`]).
+    ///
+    /// Errors: [`ConfigError`] naming the option.
+    pub fn check_usage(&self) -> Result<(), ConfigError> {
+        self.check_image_options_need_mmproj()?;
+        image_budget(self.image_min_tokens, self.image_max_tokens).map(|_| ())
+    }
+
     /// The settings these options describe.
     ///
     /// Errors: [`ConfigError`] for a zero count or a draft count outside 1..=8 (values the
@@ -219,13 +245,7 @@ impl EngineOptions {
             experience_file: self.experience_file.clone(),
             corrupt_drafts: self.test_corrupt_drafts,
         });
-        let budget =
-            crate::model::vision::ImageBudget::new(self.image_min_tokens, self.image_max_tokens)
-                .map_err(|_| ConfigError {
-                    option: "image-min-tokens",
-                    value: format!("{} (--image-max-tokens {})", self.image_min_tokens, self.image_max_tokens),
-                    reason: "must be at least 1 and at most --image-max-tokens",
-                })?;
+        let budget = image_budget(self.image_min_tokens, self.image_max_tokens)?;
         self.check_image_options_need_mmproj()?;
         let cache_bytes = self.image_cache_mib << 20;
         let request_pixels = self.image_request_mpx.saturating_mul(1_000_000);

@@ -5,6 +5,9 @@
 //! position and query) and `tile` the backend's override (the same bits). Throughput is in
 //! multiply-accumulates (Q·K and P·V).
 //!
+//! `encoder_attention`: the vision encoder's non-causal tile (every query sees every patch)
+//! at a screenshot's patch counts, and the softmax of its rows alone.
+//!
 //! `cargo bench -p tandem-dsp --bench attention -- --quick`
 
 mod support;
@@ -52,5 +55,38 @@ fn bench_attention(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_attention);
+/// The vision encoder's full attention ([`AttnTile`] with every query seeing every patch):
+/// one task's tile of 16 queries of one head (head_dim 64) over the patches of a 1080×2400
+/// screenshot at 256 and at 1024 image tokens (1 056 and 3 948 patches).
+fn bench_encoder_attention(c: &mut Criterion) {
+    let (n_q, hd) = (16usize, 64usize);
+    let mut group = c.benchmark_group("encoder_attention");
+    for n in [1056usize, 3948] {
+        let f16s = |seed, len| -> Vec<f16> {
+            support::lcg(seed, len).iter().map(|&x| f16::from_f32(4.0 * x)).collect()
+        };
+        let (q16, k, v) = (f16s(1, n_q * hd), f16s(2, n * hd), f16s(3, n * hd));
+        let n_ctx = vec![n; n_q];
+        let tile = AttnTile { q16: &q16, n_ctx: &n_ctx, head_dim: hd, k: &k, v: &v, scale: 1.0 / (hd as f32).sqrt() };
+        let mut scores = vec![0f32; n_q * n];
+        let mut out = vec![0f32; n_q * hd];
+        group.throughput(Throughput::Elements((2 * n_q * n * hd) as u64));
+        for be in backend::available() {
+            group.bench_function(BenchmarkId::new(be.name(), n), |b| {
+                b.iter(|| be.attention_queries(black_box(&tile), &mut scores, &mut out))
+            });
+            // The softmax alone, over the same rows (its share of the tile).
+            group.bench_function(BenchmarkId::new(format!("{}_softmax", be.name()), n), |b| {
+                b.iter(|| {
+                    for row in scores.chunks_exact_mut(n) {
+                        be.softmax_inplace(black_box(row));
+                    }
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_attention, bench_encoder_attention);
 criterion_main!(benches);

@@ -55,10 +55,10 @@ pub fn layer_norm(
 
 // === GELU ===
 
-/// `√(2/π)`.
-const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+/// `2·√(2/π)`: the tanh form's argument doubled (exact in f32: twice `√(2/π)` rounded).
+pub const GELU_SQRT_8_OVER_PI: f32 = 1.595_769_2;
 /// The cubic coefficient of the tanh approximation.
-const GELU_COEF_A: f32 = 0.044_715;
+pub const GELU_COEF_A: f32 = 0.044_715;
 
 /// The two forms of GELU (Hendrycks & Gimpel 2016, "Gaussian Error Linear Units").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,7 +71,7 @@ pub enum Gelu {
 }
 
 impl Gelu {
-    /// The activation of one value.
+    /// The activation of one value (the scalar reference).
     #[inline]
     pub fn apply(self, x: f32) -> f32 {
         match self {
@@ -80,21 +80,28 @@ impl Gelu {
         }
     }
 
-    /// The activation of every element.
-    pub fn apply_inplace(self, x: &mut [f32]) {
-        for v in x {
-            *v = self.apply(*v);
+    /// The activation of every element: the tanh form by the backend's vector
+    /// [`KernelBackend::gelu_tanh_inplace`] (its `exp` within 1 ulp of [`gelu_tanh`]'s), the
+    /// erf form by [`gelu_erf`].
+    pub fn apply_inplace(self, be: &dyn KernelBackend, x: &mut [f32]) {
+        match self {
+            Gelu::Tanh => be.gelu_tanh_inplace(x),
+            Gelu::Erf => x.iter_mut().for_each(|v| *v = gelu_erf(*v)),
         }
     }
 }
 
-/// GELU, tanh form ([`Gelu::Tanh`]), the formula in f32 with `tanhf` (PyTorch's
-/// `gelu_pytorch_tanh`, ggml's `ggml_gelu_f32`). ggml's CPU backend defines `GGML_GELU_FP16`
-/// and reads the result from a table indexed by the input rounded to f16 (the output an f16
-/// too, ≈ 3 significant digits); we do not reproduce that table.
+/// GELU, tanh form ([`Gelu::Tanh`]), computed as `x / (1 + exp(−z))` with
+/// `z = 2·√(2/π)·x·(1 + 0.044715·x²)` in f32 with `f32::exp`: the same function, since
+/// `0.5·(1 + tanh(z/2)) = σ(z)`, without `1 + tanh` cancelling for negative `x`, and on the
+/// `exp` every backend vectorizes ([`KernelBackend::gelu_tanh_inplace`] repeats these f32
+/// operations with its own `exp`). PyTorch's `gelu_pytorch_tanh` uses `tanhf` (within a few
+/// ulp of this); ggml's CPU backend (`GGML_GELU_FP16`) reads an f16 table indexed by the input
+/// rounded to f16 (≈ 3 significant digits), which we do not reproduce.
 #[inline]
 pub fn gelu_tanh(x: f32) -> f32 {
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
+    let z = GELU_SQRT_8_OVER_PI * x * (1.0 + GELU_COEF_A * x * x);
+    x / (1.0 + (-z).exp())
 }
 
 /// GELU, exact form ([`Gelu::Erf`]), in f32 with musl's `erff` (crate `libm`).

@@ -221,23 +221,63 @@ pub(crate) fn rotate_pairs(x: &mut [f32], head_dim: usize, cs: &[(f32, f32)], pa
     }
 }
 
-/// In-place softmax: `x_i = exp(x_i - max) / sum_j exp(x_j - max)`, the sum in f64 and the
-/// division as a multiply by `(1/sum) as f32` (ggml `ggml_vec_soft_max_f32` + `ggml_vec_scale_f32`).
+/// In-place softmax: `x_i = exp(x_i - max) / sum_j exp(x_j - max)`, the sum in f64
+/// ([`sum_f64_by_lanes`]) and the division as a multiply by `(1/sum) as f32` (ggml
+/// `ggml_vec_soft_max_f32` + `ggml_vec_scale_f32`, which also sums in double, by SIMD chunks).
 /// `-inf` entries (masked) become 0. An empty slice is left alone.
 pub fn softmax_inplace(x: &mut [f32]) {
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let max = max_f32(x);
     if max == f32::NEG_INFINITY {
         return;
     }
-    let mut sum = 0f64;
     for v in x.iter_mut() {
         *v = (*v - max).exp();
-        sum += *v as f64;
     }
-    let inv = (1.0 / sum) as f32;
+    let inv = (1.0 / sum_f64_by_lanes(x)) as f32;
     for v in x.iter_mut() {
         *v *= inv;
     }
+}
+
+/// Lanes of [`max_f32`] and [`sum_f64_by_lanes`].
+const SUM_LANES: usize = 8;
+
+/// The largest element of `x` ignoring NaNs (`f32::max`), `-inf` for an empty slice or one of
+/// NaNs and `-inf` only. Kept in [`SUM_LANES`] independent lanes (the compiler turns them into
+/// vector maxima): the maximum does not depend on the order (only the sign of a zero
+/// maximum might, and `v - max` is the same for `±0`), so every backend's softmax may use it.
+pub fn max_f32(x: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; SUM_LANES];
+    let mut chunks = x.chunks_exact(SUM_LANES);
+    for c in &mut chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = m.max(v);
+        }
+    }
+    for (m, &v) in lanes.iter_mut().zip(chunks.remainder()) {
+        *m = m.max(v);
+    }
+    lanes.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v))
+}
+
+/// `Σ x_i` in f64, as softmax sums its exponentials: lane `l` of [`SUM_LANES`] (8) adds the
+/// elements `i ≡ l (mod 8)` in increasing `i` from `0.0`, then the lanes are added in order
+/// `((l0 + l1) + l2) + …`. For 8 elements or fewer that is the plain sum in element order;
+/// for more, eight independent chains (the compiler's f64 vectors) instead of one chain of
+/// `n` dependent adds, which cost as much as the scores of a 4000-key attention row. The
+/// one definition for every backend, so their softmax sums are the same bits.
+pub fn sum_f64_by_lanes(x: &[f32]) -> f64 {
+    let mut lanes = [0f64; SUM_LANES];
+    let mut chunks = x.chunks_exact(SUM_LANES);
+    for c in &mut chunks {
+        for (s, &v) in lanes.iter_mut().zip(c) {
+            *s += f64::from(v);
+        }
+    }
+    for (s, &v) in lanes.iter_mut().zip(chunks.remainder()) {
+        *s += f64::from(v);
+    }
+    lanes.iter().fold(0.0, |a, &l| a + l)
 }
 
 /// SiLU `x / (1 + exp(-x))` (ggml `ggml_silu_f32`; Elfwing et al. 2017).

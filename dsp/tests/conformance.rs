@@ -221,7 +221,7 @@ macro_rules! backend_conformance {
                 }
 
                 #[test]
-                fn silu_and_swiglu_match_scalar_and_ignore_position(len in 1usize..70, scale in 0.1f32..120.0, seed in any::<u64>()) {
+                fn activations_match_scalar_and_ignore_position(len in 1usize..70, scale in 0.1f32..120.0, seed in any::<u64>()) {
                     let Some(be) = be() else { return Ok(()) };
                     let mut rng = Rng(seed);
                     let x: Vec<f32> = rng.vec(len).iter().map(|v| v * scale).collect();
@@ -232,6 +232,13 @@ macro_rules! backend_conformance {
                     for (a, b) in p.iter().zip(&q) {
                         // exp within 1 ulp, then one division: a few ulp of the result, or denormal-small.
                         prop_assert!((a - b).abs() <= 4e-7 * b.abs() + 1e-30, "silu {a} vs {b}");
+                    }
+                    // GELU (tanh form): the scalar f32 operations with the backend's exp.
+                    let (mut gp, mut gq) = (x.clone(), x.clone());
+                    be.gelu_tanh_inplace(&mut gp);
+                    backend::scalar().gelu_tanh_inplace(&mut gq);
+                    for ((a, b), xi) in gp.iter().zip(&gq).zip(&x) {
+                        prop_assert!((a - b).abs() <= 4e-7 * b.abs() + 1e-30, "gelu_tanh({xi}) {a} vs {b}");
                     }
                     let (mut sp, mut sq) = (vec![0f32; len], vec![0f32; len]);
                     be.swiglu(&x, &up, &mut sp);
@@ -259,6 +266,9 @@ macro_rules! backend_conformance {
                         let mut one = [xi];
                         be.silu_inplace(&mut one);
                         prop_assert_eq!(one[0].to_bits(), p[i].to_bits());
+                        let mut one = [xi];
+                        be.gelu_tanh_inplace(&mut one);
+                        prop_assert_eq!(one[0].to_bits(), gp[i].to_bits());
                         let mut o = [0f32];
                         be.swiglu(&[xi], &[up[i]], &mut o);
                         prop_assert_eq!(o[0].to_bits(), sp[i].to_bits());

@@ -64,6 +64,40 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))), ..ProptestConfig::default() })]
+
+    /// The lane-wise maximum is the sequential `f32::max` fold (NaNs ignored) whatever the
+    /// length, NaNs and infinities included.
+    #[test]
+    fn lane_max_is_the_sequential_max(len in 0usize..100, seed in any::<u64>(), specials in 0usize..4) {
+        let mut rng = Rng(seed);
+        let mut x: Vec<f32> = rng.vec(len).iter().map(|v| v * 10.0).collect();
+        for (k, special) in [f32::NAN, f32::NEG_INFINITY, f32::INFINITY].iter().take(specials).enumerate() {
+            if len > 0 {
+                x[(seed as usize + 7 * k) % len] = *special;
+            }
+        }
+        let want = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        prop_assert_eq!(ops::max_f32(&x).to_bits(), want.to_bits());
+    }
+
+    /// The f64 sum by lanes: exactly the sequential sum up to 8 elements, within f64 rounding
+    /// of it beyond (the lanes' order differs, not their precision).
+    #[test]
+    fn lane_sum_is_the_element_sum(len in 0usize..300, seed in any::<u64>()) {
+        let mut rng = Rng(seed);
+        let x: Vec<f32> = rng.vec(len).iter().map(|v| (v * 10.0).exp()).collect();
+        let sequential = x.iter().fold(0f64, |a, &v| a + f64::from(v));
+        let lanes = ops::sum_f64_by_lanes(&x);
+        if len <= 8 {
+            prop_assert_eq!(lanes.to_bits(), sequential.to_bits());
+        } else {
+            prop_assert!((lanes - sequential).abs() <= 1e-14 * sequential);
+        }
+    }
+}
+
 #[test]
 fn softmax_masks_negative_infinity() {
     let mut x = vec![1.0, f32::NEG_INFINITY, 1.0];

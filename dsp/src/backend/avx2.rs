@@ -618,6 +618,11 @@ impl KernelBackend for Avx2 {
         unsafe { super::avx2_math::swiglu(gate, up, out) }
     }
 
+    fn gelu_tanh_inplace(&self, x: &mut [f32]) {
+        // SAFETY: see the impl comment.
+        unsafe { super::avx2_math::gelu_tanh_inplace(x) }
+    }
+
     fn softmax_inplace(&self, x: &mut [f32]) {
         // SAFETY: see the impl comment.
         unsafe { super::avx2_math::softmax_inplace(x) }

@@ -88,6 +88,43 @@ pub(super) unsafe fn silu_inplace(x: &mut [f32]) {
     }
 }
 
+/// `x / (1 + exp(−z))`, `z = 2·√(2/π)·x·(1 + 0.044715·x²)` of 8 lanes: the scalar
+/// `encoder::gelu_tanh`'s f32 operations in its order (no fusing), [`exp_ps`] for `exp`.
+///
+/// # Safety
+/// Needs avx2, fma.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gelu_tanh_ps(x: __m256) -> __m256 {
+    use crate::encoder::{GELU_COEF_A, GELU_SQRT_8_OVER_PI};
+    let cubic = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(GELU_COEF_A), x), x);
+    let z = _mm256_mul_ps(
+        _mm256_mul_ps(_mm256_set1_ps(GELU_SQRT_8_OVER_PI), x),
+        _mm256_add_ps(_mm256_set1_ps(1.0), cubic),
+    );
+    let e = exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), z));
+    _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e))
+}
+
+/// `x ← gelu_tanh(x)` elementwise, the tail through the same vector code.
+///
+/// # Safety
+/// Needs avx2, fma, f16c.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn gelu_tanh_inplace(x: &mut [f32]) {
+    let mut chunks = x.chunks_exact_mut(8);
+    for c in &mut chunks {
+        _mm256_storeu_ps(c.as_mut_ptr(), gelu_tanh_ps(_mm256_loadu_ps(c.as_ptr())));
+    }
+    let tail = chunks.into_remainder();
+    if !tail.is_empty() {
+        let mut buf = [0f32; 8];
+        buf[..tail.len()].copy_from_slice(tail);
+        _mm256_storeu_ps(buf.as_mut_ptr(), gelu_tanh_ps(_mm256_loadu_ps(buf.as_ptr())));
+        tail.copy_from_slice(&buf[..tail.len()]);
+    }
+}
+
 /// `out = silu(gate) · up` elementwise; the three slices have equal length.
 ///
 /// # Safety
@@ -115,14 +152,15 @@ pub(super) unsafe fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
-/// In-place softmax with [`exp_ps`]: `exp(x_i − max)`, the sum in f64 in element order, then a
-/// multiply by `(1/sum) as f32` (the contract of `KernelBackend::softmax_inplace`).
+/// In-place softmax with [`exp_ps`]: `exp(x_i − max)`, the sum in f64
+/// ([`crate::ops::sum_f64_by_lanes`]), then a multiply by `(1/sum) as f32` (the contract of
+/// `KernelBackend::softmax_inplace`).
 ///
 /// # Safety
 /// Needs avx2, fma, f16c.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn softmax_inplace(x: &mut [f32]) {
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let max = crate::ops::max_f32(x);
     if max == f32::NEG_INFINITY {
         return;
     }
@@ -144,7 +182,7 @@ pub(super) unsafe fn softmax_inplace(x: &mut [f32]) {
         _mm256_storeu_ps(buf.as_mut_ptr(), exp_shifted(_mm256_loadu_ps(buf.as_ptr())));
         tail.copy_from_slice(&buf[..tail.len()]);
     }
-    let sum: f64 = x.iter().map(|&v| v as f64).sum();
+    let sum = crate::ops::sum_f64_by_lanes(x);
     let inv = _mm256_set1_ps((1.0 / sum) as f32);
     let mut chunks = x.chunks_exact_mut(8);
     for c in &mut chunks {

@@ -124,6 +124,10 @@ impl KernelBackend for Avx512 {
         self.avx2.swiglu(gate, up, out)
     }
 
+    fn gelu_tanh_inplace(&self, x: &mut [f32]) {
+        self.avx2.gelu_tanh_inplace(x)
+    }
+
     fn softmax_inplace(&self, x: &mut [f32]) {
         self.avx2.softmax_inplace(x)
     }

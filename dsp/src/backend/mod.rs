@@ -396,8 +396,17 @@ pub trait KernelBackend: Send + Sync + std::fmt::Debug {
     /// `out = silu(gate) · up` elementwise (SwiGLU; ggml `ggml_vec_swiglu_f32`), same
     /// contract as [`silu_inplace`](Self::silu_inplace). All slices have equal length.
     fn swiglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]);
-    /// In-place softmax as [`crate::ops::softmax_inplace`] (`exp(x_i − max)`, the sum in f64 in
-    /// element order, a multiply by `(1/sum) as f32`; `−inf` entries become 0). SIMD backends
+    /// `x ← gelu_tanh(x)` elementwise ([`crate::encoder::gelu_tanh`]: `x / (1 + exp(−z))`,
+    /// `z = 2·√(2/π)·x·(1 + 0.044715·x²)`; the vision tower's MLP activation). SIMD backends
+    /// repeat its f32 operations (no fused multiply-add) with their own `exp`, as in
+    /// [`silu_inplace`](Self::silu_inplace), the same for every element wherever it sits.
+    fn gelu_tanh_inplace(&self, x: &mut [f32]) {
+        for v in x {
+            *v = crate::encoder::gelu_tanh(*v);
+        }
+    }
+    /// In-place softmax as [`crate::ops::softmax_inplace`] (`exp(x_i − max)`, the sum in f64 by
+    /// [`crate::ops::sum_f64_by_lanes`], a multiply by `(1/sum) as f32`; `−inf` entries become 0). SIMD backends
     /// may compute `exp` as in [`silu_inplace`](Self::silu_inplace), the same for every
     /// element wherever it sits.
     fn softmax_inplace(&self, x: &mut [f32]) {

@@ -779,6 +779,10 @@ impl KernelBackend for Neon {
         super::neon_math::swiglu(gate, up, out)
     }
 
+    fn gelu_tanh_inplace(&self, x: &mut [f32]) {
+        super::neon_math::gelu_tanh_inplace(x)
+    }
+
     fn softmax_inplace(&self, x: &mut [f32]) {
         super::neon_math::softmax_inplace(x)
     }

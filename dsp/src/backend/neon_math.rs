@@ -48,6 +48,17 @@ unsafe fn silu_ps(x: float32x4_t) -> float32x4_t {
     vdivq_f32(x, vaddq_f32(vdupq_n_f32(1.0), e))
 }
 
+/// `x / (1 + exp(−z))`, `z = 2·√(2/π)·x·(1 + 0.044715·x²)` of 4 lanes: the scalar
+/// `encoder::gelu_tanh`'s f32 operations in its order (no fusing), [`exp_ps`] for `exp`.
+#[inline(always)]
+unsafe fn gelu_tanh_ps(x: float32x4_t) -> float32x4_t {
+    use crate::encoder::{GELU_COEF_A, GELU_SQRT_8_OVER_PI};
+    let cubic = vmulq_f32(vmulq_f32(vdupq_n_f32(GELU_COEF_A), x), x);
+    let z = vmulq_f32(vmulq_f32(vdupq_n_f32(GELU_SQRT_8_OVER_PI), x), vaddq_f32(vdupq_n_f32(1.0), cubic));
+    let e = exp_ps(vsubq_f32(vdupq_n_f32(0.0), z));
+    vdivq_f32(x, vaddq_f32(vdupq_n_f32(1.0), e))
+}
+
 /// `f` over `x` in place, 4 lanes at a time, the tail zero-padded.
 #[inline(always)]
 unsafe fn map_inplace(x: &mut [f32], f: impl Fn(float32x4_t) -> float32x4_t) {
@@ -68,6 +79,12 @@ unsafe fn map_inplace(x: &mut [f32], f: impl Fn(float32x4_t) -> float32x4_t) {
 pub(super) fn silu_inplace(x: &mut [f32]) {
     // SAFETY: NEON is baseline on aarch64; `map_inplace` stays within the slice.
     unsafe { map_inplace(x, |v| silu_ps(v)) }
+}
+
+/// `x ← gelu_tanh(x)` elementwise.
+pub(super) fn gelu_tanh_inplace(x: &mut [f32]) {
+    // SAFETY: NEON is baseline on aarch64; `map_inplace` stays within the slice.
+    unsafe { map_inplace(x, |v| gelu_tanh_ps(v)) }
 }
 
 /// `out = silu(gate) · up` elementwise; the three slices have equal length.
@@ -96,9 +113,9 @@ pub(super) fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
 }
 
 /// In-place softmax with [`exp_ps`]: `exp(x_i − max)` (exactly 0 for `−inf` entries), the sum
-/// in f64 in element order, then a multiply by `(1/sum) as f32`.
+/// in f64 ([`crate::ops::sum_f64_by_lanes`]), then a multiply by `(1/sum) as f32`.
 pub(super) fn softmax_inplace(x: &mut [f32]) {
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let max = crate::ops::max_f32(x);
     if max == f32::NEG_INFINITY {
         return;
     }
@@ -113,8 +130,7 @@ pub(super) fn softmax_inplace(x: &mut [f32]) {
             vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(e), live))
         });
     }
-    let sum: f64 = x.iter().map(|&v| v as f64).sum();
-    let inv = (1.0 / sum) as f32;
+    let inv = (1.0 / crate::ops::sum_f64_by_lanes(x)) as f32;
     for v in x.iter_mut() {
         *v *= inv;
     }

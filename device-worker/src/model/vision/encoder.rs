@@ -456,7 +456,8 @@ fn norm(
 
 /// `gelu` of every element of `x` (`[n, d]`), rows split over `pool`.
 fn gelu_rows(pool: &ThreadPool, gelu: Gelu, x: &mut [f32], d: usize) {
-    for_row_ranges(pool, x, d, &|_, rows| gelu.apply_inplace(rows));
+    let be = dsp::select();
+    for_row_ranges(pool, x, d, &|_, rows| gelu.apply_inplace(be, rows));
 }
 
 /// `y[r] += b` for every row `r` of `y` (rows of `b.len()`), rows split over `pool`.

@@ -30,6 +30,9 @@ pub(super) trait FloatElem: Copy {
     unsafe fn load8<L: Lanes>(p: *const Self) -> L;
     /// One element widened to f32.
     fn widen(self) -> f32;
+    /// `dst[i] = src[i].widen()` (exact; F16C / fp16 vector conversions where the CPU has
+    /// them, through `half`).
+    fn widen_row(src: &[Self], dst: &mut [f32]);
 }
 
 impl FloatElem for f16 {
@@ -40,6 +43,9 @@ impl FloatElem for f16 {
     #[inline(always)]
     fn widen(self) -> f32 {
         self.to_f32()
+    }
+    fn widen_row(src: &[Self], dst: &mut [f32]) {
+        half::slice::HalfFloatSliceExt::convert_to_f32_slice(src, dst)
     }
 }
 
@@ -52,6 +58,9 @@ impl FloatElem for bf16 {
     fn widen(self) -> f32 {
         self.to_f32()
     }
+    fn widen_row(src: &[Self], dst: &mut [f32]) {
+        half::slice::HalfFloatSliceExt::convert_to_f32_slice(src, dst)
+    }
 }
 
 impl FloatElem for f32 {
@@ -63,6 +72,9 @@ impl FloatElem for f32 {
     fn widen(self) -> f32 {
         self
     }
+    fn widen_row(src: &[Self], dst: &mut [f32]) {
+        dst.copy_from_slice(src)
+    }
 }
 
 /// One 8-element step at element `i` of every pair of the piece into `acc`: `R` weight
@@ -71,17 +83,17 @@ impl FloatElem for f32 {
 /// # Safety
 /// As [`tile_float`]; `i + 8` elements readable in every row of the piece.
 #[inline(always)]
-unsafe fn step<L: Lanes, E: FloatElem, const R: usize, const T: usize>(
+unsafe fn step<L: Lanes, W: FloatElem, X: FloatElem, const R: usize, const T: usize>(
     acc: &mut [[L; T]; R],
     p: &Piece,
     i: usize,
 ) {
     let wv: [L; R] = std::array::from_fn(|r| {
         // SAFETY: row `r < R` of the piece holds `nb > i + 7` elements (caller).
-        unsafe { E::load8(p.w.add(r * p.w_stride).cast::<E>().add(i)) }
+        unsafe { W::load8(p.w.add(r * p.w_stride).cast::<W>().add(i)) }
     });
     for t in 0..T {
-        let xv: L = E::load8(p.x.add(t * p.x_stride).cast::<E>().add(i));
+        let xv: L = X::load8(p.x.add(t * p.x_stride).cast::<X>().add(i));
         for r in 0..R {
             acc[r][t] = L::fma(acc[r][t], wv[r], xv);
         }
@@ -89,30 +101,32 @@ unsafe fn step<L: Lanes, E: FloatElem, const R: usize, const T: usize>(
 }
 
 /// The `R × T` products of a piece of float rows (`nb` = elements per row):
-/// `out[t * out_stride + r] = w_row(r) · x_row(t)`, each with [`dot_float`]'s operations.
+/// `out[t * out_stride + r] = w_row(r) · x_row(t)`, each with [`dot_float`]'s operations
+/// (weights of type `W`, activations of type `X`: the same type, or `f32` holding activations
+/// already widened, which gives the same f32 lanes).
 ///
 /// # Safety
-/// The CPU has `L`'s features; `w + r·w_stride` (`r < R`) and `x + t·x_stride` (`t < T`) each
-/// point at `nb` readable elements of `E`; `out + t·out_stride + r` is writable.
+/// The CPU has `L`'s features; `w + r·w_stride` (`r < R`) points at `nb` readable elements of
+/// `W` and `x + t·x_stride` (`t < T`) at `nb` of `X`; `out + t·out_stride + r` is writable.
 #[inline(always)]
-unsafe fn tile_float<L: Lanes, E: FloatElem, const R: usize, const T: usize>(p: Piece) {
+unsafe fn tile_float<L: Lanes, W: FloatElem, X: FloatElem, const R: usize, const T: usize>(p: Piece) {
     let n = p.nb;
     let mut a0 = [[L::zero(); T]; R];
     let mut a1 = [[L::zero(); T]; R];
     let mut i = 0;
     while i + 16 <= n {
-        step::<L, E, R, T>(&mut a0, &p, i);
-        step::<L, E, R, T>(&mut a1, &p, i + 8);
+        step::<L, W, X, R, T>(&mut a0, &p, i);
+        step::<L, W, X, R, T>(&mut a1, &p, i + 8);
         i += 16;
     }
     if i + 8 <= n {
-        step::<L, E, R, T>(&mut a0, &p, i);
+        step::<L, W, X, R, T>(&mut a0, &p, i);
         i += 8;
     }
     for r in 0..R {
-        let w = p.w.add(r * p.w_stride).cast::<E>();
+        let w = p.w.add(r * p.w_stride).cast::<W>();
         for t in 0..T {
-            let x = p.x.add(t * p.x_stride).cast::<E>();
+            let x = p.x.add(t * p.x_stride).cast::<X>();
             let mut sum = L::add(a0[r][t], a1[r][t]).hsum();
             for j in i..n {
                 sum += w.add(j).read_unaligned().widen() * x.add(j).read_unaligned().widen();
@@ -130,18 +144,24 @@ unsafe fn tile_float<L: Lanes, E: FloatElem, const R: usize, const T: usize>(p: 
 pub(super) unsafe fn dot_float<L: Lanes, E: FloatElem>(w: &[E], x: &[E]) -> f32 {
     let mut out = 0f32;
     let n = w.len().min(x.len());
-    tile_float::<L, E, 1, 1>(Piece::single(w.as_ptr().cast(), x.as_ptr().cast(), n, &mut out));
+    tile_float::<L, E, E, 1, 1>(Piece::single(w.as_ptr().cast(), x.as_ptr().cast(), n, &mut out));
     out
 }
 
-/// The float tile kernel as a [`PieceKernel`] (vectors `L`, elements `E`).
-struct FloatKernel<L, E>(std::marker::PhantomData<(L, E)>);
+/// The float tile kernel as a [`PieceKernel`] (vectors `L`, weights `W`, activations `X`).
+struct FloatKernel<L, W, X>(std::marker::PhantomData<(L, W, X)>);
 
-impl<L: Lanes, E: FloatElem> PieceKernel for FloatKernel<L, E> {
+impl<L: Lanes, W: FloatElem, X: FloatElem> PieceKernel for FloatKernel<L, W, X> {
     #[inline(always)]
     unsafe fn piece<const R: usize, const T: usize>(p: Piece) {
-        tile_float::<L, E, R, T>(p)
+        tile_float::<L, W, X, R, T>(p)
     }
+}
+
+thread_local! {
+    /// Each thread's widened activations of its current tile (reused: no allocation, and no
+    /// fresh pages, per tile).
+    static WIDENED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// A whole [`DotTile`] of float rows (`E` is the tile's type: f16, bf16 or f32) in `R × T`
@@ -156,5 +176,27 @@ pub(super) unsafe fn dot_tile_float<L: Lanes, E: FloatElem, const R: usize, cons
     out: &mut [f32],
 ) {
     let es = std::mem::size_of::<E>();
-    tile.raw(es, es, out).cover::<FloatKernel<L, E>, R, T>();
+    let raw = tile.raw(es, es, out);
+    if raw.n_tok < 2 || std::mem::size_of::<E>() == 4 {
+        raw.cover::<FloatKernel<L, E, E>, R, T>();
+        return;
+    }
+    // Several tokens: every activation row is read once per R weight rows, so widen the
+    // tile's activations to f32 once (exact) and keep the conversions for the weights alone
+    // (AVX2's 2 × 3 tile otherwise converts 5 chunks per 6 FMAs).
+    // (Taken out of the thread-local and put back, not used in a `with` closure: a closure
+    // would not be inlined into the feature-enabled caller, and every vector operation of
+    // the kernel would become a call.)
+    let mut buf = WIDENED.take();
+    let (nb, n_tok) = (raw.nb, raw.n_tok);
+    buf.resize(n_tok * nb, 0.0);
+    for (t, dst) in buf.chunks_exact_mut(nb).enumerate() {
+        // SAFETY: `raw` checked that the activations hold `n_tok` rows of `nb` elements of
+        // `E` at stride `xs` (DotTile's alignment contract covers `E`).
+        let src = std::slice::from_raw_parts(raw.x.add(t * raw.xs).cast::<E>(), nb);
+        E::widen_row(src, dst);
+    }
+    let wide = super::RawTile { xs: nb * 4, x: buf.as_ptr().cast(), ..raw };
+    wide.cover::<FloatKernel<L, E, f32>, R, T>();
+    WIDENED.set(buf);
 }

@@ -26,6 +26,18 @@ async fn metrics_agree_with_the_replay_jsonl() {
     assert_eq!(status, 200);
     let (status, worker_before) = http_get(&worker_http, "/metrics").await;
     assert_eq!(status, 200);
+    // Whether a drafter proposes depends on timing (the policy drafts when verification pays
+    // off), so every drafter's series is there at 0 before any request.
+    for drafter in ["prompt-lookup", "experience", "mtp", "mtp-trimmed"] {
+        for outcome in ["proposed", "accepted"] {
+            let series =
+                format!("worker_draft_tokens_total{{drafter=\"{drafter}\",outcome=\"{outcome}\"}}");
+            assert!(
+                sample(&worker_before, &series).is_some(),
+                "{series} is zero-initialised:\n{worker_before}"
+            );
+        }
+    }
     let out = tempfile::tempdir().unwrap();
     let cfg = replay_config(&servers.gateway, 3, out.path().join("replay.jsonl"));
     replay::run(&cfg).await.expect("replay");

@@ -27,6 +27,13 @@ pub fn install_worker() -> Result<PrometheusHandle, TelemetryError> {
             ::metrics::counter!(m::WORKER_REQUESTS_TOTAL, m::LABEL_OUTCOME => "refused", m::LABEL_REASON => class.as_str()).increment(0);
         }
         ::metrics::counter!(m::WORKER_REQUESTS_TOTAL, m::LABEL_OUTCOME => "refused", m::LABEL_REASON => super::request::UNAUTHENTICATED_REASON).increment(0);
+        // Whether a drafter proposes at all depends on timing and on the machine (the
+        // policy drafts only when verification pays off), so its series start at 0.
+        for drafter in crate::speculative::DrafterKind::ALL {
+            for outcome in ["proposed", "accepted"] {
+                ::metrics::counter!(m::WORKER_DRAFT_TOKENS_TOTAL, m::LABEL_DRAFTER => drafter.name(), m::LABEL_OUTCOME => outcome).increment(0);
+            }
+        }
         for event in ["save", "restore", "evict"] {
             ::metrics::counter!(m::WORKER_CHECKPOINT_EVENTS_TOTAL, m::LABEL_EVENT => event).increment(0);
         }

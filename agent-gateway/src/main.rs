@@ -37,7 +37,12 @@ enum Command {
     },
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    tandem_options::exit_code(run())
+}
+
+/// The command line's work; its error is printed once, causes included, by [`main`].
+fn run() -> anyhow::Result<()> {
     let cli: Cli = tandem_options::parse()?;
     if let Command::Serve(cfg) = &cli.command {
         if let Some(file) = cfg.config.printed(cfg).context("printing the options")? {

@@ -78,7 +78,8 @@ pub struct BenchOptions {
     pub mmproj: Option<PathBuf>,
     /// A PNG or JPEG image to encode with `--mmproj` (default preprocessing and llama.cpp's
     /// encoder choices): its size, token count and the mean time of one encode over
-    /// `--repetitions` are printed to stderr.
+    /// `--repetitions` are printed to stderr. One more, untimed-for-the-mean encode runs first
+    /// (it pages in the weights; reported as `first`), so `-r 1` encodes twice.
     #[arg(long, requires = "mmproj")]
     pub image: Option<PathBuf>,
     /// Fewest image tokens for `--image` (as `serve`'s, llama.cpp's `--image-min-tokens`).
@@ -93,9 +94,10 @@ pub struct BenchOptions {
     /// uses it against `llama-mtmd-cli`.
     #[arg(long, requires = "image")]
     pub encode_only: bool,
-    /// Compute threads.
-    #[arg(long, short = 't', default_value_t = d::BENCH_THREADS, value_parser = at_least_one)]
-    pub threads: usize,
+    /// Compute threads. Default: every core, as `serve` (the peer comparisons in bench/ pass
+    /// 1 and 2).
+    #[arg(long, short = 't', value_parser = at_least_one)]
+    pub threads: Option<usize>,
     #[command(flatten)]
     pub kernels: crate::config::KernelArgs,
     /// Prompt tokens for the prefill test (pp).
@@ -148,6 +150,13 @@ pub struct BenchOptions {
     pub n_draft: usize,
 }
 
+impl BenchOptions {
+    /// `--threads`, or every core of this machine.
+    pub fn n_threads(&self) -> usize {
+        self.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+}
+
 /// Runs the benchmark and prints the result.
 pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
     if let Some(warning) = cfg.kernels.install()? {
@@ -158,13 +167,25 @@ pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(crate::config::default_model_path);
     let file =
-        Arc::new(GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?);
+        Arc::new(GgufFile::open(&path)?);
     let mut model = Model::load(file)?;
-    let pool = ThreadPool::new(cfg.threads.max(1))?;
+    let pool = ThreadPool::new(cfg.n_threads())?;
     if let Some(p) = &cfg.mmproj {
         let projector = crate::model::vision::Projector::open(p, model.n_embd())
             .with_context(|| format!("loading the projector {}", p.display()))?;
-        eprintln!("projector {}: {} parameters, {:?}", p.display(), projector.n_params(), projector.config);
+        let c = &projector.config;
+        eprintln!(
+            "projector {}: {} parameters; {} layers, width {}, {} heads, patch {} px, merge {}x{}, output {}",
+            p.display(),
+            projector.n_params(),
+            c.n_layer,
+            c.n_embd,
+            c.n_head,
+            c.patch_size,
+            c.spatial_merge,
+            c.spatial_merge,
+            c.projection_dim
+        );
         if let Some(image) = &cfg.image {
             let budget = crate::config::image_budget(cfg.image_min_tokens, cfg.image_max_tokens)?;
             let result = encode_image(&projector, &pool, image, budget, cfg.repetitions.max(1))?;
@@ -373,7 +394,7 @@ fn print_speed(
             "{}",
             serde_json::json!({
                 "model": path.display().to_string(),
-                "threads": cfg.threads,
+                "threads": cfg.n_threads(),
                 "prompt_tokens": cfg.prompt_tokens,
                 "gen_tokens": cfg.gen_tokens,
                 "depth": cfg.depth,
@@ -394,7 +415,7 @@ fn print_speed(
     println!(
         "model {}  threads {}  kernels {}",
         path.display(),
-        cfg.threads,
+        cfg.n_threads(),
         dsp::backend::select().name()
     );
     println!("pp{p:<5} {:>9.1} tokens/s", r.pp);
@@ -472,14 +493,14 @@ fn rollback_ablation(b: &mut Bench, cfg: &BenchOptions, seq: &mut SequenceState,
             .collect();
         println!(
             "{}",
-            serde_json::json!({"prompt_tokens": prompt.len(), "rollback_k": rollback_k, "threads": cfg.threads, "modes": rows})
+            serde_json::json!({"prompt_tokens": prompt.len(), "rollback_k": rollback_k, "threads": cfg.n_threads(), "modes": rows})
         );
     } else {
         println!(
             "prefill of {} tokens, K = {} rollback states, {} threads, mean of {reps} interleaved runs",
             prompt.len(),
             rollback_k,
-            cfg.threads
+            cfg.n_threads()
         );
         println!("| mode | tokens/s | time vs plain | ms writing rollback states |\n|---|---:|---:|---:|");
         for (i, (name, _)) in modes.iter().enumerate() {
@@ -623,7 +644,7 @@ fn print_mtp_overhead(cfg: &BenchOptions, m: &MtpOverheadRun, reps: usize, round
         println!(
             "{}",
             serde_json::json!({
-                "prompt_tokens": m.prompt_tokens, "threads": cfg.threads, "n_draft": cfg.n_draft,
+                "prompt_tokens": m.prompt_tokens, "threads": cfg.n_threads(), "n_draft": cfg.n_draft,
                 "prefill_tokens_per_s": n_tok / plain_s,
                 "prefill_mtp_fill_tokens_per_s": n_tok / fill_s,
                 "decode_pass_ms": decode_ms, "verify_pass_ms": verify_ms,
@@ -638,7 +659,7 @@ fn print_mtp_overhead(cfg: &BenchOptions, m: &MtpOverheadRun, reps: usize, round
         "MTP overhead: prompt {} tokens, n_draft {}, {} threads, kernels {}, {reps} prefill runs, {rounds} rounds",
         m.prompt_tokens,
         cfg.n_draft,
-        cfg.threads,
+        cfg.n_threads(),
         dsp::backend::select().name()
     );
     println!("| measure | value | vs baseline |\n|---|---:|---:|");

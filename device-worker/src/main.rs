@@ -32,8 +32,12 @@ enum Command {
         /// Prompt text (tokenized as is).
         #[arg(long)]
         text: String,
+        /// Most output tokens to generate (generation also stops at the end-of-generation
+        /// token or a full context; `finish_reason` in the output says which).
         #[arg(long, default_value_t = 8)]
         max_tokens: u32,
+        /// Session id: requests with the same id reuse one slot's KV cache and checkpoints
+        /// (empty: no session, the worker picks a slot by the longest cached prefix).
         #[arg(long, default_value = "")]
         session: String,
     },
@@ -96,17 +100,12 @@ impl WorkerClientArgs {
     }
 }
 
-/// Exits with code 2 and the error on one line, as clap reports its own usage errors, for a
-/// combination of options clap cannot check (an image option without `--mmproj`, an image-token
-/// budget with min > max).
-fn exit_on_usage_error(check: Result<(), device_worker::config::ConfigError>) {
-    if let Err(e) = check {
-        eprintln!("error: {e}");
-        std::process::exit(2);
-    }
+fn main() -> std::process::ExitCode {
+    tandem_options::exit_code(run())
 }
 
-fn main() -> anyhow::Result<()> {
+/// The command line's work; its error is printed once, causes included, by [`main`].
+fn run() -> anyhow::Result<()> {
     let cli: Cli = tandem_options::parse()?;
     let Command::Serve(cfg) = cli.command else {
         let _tracing = tandem_telemetry::otel::init("device-worker", None)?;
@@ -116,7 +115,7 @@ fn main() -> anyhow::Result<()> {
         print!("{file}");
         return Ok(());
     }
-    exit_on_usage_error(cfg.engine.check_usage());
+    tandem_options::exit_on_usage_error(cfg.engine.check_usage());
     let settings = cfg.engine.settings()?;
     let telemetry = cfg.telemetry.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -140,12 +139,7 @@ fn main() -> anyhow::Result<()> {
     }
     rt.block_on(async move {
         let model = settings.model.clone();
-        if !model.exists() {
-            anyhow::bail!(
-                "model file {} does not exist; run tools/fetch_model.sh or pass --model PATH",
-                model.display()
-            );
-        }
+        check_model_files(&settings)?;
         let engine = device_worker::engine::EngineHandle::spawn(settings)?;
         // The host's power settings go back on every way out: the end of serve (below), an
         // early return or a panic unwinding through here (the guard), a forced exit (which
@@ -175,7 +169,7 @@ fn main() -> anyhow::Result<()> {
             None => None,
         };
         let listener = tandem_auth::Listener::bind(&cfg.listen).await?;
-        tracing::info!(addr = %listener.local_addr()?, tls = tls.is_some(), mutual_tls = tls.as_ref().is_some_and(|t| t.mutual()), reflection = cfg.auth.reflection, "StepService listening");
+        tracing::info!(addr = %listener.local_addr()?, tls = tls.is_some(), mutual_tls = tls.as_ref().is_some_and(|t| t.mutual()), reflection = cfg.auth.reflection, "StepService listening (health says NOT_SERVING until the model is loaded)");
         // Stop on Ctrl-C, or when the model fails to load: a worker that can never
         // serve should exit with the reason rather than sit NOT_SERVING.
         let failed_rx = load_failure(&engine);
@@ -223,6 +217,30 @@ fn main() -> anyhow::Result<()> {
     })
 }
 
+/// Reads the headers of `--model` and `--mmproj` (memory-mapped: milliseconds) so that a
+/// missing, truncated or foreign file is reported before the port opens, not by a worker that
+/// listens and then exits. The engine's load still checks everything else (architecture,
+/// tensor shapes) in the background while health reports NOT_SERVING.
+///
+/// Errors: a missing model (with the hint to fetch one), any [`gguf::GgufError`], an `--mmproj`
+/// that is no vision projector; each names its flag and path.
+fn check_model_files(settings: &device_worker::config::EngineSettings) -> anyhow::Result<()> {
+    let model = &settings.model;
+    if !model.exists() {
+        anyhow::bail!(
+            "model file {} does not exist; run tools/fetch_model.sh or pass --model PATH",
+            model.display()
+        );
+    }
+    gguf::reader::GgufFile::open(model).with_context(|| format!("--model {}", model.display()))?;
+    if let Some(v) = &settings.vision {
+        let what = || format!("--mmproj {}", v.mmproj.display());
+        let file = gguf::reader::GgufFile::open(&v.mmproj).with_context(what)?;
+        device_worker::model::vision::VisionConfig::from_gguf(&file).with_context(what)?;
+    }
+    Ok(())
+}
+
 /// Receives the engine's error when a (re)load fails, at start or after a watchdog restart.
 fn load_failure(
     engine: &device_worker::engine::EngineHandle,
@@ -250,7 +268,7 @@ fn run_tool(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Serve(_) => anyhow::bail!("serve is run by main, not as a tool"),
         Command::Bench(cfg) => {
-            exit_on_usage_error(
+            tandem_options::exit_on_usage_error(
                 device_worker::config::image_budget(cfg.image_min_tokens, cfg.image_max_tokens).map(|_| ()),
             );
             device_worker::bench::run(&cfg)
@@ -322,13 +340,13 @@ async fn request(
             ..Default::default()
         })
         .await
-        .map_err(|s| anyhow::anyhow!("{}: {:?}: {}", worker.addr, s.code(), s.message()))?
+        .map_err(|s| worker_error(&worker.addr, &s))?
         .into_inner();
     let mut first_token_ms = None;
     let mut done = None;
     let (mut tokens, mut out_text) = (Vec::new(), String::new());
     while let Some(ev) = stream.next().await {
-        match ev?.event {
+        match ev.map_err(|s| worker_error(&worker.addr, &s))?.event {
             Some(pb::generate_event::Event::Token(t)) => {
                 first_token_ms.get_or_insert(t0.elapsed().as_secs_f64() * 1e3);
                 tokens.push(t.id);
@@ -348,12 +366,36 @@ async fn request(
             "cold_start": d.cold_start,
             "server_ms": d.server_ms,
             "queue_ms": d.queue_ms,
+            "prompt_tokens": d.prompt_tokens,
+            "reused_tokens": d.reused_tokens,
             "decode_tokens": d.decode_tokens,
+            "finish_reason": finish_reason(d.finish_reason),
             "tokens": tokens,
             "text": out_text,
         })
     );
     Ok(())
+}
+
+/// A gRPC error from the worker at `addr`, with a hint when it could not be reached.
+fn worker_error(addr: &str, status: &tonic::Status) -> anyhow::Error {
+    let hint = if status.code() == tonic::Code::Unavailable {
+        " (is a worker running there? start one with `device-worker serve`, or pass --addr)"
+    } else {
+        ""
+    };
+    anyhow::anyhow!("worker {addr}: {:?}: {}{hint}", status.code(), status.message())
+}
+
+/// The `FinishReason` of the final stats in lower case (`"eos"`, `"length"`, `"stop"`,
+/// `"grammar"`, `"context"`; `"unspecified"` for a value this build does not know).
+fn finish_reason(value: i32) -> String {
+    use tandem_proto::step::v1::FinishReason;
+    FinishReason::try_from(value)
+        .unwrap_or(FinishReason::Unspecified)
+        .as_str_name()
+        .trim_start_matches("FINISH_REASON_")
+        .to_ascii_lowercase()
 }
 
 async fn power(worker: WorkerClientArgs) -> anyhow::Result<()> {
@@ -362,7 +404,7 @@ async fn power(worker: WorkerClientArgs) -> anyhow::Result<()> {
     let s = client
         .status(pb::StatusRequest {})
         .await
-        .map_err(|s| anyhow::anyhow!("{}: {:?}: {}", worker.addr, s.code(), s.message()))?
+        .map_err(|s| worker_error(&worker.addr, &s))?
         .into_inner();
     let p = s.power.unwrap_or_default();
     let wl = p.wake_latency.unwrap_or_default();

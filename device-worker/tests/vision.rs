@@ -573,13 +573,19 @@ fn mmproj_and_image_budget_options_become_settings() {
             .is_none(),
         "text-only by default"
     );
-    let bad = EngineOptions {
-        image_min_tokens: 300,
-        image_max_tokens: 256,
-        ..Default::default()
-    };
+    let with_mmproj = |o: EngineOptions| EngineOptions { mmproj: Some(file("mmproj-tiny-qwen35vl-f32.gguf")), ..o };
+    let bad = with_mmproj(EngineOptions { image_min_tokens: 300, image_max_tokens: 256, ..Default::default() });
     let e = bad.settings().unwrap_err();
     assert_eq!(e.option, "image-min-tokens");
+    assert!(e.to_string().contains("must be at most --image-max-tokens"), "{e}");
+    // A zero bound is named as the option that is zero.
+    for (o, name) in [
+        (EngineOptions { image_max_tokens: 0, ..Default::default() }, "image-max-tokens"),
+        (EngineOptions { image_min_tokens: 0, ..Default::default() }, "image-min-tokens"),
+    ] {
+        let e = with_mmproj(o).settings().unwrap_err();
+        assert_eq!((e.option, e.value.as_str(), e.reason), (name, "0", "must be at least 1"));
+    }
     // An image option off its default without --mmproj is refused, naming the option; at
     // its default (given or not) it is accepted.
     let without = |o: EngineOptions| o.settings().map(|_| ()).map_err(|e| (e.option, e.to_string()));

@@ -15,8 +15,13 @@ pub enum GgufError {
         #[source]
         source: std::io::Error,
     },
-    #[error("not a GGUF file: magic is {found:?}, expected \"GGUF\"")]
-    BadMagic { found: Vec<u8> },
+    /// The first 4 bytes are not `GGUF`; `found` holds them, non-printable bytes escaped
+    /// (`PK\x03\x04` for a zip file).
+    #[error("not a GGUF file: it starts with \"{found}\", expected \"GGUF\"")]
+    BadMagic { found: String },
+    /// The path is a directory, not a file.
+    #[error("{path} is a directory, not a GGUF file")]
+    IsDirectory { path: PathBuf },
     #[error("unsupported GGUF version {version} (supported: 2, 3)")]
     UnsupportedVersion { version: u32 },
     #[error("GGUF header truncated while reading {what} at offset {offset}: needs {needed} bytes, file has {file_bytes}")]
@@ -26,13 +31,19 @@ pub enum GgufError {
         needed: u64,
         file_bytes: u64,
     },
+    /// A length or count in the header promises more data than the rest of the file holds:
+    /// `len` items of `unit` need at least `needed` bytes, and only `remaining` of the
+    /// `file_bytes`-byte file follow `offset` (a file cut short, or a corrupt count).
     #[error(
-        "{what} at offset {offset} declares length {len}, which exceeds the {file_bytes}-byte file"
+        "{what} at offset {offset} declares {len} {unit}, needing at least {needed} bytes, but only {remaining} bytes of the {file_bytes}-byte file follow (truncated or corrupt model file?)"
     )]
     LengthExceedsFile {
         what: String,
         offset: u64,
         len: u64,
+        unit: &'static str,
+        needed: u64,
+        remaining: u64,
         file_bytes: u64,
     },
     #[error("{what} is not valid UTF-8")]

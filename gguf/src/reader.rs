@@ -176,7 +176,8 @@ impl std::fmt::Debug for GgufFile {
 impl GgufFile {
     /// Maps the file at `path` and parses and validates its header, metadata and tensor table.
     ///
-    /// Errors: [`GgufError::Io`] if it cannot be opened or mapped, and the format errors
+    /// Errors: [`GgufError::Io`] if it cannot be opened or mapped, [`GgufError::IsDirectory`],
+    /// and the format errors
     /// listed on [`GgufError`] (bad magic, version other than 2 or 3, truncation, unknown tensor
     /// types, misaligned or out-of-file tensor data, duplicate names).
     pub fn open(path: &Path) -> Result<Self, GgufError> {
@@ -185,6 +186,9 @@ impl GgufFile {
             source,
         };
         let file = File::open(path).map_err(io)?;
+        if file.metadata().map_err(io)?.is_dir() {
+            return Err(GgufError::IsDirectory { path: path.to_path_buf() });
+        }
         let mmap = map_readonly(&file).map_err(io)?;
         Self::parse(mmap)
     }
@@ -213,17 +217,19 @@ impl GgufFile {
         let magic = r.bytes(4, || "magic".into())?;
         if magic != MAGIC {
             return Err(GgufError::BadMagic {
-                found: magic.to_vec(),
+                found: magic.escape_ascii().to_string(),
             });
         }
         let version = r.u32(|| "version".into())?;
         if !(2..=3).contains(&version) {
             return Err(GgufError::UnsupportedVersion { version });
         }
+        let n_tensors_offset = r.pos as u64;
         let n_tensors = r.u64(|| "tensor count".into())?;
+        let n_kv_offset = r.pos as u64;
         let n_kv = r.u64(|| "metadata count".into())?;
         // Each KV needs at least 8 (key len) + 4 (type) bytes, each tensor info at least 8+4+4+8.
-        r.check_count(n_kv, 12, "metadata count")?;
+        r.check_fits(n_kv_offset, n_kv, 12, "metadata entries", || "metadata count".into())?;
 
         let mut metadata = BTreeMap::new();
         let mut kv_spans = Vec::with_capacity(n_kv as usize);
@@ -259,7 +265,7 @@ impl GgufFile {
             },
         };
 
-        r.check_count(n_tensors, 24, "tensor count")?;
+        r.check_fits(n_tensors_offset, n_tensors, 24, "tensors", || "tensor count".into())?;
         let mut raw = Vec::with_capacity(n_tensors as usize);
         for i in 0..n_tensors {
             let name = r.string(|| format!("name of tensor #{i}"))?;
@@ -677,15 +683,26 @@ impl<'a> Reader<'a> {
         self.array(what).map(u64::from_le_bytes)
     }
 
-    /// Errors if `count` items of at least `min_item_bytes` each cannot fit in the rest of the
-    /// file, so corrupt counts never drive huge allocations.
-    fn check_count(&self, count: u64, min_item_bytes: u64, what: &str) -> Result<(), GgufError> {
+    /// Errors with [`GgufError::LengthExceedsFile`] if `len` items of at least `item_bytes`
+    /// each (declared at `offset`) cannot fit in the bytes after the current position.
+    fn check_fits(
+        &self,
+        offset: u64,
+        len: u64,
+        item_bytes: u64,
+        unit: &'static str,
+        what: impl FnOnce() -> String,
+    ) -> Result<(), GgufError> {
         let remaining = (self.buf.len() - self.pos) as u64;
-        if count.saturating_mul(min_item_bytes) > remaining {
+        let needed = len.saturating_mul(item_bytes);
+        if needed > remaining {
             return Err(GgufError::LengthExceedsFile {
-                what: what.to_string(),
-                offset: self.pos as u64,
-                len: count,
+                what: what(),
+                offset,
+                len,
+                unit,
+                needed,
+                remaining,
                 file_bytes: self.file_bytes(),
             });
         }
@@ -695,14 +712,7 @@ impl<'a> Reader<'a> {
     fn string(&mut self, what: impl Fn() -> String) -> Result<String, GgufError> {
         let offset = self.pos as u64;
         let len = self.u64(|| format!("length of {}", what()))?;
-        if len > (self.buf.len() - self.pos) as u64 {
-            return Err(GgufError::LengthExceedsFile {
-                what: what(),
-                offset,
-                len,
-                file_bytes: self.file_bytes(),
-            });
-        }
+        self.check_fits(offset, len, 1, "bytes", &what)?;
         let s = self.bytes(len as usize, &what)?;
         String::from_utf8(s.to_vec()).map_err(|_| GgufError::InvalidUtf8 { what: what() })
     }
@@ -742,14 +752,9 @@ impl<'a> Reader<'a> {
                         })
                     }
                 };
-                if count.saturating_mul(min_bytes) > (self.buf.len() - self.pos) as u64 {
-                    return Err(GgufError::LengthExceedsFile {
-                        what: format!("array under metadata key {key:?}"),
-                        offset,
-                        len: count,
-                        file_bytes: self.file_bytes(),
-                    });
-                }
+                self.check_fits(offset, count, min_bytes, "elements", || {
+                    format!("array under metadata key {key:?}")
+                })?;
                 let mut items = Vec::with_capacity(count as usize);
                 for _ in 0..count {
                     items.push(self.value(key, elem_type, depth + 1)?);

@@ -141,6 +141,20 @@ fn bad_magic_and_versions_are_rejected() {
         open_bytes(&b.build()),
         Err(GgufError::BadMagic { .. })
     ));
+    // A zip file's magic reads as text with its non-printable bytes escaped.
+    let mut zip = b"PK\x03\x04".to_vec();
+    zip.extend_from_slice(&[0u8; 60]);
+    let err = open_bytes(&zip).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        r#"not a GGUF file: it starts with "PK\x03\x04", expected "GGUF""#
+    );
+    // A directory is named as one (the mapping's OS error said "No such device").
+    let dir = tempfile::tempdir().unwrap();
+    match GgufFile::open(dir.path()) {
+        Err(GgufError::IsDirectory { path }) => assert_eq!(path, dir.path()),
+        other => panic!("expected IsDirectory, got {other:?}"),
+    }
     for v in [1u32, 4, 99] {
         let mut b = small();
         b.version = v;
@@ -218,10 +232,31 @@ fn oversized_lengths_are_rejected_without_allocating() {
     // A tensor count no file of this size can hold.
     let mut bytes = small().build();
     bytes[8..16].copy_from_slice(&(1u64 << 60).to_le_bytes());
-    assert!(matches!(
-        open_bytes(&bytes),
-        Err(GgufError::LengthExceedsFile { .. })
-    ));
+    match open_bytes(&bytes) {
+        Err(
+            e @ GgufError::LengthExceedsFile {
+                offset: 8,
+                len,
+                unit: "tensors",
+                needed,
+                remaining,
+                file_bytes,
+                ..
+            },
+        ) => {
+            assert_eq!(len, 1 << 60);
+            assert!(needed > remaining && remaining < file_bytes);
+            // The message counts tensors as tensors and bytes as bytes, and says why.
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&format!("declares {len} tensors"))
+                    && msg.contains(&format!("only {remaining} bytes"))
+                    && msg.contains("truncated or corrupt"),
+                "{msg}"
+            );
+        }
+        other => panic!("expected LengthExceedsFile for the tensor count, got {other:?}"),
+    }
 }
 
 #[test]

@@ -27,7 +27,7 @@ use agent_gateway::corpus::{load_episode, load_episodes, Episode};
 use agent_gateway::observation::select_controls;
 use agent_gateway::screenshot::{step_messages, Decision, ScreenshotMode, ScreenshotPolicy, WorkerVision};
 use device_worker::config::defaults as d;
-use device_worker::config::{at_least_one, PlannerSettings};
+use device_worker::config::{at_least_one, ConfigError, PlannerSettings};
 use device_worker::engine::images::{chat_tokens_with_parts, mark_image_tokens, ImageAdmission};
 use device_worker::model::vision::preprocess::{DEFAULT_MAX_TOKENS, DEFAULT_MIN_TOKENS};
 use device_worker::model::vision::{PreprocessOptions, VisionConfig};
@@ -126,6 +126,24 @@ pub struct DryRunArgs {
     pub ctx_size: usize,
 }
 
+impl DryRunArgs {
+    /// The checks of option combinations that clap cannot make, reported as usage errors
+    /// (exit code 2) before any file is read: `--screenshots auto|always` without `--mmproj`,
+    /// and the image-token budget ([`device_worker::config::image_budget`]).
+    ///
+    /// Errors: [`ConfigError`] naming the option.
+    pub fn check_usage(&self) -> Result<(), ConfigError> {
+        if self.screenshots != ScreenshotMode::Never && self.mmproj.is_none() {
+            return Err(ConfigError {
+                option: "screenshots",
+                value: self.screenshots.as_str().to_string(),
+                reason: "needs --mmproj (the worker's projector: its patch and merge sizes give the image tokens)",
+            });
+        }
+        device_worker::config::image_budget(self.image_min_tokens, self.image_max_tokens).map(|_| ())
+    }
+}
+
 impl Default for DryRunArgs {
     fn default() -> Self {
         Self {
@@ -199,6 +217,7 @@ struct Setup {
 impl Setup {
     /// Errors: as [`run`].
     fn load(corpus: &std::path::Path, episode_ids: &[String], args: &DryRunArgs) -> Result<Self, ToolsError> {
+        args.check_usage()?;
         let path = args.model.clone().unwrap_or_else(device_worker::config::default_model_path);
         let model_err = |path: &std::path::Path, what: &str, e: &dyn std::fmt::Display| ToolsError::Model {
             path: path.to_path_buf(),
@@ -217,20 +236,15 @@ impl Setup {
         let arch = shapes_file.architecture().map_err(|e| model_err(&shapes_path, "architecture", &e))?;
         let n_ctx_train = shapes_file.get_u32_opt(&format!("{arch}.context_length")).map_or(4096, |v| v as usize);
         let n_ctx = args.ctx_size.min(n_ctx_train);
-        let vision = match (&args.mmproj, args.screenshots) {
-            (_, ScreenshotMode::Never) => None,
-            (None, mode) => {
-                return Err(ToolsError::Model {
-                    path: path.clone(),
-                    reason: format!(
-                        "--screenshots {} needs --mmproj (the worker's projector: its patch and merge sizes give the image tokens)",
-                        mode.as_str()
-                    ),
-                })
-            }
-            (Some(mmproj), _) => {
-                let f = GgufFile::open(mmproj).map_err(|e| model_err(mmproj, "cannot read", &e))?;
-                let config = VisionConfig::from_gguf(&f).map_err(|e| model_err(mmproj, "projector", &e))?;
+        let vision = match args.mmproj.as_deref().filter(|_| args.screenshots != ScreenshotMode::Never) {
+            None => None,
+            Some(mmproj) => {
+                let mmproj_err = |what: &str, e: &dyn std::fmt::Display| ToolsError::Mmproj {
+                    path: mmproj.to_path_buf(),
+                    reason: format!("{what}: {e}"),
+                };
+                let f = GgufFile::open(mmproj).map_err(|e| mmproj_err("cannot read", &e))?;
+                let config = VisionConfig::from_gguf(&f).map_err(|e| ToolsError::Mmproj { path: mmproj.to_path_buf(), reason: e.to_string() })?;
                 let budget = device_worker::config::image_budget(args.image_min_tokens, args.image_max_tokens)?;
                 let options = PreprocessOptions { budget, ..PreprocessOptions::default() };
                 Some(ImageAdmission::new(&tokenizer, config, options).map_err(|e| model_err(&path, "vision tokens", &e))?)

@@ -17,8 +17,11 @@ pub enum ToolsError {
     /// A model file cannot be read, or has no tokenizer, template or known architecture.
     #[error("model {path}: {reason}")]
     Model { path: PathBuf, reason: String },
-    /// Options that cannot go together (an image-token budget with min > max): a usage
-    /// error, reported before any file is read.
+    /// The `--mmproj` file cannot be read or is no vision projector.
+    #[error("projector {path}: {reason}")]
+    Mmproj { path: PathBuf, reason: String },
+    /// Options that cannot go together (`--screenshots` without `--mmproj`, an image-token
+    /// budget with min > max): a usage error, reported before any file is read.
     #[error(transparent)]
     Usage(#[from] device_worker::config::ConfigError),
     /// A step's prompt cannot be rendered or tokenized.

@@ -49,16 +49,18 @@ struct DryRunCommand {
     args: model_tools::dry_run::DryRunArgs,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    tandem_options::exit_code(run())
+}
+
+/// The command line's work; its error is printed once, causes included, by [`main`].
+fn run() -> anyhow::Result<()> {
     // Log lines to stderr (`RUST_LOG`), as both servers write them.
     let _tracing = tandem_telemetry::otel::init("tandem-tools", None)?;
     match Cli::parse().command {
         Command::DryRun(c) => {
             // A usage error exits 2 before any file is read, as clap's own and the worker's.
-            if let Err(e) = device_worker::config::image_budget(c.args.image_min_tokens, c.args.image_max_tokens) {
-                eprintln!("error: {e}");
-                std::process::exit(2);
-            }
+            tandem_options::exit_on_usage_error(c.args.check_usage());
             model_tools::dry_run::run(&c.corpus, &c.episodes, &c.args)?;
         }
         Command::DraftVocab(args) => println!("{}", model_tools::draft_vocab::run(&args)?),

@@ -118,3 +118,17 @@ fn prompts_over_the_context_are_counted() {
         assert!(t.steps_over_context > 0 && t.steps_over_context <= t.steps, "{}: {} of {}", t.format, t.steps_over_context, t.steps);
     }
 }
+
+#[test]
+fn option_combinations_clap_cannot_check_are_usage_errors_naming_the_option() {
+    use agent_gateway::screenshot::ScreenshotMode;
+    let no_mmproj = DryRunArgs { screenshots: ScreenshotMode::Always, ..args() };
+    let e = no_mmproj.check_usage().unwrap_err();
+    assert_eq!((e.option, e.value.as_str()), ("screenshots", "always"));
+    assert!(e.to_string().contains("needs --mmproj"), "{e}");
+    // run() refuses it the same way, before reading any file.
+    assert!(matches!(run(std::path::Path::new("/nonexistent"), &[], &no_mmproj), Err(model_tools::error::ToolsError::Usage(_))));
+    let zero = DryRunArgs { image_max_tokens: 0, ..args() };
+    assert_eq!(zero.check_usage().unwrap_err().option, "image-max-tokens");
+    assert!(args().check_usage().is_ok());
+}

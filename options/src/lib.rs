@@ -92,6 +92,47 @@ pub fn parse<T: clap::Parser>() -> Result<T, OptionsError> {
     Ok(T::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()))
 }
 
+/// The exit code of a binary's `run()`: success, or 1 after printing `error: ` and the error
+/// with its causes on one line (see [`error_chain`]). Binaries use it in place of
+/// `main() -> anyhow::Result<()>`, whose report prints every cause twice when a message
+/// already quotes its source.
+pub fn exit_code<E: AsRef<dyn std::error::Error + 'static>>(result: Result<(), E>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", error_chain(e.as_ref()));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// An error and its causes joined by `": "`, leaving out a cause whose text the message so
+/// far already holds (most of this workspace's errors quote their source, e.g.
+/// `reading {path}: {source}`, and also return it from `source()`).
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut message = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        cause = c.source();
+    }
+    message
+}
+
+/// Exits with code 2 and `error: {e}` on one line, as clap reports its own usage errors, when
+/// `check` failed: for a combination of options clap cannot check (an image option without
+/// `--mmproj`, an image-token budget with min > max), before anything is loaded.
+pub fn exit_on_usage_error<E: std::fmt::Display>(check: Result<(), E>) {
+    if let Err(e) = check {
+        eprintln!("error: {e}");
+        std::process::exit(2);
+    }
+}
+
 /// Returns `argv` with the values of the `--config FILE` of its subcommand (if any) inserted
 /// as flags right after the subcommand's name, skipping every key the command line or the
 /// environment already sets. `matches` are `command`'s matches for `argv` (a first parse);
@@ -227,6 +268,39 @@ fn known_keys(sub: &Command) -> String {
 mod tests {
     use super::*;
     use clap::{Args, Parser, Subcommand};
+
+    /// An error whose message may or may not quote its source.
+    #[derive(Debug)]
+    struct Layer {
+        text: String,
+        source: Option<Box<Layer>>,
+    }
+
+    impl std::fmt::Display for Layer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(&self.text)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.source.as_deref().map(|s| s as _)
+        }
+    }
+
+    #[test]
+    fn error_chain_prints_each_cause_once() {
+        let os = Layer { text: "No such file or directory (os error 2)".into(), source: None };
+        // A message that quotes its source: the source is not repeated.
+        let quoting = Layer { text: format!("reading /m.gguf: {os}"), source: Some(Box::new(os)) };
+        // A context line that does not: the cause is appended.
+        let context = Layer { text: "loading the model".into(), source: Some(Box::new(quoting)) };
+        assert_eq!(
+            error_chain(&context),
+            "loading the model: reading /m.gguf: No such file or directory (os error 2)"
+        );
+        assert_eq!(error_chain(&Layer { text: "plain".into(), source: None }), "plain");
+    }
 
     #[derive(Parser, Debug)]
     struct Cli {

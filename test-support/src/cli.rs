@@ -9,10 +9,14 @@ pub fn serve_help(bin: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The text after `Error: ` in `stderr` is one line (no "Caused by" block) containing
-/// `want`; panics (failing the test) otherwise.
+/// The text after the line-leading `error: ` in `stderr` (how the binaries and clap end on an
+/// error) is one line (no "Caused by" block) containing `want`; panics (failing the test)
+/// otherwise.
 pub fn assert_one_line_error(stderr: &str, want: &str) {
-    let error = stderr.split_once("Error: ").map(|(_, e)| e.trim_end());
+    let error = stderr
+        .match_indices("error: ")
+        .find(|&(i, _)| i == 0 || stderr.as_bytes()[i - 1] == b'\n')
+        .map(|(i, _)| stderr[i + "error: ".len()..].trim_end());
     assert!(
         error.is_some_and(|e| !e.contains('\n') && e.contains(want)),
         "want one line with {want:?}, got {stderr}"

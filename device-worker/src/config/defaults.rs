@@ -38,5 +38,3 @@ pub const DRAFTERS: &str = "experience,prompt-lookup";
 pub const N_DRAFT: u32 = 3;
 /// Experience drafter memory, MiB.
 pub const EXPERIENCE_MIB: usize = 64;
-/// `bench`: compute threads (the peer comparisons run at 1 and 2).
-pub const BENCH_THREADS: usize = 2;

@@ -24,15 +24,21 @@ pub struct ConfigError {
 /// The image-token budget of `--image-min-tokens` and `--image-max-tokens`, one check for
 /// every command that takes them (`serve`, `bench`, `tandem-tools dry-run`).
 ///
-/// Errors: [`ConfigError`] (`image-min-tokens`) unless `1 <= min_tokens <= max_tokens`.
+/// Errors: [`ConfigError`] naming `image-max-tokens` when it is 0, else `image-min-tokens`
+/// unless `1 <= min_tokens <= max_tokens`.
 pub fn image_budget(
     min_tokens: usize,
     max_tokens: usize,
 ) -> Result<crate::model::vision::ImageBudget, ConfigError> {
+    for (option, v) in [("image-max-tokens", max_tokens), ("image-min-tokens", min_tokens)] {
+        if v == 0 {
+            return Err(ConfigError { option, value: v.to_string(), reason: "must be at least 1" });
+        }
+    }
     crate::model::vision::ImageBudget::new(min_tokens, max_tokens).map_err(|_| ConfigError {
         option: "image-min-tokens",
         value: format!("{min_tokens} (--image-max-tokens {max_tokens})"),
-        reason: "must be at least 1 and at most --image-max-tokens",
+        reason: "must be at most --image-max-tokens",
     })
 }
 
@@ -215,8 +221,7 @@ impl EngineOptions {
     /// The settings these options describe.
     ///
     /// Errors: [`ConfigError`] for a zero count or a draft count outside 1..=8 (values the
-    /// flags' parsers already reject), and an image option without `--mmproj`
-    /// ([`EngineOptions::check_image_options_need_mmproj`]).
+    /// flags' parsers already reject), and [`EngineOptions::check_usage`]'s.
     pub fn settings(&self) -> Result<EngineSettings, ConfigError> {
         let positive = |option: &'static str, v: usize| {
             if v == 0 {
@@ -245,8 +250,8 @@ impl EngineOptions {
             experience_file: self.experience_file.clone(),
             corrupt_drafts: self.test_corrupt_drafts,
         });
+        self.check_usage()?;
         let budget = image_budget(self.image_min_tokens, self.image_max_tokens)?;
-        self.check_image_options_need_mmproj()?;
         let cache_bytes = self.image_cache_mib << 20;
         let request_pixels = self.image_request_mpx.saturating_mul(1_000_000);
         let vision = self.mmproj.clone().map(|mmproj| VisionSettings { mmproj, budget, cache_bytes, request_pixels });

@@ -210,7 +210,7 @@ impl Engine {
             threads,
             kernels = dsp::backend::select().name(),
             mmproj = %cfg.vision.as_ref().map_or_else(|| "none".to_string(), |v| v.mmproj.display().to_string()),
-            image_tokens = %cfg.vision.as_ref().map_or_else(String::new, |v| format!("{}..={}", v.budget.min_tokens, v.budget.max_tokens)),
+            image_tokens = %cfg.vision.as_ref().map_or_else(|| "none".to_string(), |v| format!("{}..={}", v.budget.min_tokens, v.budget.max_tokens)),
             load_ms = t0.elapsed().as_millis() as u64,
             engine = inst.id,
             "model loaded"

@@ -153,7 +153,7 @@ pub struct BenchOptions {
 impl BenchOptions {
     /// `--threads`, or every core of this machine.
     pub fn n_threads(&self) -> usize {
-        self.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        crate::config::threads_or_all_cores(self.threads)
     }
 }
 

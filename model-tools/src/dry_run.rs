@@ -239,12 +239,9 @@ impl Setup {
         let vision = match args.mmproj.as_deref().filter(|_| args.screenshots != ScreenshotMode::Never) {
             None => None,
             Some(mmproj) => {
-                let mmproj_err = |what: &str, e: &dyn std::fmt::Display| ToolsError::Mmproj {
-                    path: mmproj.to_path_buf(),
-                    reason: format!("{what}: {e}"),
-                };
-                let f = GgufFile::open(mmproj).map_err(|e| mmproj_err("cannot read", &e))?;
-                let config = VisionConfig::from_gguf(&f).map_err(|e| ToolsError::Mmproj { path: mmproj.to_path_buf(), reason: e.to_string() })?;
+                let mmproj_err = |reason: String| ToolsError::Mmproj { path: mmproj.to_path_buf(), reason };
+                let f = GgufFile::open(mmproj).map_err(|e| mmproj_err(format!("cannot read: {e}")))?;
+                let config = VisionConfig::from_gguf(&f).map_err(|e| mmproj_err(e.to_string()))?;
                 let budget = device_worker::config::image_budget(args.image_min_tokens, args.image_max_tokens)?;
                 let options = PreprocessOptions { budget, ..PreprocessOptions::default() };
                 Some(ImageAdmission::new(&tokenizer, config, options).map_err(|e| model_err(&path, "vision tokens", &e))?)

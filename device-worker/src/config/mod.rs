@@ -29,6 +29,12 @@ pub fn default_model_path() -> PathBuf {
     cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 
+/// The compute threads of `--threads`: the value given, else every core of this machine
+/// (one when the count is unknown). `serve` and `bench` use it, so both default alike.
+pub fn threads_or_all_cores(threads: Option<usize>) -> usize {
+    threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// Clap value parser for counts that must be at least 1 (`must be at least 1` for 0); used
 /// by serve, bench and the dry run.
 pub fn at_least_one(s: &str) -> Result<usize, String> {

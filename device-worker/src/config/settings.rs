@@ -237,10 +237,7 @@ impl EngineOptions {
                 reason: "must be in 1..=8",
             });
         }
-        let threads = match self.threads {
-            Some(t) => positive("threads", t)?,
-            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        };
+        let threads = positive("threads", super::threads_or_all_cores(self.threads))?;
         let speculative = (!self.drafters.0.is_empty()).then(|| SpecSettings {
             drafters: self.drafters.0.clone(),
             n_draft: self.n_draft as usize,

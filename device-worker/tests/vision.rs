@@ -410,6 +410,38 @@ fn smart_size_follows_llama_cpp_rounding_and_budgets() {
     assert!(ImageBudget::new(0, 4).is_err() && ImageBudget::new(5, 4).is_err());
 }
 
+/// Extreme aspect ratios: llama.cpp's sizing floors the short side to 0 blocks and clamps it
+/// up to one, which overshot the budget (4000×32 gave 89 tokens for a 64-token maximum).
+/// The long side is now shortened so the count stays within `[min, max]` where it can.
+#[test]
+fn smart_size_never_exceeds_max_tokens_for_extreme_aspect_ratios() {
+    for (max, min) in [(64usize, 8usize), (4096, 8), (256, 8), (8, 8), (1, 1), (100, 50)] {
+        let budget = ImageBudget::new(min, max).unwrap();
+        for (sw, sh) in [
+            (4000, 32),
+            (32, 4000),
+            (20000, 16),
+            (16, 20000),
+            (6400, 32),
+            (1, 1),
+            (1920, 1080),
+            (1080, 2400),
+        ] {
+            let (w, h) = smart_size(sw, sh, 32, budget);
+            assert!(w % 32 == 0 && h % 32 == 0 && w >= 32 && h >= 32, "{sw}x{sh} -> {w}x{h}");
+            let tokens = (w / 32) * (h / 32);
+            assert!(tokens <= max, "{sw}x{sh} max {max}: {w}x{h} = {tokens} tokens");
+            // One block on the short side can hold `max` tokens, so min is reachable there
+            // (ordinary images keep llama.cpp's flooring, which can land under a tight min).
+            let extreme = sw.max(sh) / sw.min(sh) >= 100;
+            assert!(!extreme || tokens >= min, "{sw}x{sh} min {min}: {w}x{h} = {tokens} tokens");
+        }
+    }
+    // The trial's case: the short side stays one block, the long side becomes 64 blocks.
+    assert_eq!(smart_size(4000, 32, 32, ImageBudget::new(8, 64).unwrap()), (2048, 32));
+    assert_eq!(smart_size(32, 4000, 32, ImageBudget::new(8, 64).unwrap()), (32, 2048));
+}
+
 /// Our bicubic equals Pillow's bit for bit on corpus screenshots and fixture images, for
 /// both fits, at the sizes llama.cpp's sizing picks (`pillow_resize.json`), in llama.cpp's
 /// pass order (horizontal, then vertical: Pillow one-axis resizes); and equals Pillow's own

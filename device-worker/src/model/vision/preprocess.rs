@@ -85,6 +85,22 @@ pub fn smart_size(
         hb = ceil_by(h * beta);
         wb = ceil_by(w * beta);
     }
+    // An extreme aspect ratio (4000×32) floors its short side to 0 and is clamped up to one
+    // block, which puts the product over the budget: keep the short side and shorten the
+    // long one so the token count never exceeds `max_tokens` (llama.cpp overshoots here).
+    // Never reached for ordinary images, whose sizes stay those of llama.cpp.
+    if hb * wb > max_px {
+        let max_blocks = budget.max_tokens.max(1);
+        if wb >= hb {
+            wb = (max_blocks / (hb / block)).max(1) * block;
+        } else {
+            hb = (max_blocks / (wb / block)).max(1) * block;
+        }
+        if hb * wb > max_px {
+            // Both sides at least one block and still over: only when max_tokens < 1.
+            (wb, hb) = (block, block);
+        }
+    }
     (wb, hb)
 }
 

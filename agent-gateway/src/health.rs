@@ -39,9 +39,23 @@ pub async fn run(args: &HealthArgs) -> Result<(), GatewayError> {
                 return Ok(());
             }
             _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
-            Ok(s) => return Err(GatewayError::Health(format!("{} is {}", args.addr, s.as_str_name()))),
-            Err(e) => return Err(GatewayError::Health(format!("{}: {e}", args.addr))),
+            Ok(s) => return Err(GatewayError::Health(format!("{} is {}{}", args.addr, s.as_str_name(), waited(args.wait)))),
+            Err(e) => {
+                let how = match args.wait {
+                    0 => String::new(),
+                    n => format!("no answer after waiting {n}s: "),
+                };
+                return Err(GatewayError::Health(format!("{}: {how}{e}", args.addr)));
+            }
         }
+    }
+}
+
+/// `" after waiting Ns"` when `--wait` was given, so a timeout says it waited.
+fn waited(wait: u64) -> String {
+    match wait {
+        0 => String::new(),
+        n => format!(" after waiting {n}s"),
     }
 }
 

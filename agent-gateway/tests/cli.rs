@@ -139,3 +139,16 @@ fn worker_tls_ca_help_matches_what_rustls_accepts() {
         assert!(para.contains(want), "{want}: {para}");
     }
 }
+
+/// `health --wait N` against nothing listening says it waited, on one line.
+#[test]
+fn health_wait_timeout_says_it_waited() {
+    let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
+        .args(["health", "--addr", "127.0.0.1:1", "--wait", "1"])
+        .output()
+        .expect("agent-gateway runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stderr}");
+    assert_one_line_error(&stderr, "no answer after waiting 1s");
+}

@@ -118,15 +118,13 @@ pub struct ReplaySummary {
 /// Errors: corpus problems, an unreachable gateway, a broken stream.
 pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary), GatewayError> {
     if cfg.list {
-        for e in load_episodes(&cfg.corpus)? {
-            println!(
-                "{:<48} {:>3} steps  {}  task: {}",
-                e.id,
-                e.steps.len(),
-                e.source,
-                e.task
-            );
-        }
+        let episodes = load_episodes(&cfg.corpus)?;
+        tandem_options::write_stdout(|out| {
+            episodes.iter().try_for_each(|e| {
+                writeln!(out, "{:<48} {:>3} steps  {}  task: {}", e.id, e.steps.len(), e.source, e.task)
+            })
+        })
+        .map_err(|source| GatewayError::Io { path: "standard output".into(), source })?;
         return Ok((vec![], ReplaySummary::default()));
     }
     if cfg.episodes.is_empty() && cfg.count == 0 {

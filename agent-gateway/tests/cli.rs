@@ -152,3 +152,14 @@ fn health_wait_timeout_says_it_waited() {
     eprintln!("{stderr}");
     assert_one_line_error(&stderr, "no answer after waiting 1s");
 }
+
+/// `agent-gateway replay --list | head -0`: the reader going away ends the listing quietly
+/// (exit 0), not with "failed printing to stdout: Broken pipe" and exit code 101.
+#[test]
+fn replay_list_into_a_closed_pipe_ends_quietly() {
+    test_support::cli::assert_quiet_on_closed_stdout(
+        Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
+            .args(["replay", "--list", "--corpus"])
+            .arg(test_support::corpus_dir()),
+    );
+}

@@ -20,6 +20,7 @@
 //! patch block, image ids from the content hash), so image tokens are counted exactly as the
 //! engine counts them and the planner sees the image span as the engine's planner does.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -273,13 +274,29 @@ pub fn run(
 ) -> Result<Vec<FormatSummary>, ToolsError> {
     let t0 = std::time::Instant::now();
     let setup = Setup::load(corpus, episode_ids, args)?;
-    let shape = &setup.shape;
     let formats: &[PromptFormat] = match args.format {
         PromptFormat::Both => &[PromptFormat::SystemUser, PromptFormat::SingleUser],
         PromptFormat::SystemUser => &[PromptFormat::SystemUser],
         PromptFormat::SingleUser => &[PromptFormat::SingleUser],
     };
-    println!(
+    tandem_options::write_stdout(|out| print_setup(out, &setup, args))?;
+    let mut out = Vec::new();
+    for &format in formats {
+        let steps = setup.plan(format, args)?;
+        let summary = summarize(format, &steps, setup.n_ctx);
+        tandem_options::write_stdout(|out| print_summary(out, &summary, &steps, args.per_step))?;
+        warn_over_context(&summary, &setup, args);
+        out.push(summary);
+    }
+    tandem_options::write_stdout(|out| writeln!(out, "dry run took {:.0} ms", t0.elapsed().as_secs_f64() * 1e3))?;
+    Ok(out)
+}
+
+/// The first line of [`run`]'s output: what is planned, with which files and settings.
+fn print_setup(out: &mut impl Write, setup: &Setup, args: &DryRunArgs) -> std::io::Result<()> {
+    let shape = &setup.shape;
+    writeln!(
+        out,
         "dry run: {} episodes, tokenizer and template of {}, planned as {} with the state \
          sizes of {} ({} bytes per checkpoint, {} KV bytes per token; micro-batch {}, {} \
          checkpoints per slot, divergence min gap {}, one slot, {} MiB prompt cache; end-of-prompt \
@@ -298,17 +315,7 @@ pub fn run(
         args.repeats + 1,
         args.screenshots.as_str(),
         setup.n_ctx
-    );
-    let mut out = Vec::new();
-    for &format in formats {
-        let steps = setup.plan(format, args)?;
-        let summary = summarize(format, &steps, setup.n_ctx);
-        print_summary(&summary, &steps, args.per_step);
-        warn_over_context(&summary, &setup, args);
-        out.push(summary);
-    }
-    println!("dry run took {:.0} ms", t0.elapsed().as_secs_f64() * 1e3);
-    Ok(out)
+    )
 }
 
 /// The per-step plans of [`run`] for one format (`args.format`; `both` plans `system-user`,
@@ -475,33 +482,36 @@ fn summarize(format: PromptFormat, steps: &[StepPlan], n_ctx: usize) -> FormatSu
     }
 }
 
-fn print_summary(s: &FormatSummary, steps: &[StepPlan], per_step: bool) {
-    println!(
+fn print_summary(out: &mut impl Write, s: &FormatSummary, steps: &[StepPlan], per_step: bool) -> std::io::Result<()> {
+    writeln!(
+        out,
         "\n== {} format: {} steps, {:.0} prompt tokens per step ({:.0} of them image tokens), KV bound {:.1} new tokens per step ==",
         s.format, s.steps, s.mean_prompt_tokens, s.mean_image_tokens, s.mean_kv_bound_new
-    );
+    )?;
     if per_step {
-        print!("{:<44} {:>4} {:>6} {:>6} {:>6}", "episode", "step", "prompt", "image", "kv");
+        write!(out, "{:<44} {:>4} {:>6} {:>6} {:>6}", "episode", "step", "prompt", "image", "kv")?;
         for (name, _, _) in CONFIGS {
-            print!(" {name:>11}");
+            write!(out, " {name:>11}")?;
         }
-        println!();
+        writeln!(out)?;
         for st in steps {
-            print!(
+            write!(
+                out,
                 "{:<44} {:>4} {:>6} {:>6} {:>6}",
                 st.episode, st.step, st.prompt_tokens, st.image_tokens, st.kv_bound_new
-            );
+            )?;
             for c in &st.configs {
-                print!(" {:>6}/{:<4}", c.1, c.2);
+                write!(out, " {:>6}/{:<4}", c.1, c.2)?;
             }
-            println!();
+            writeln!(out)?;
         }
-        println!("(per config: new tokens / passes)");
+        writeln!(out, "(per config: new tokens / passes)")?;
     }
-    println!("| config | new tokens/step | × KV bound | passes/step | checkpoints saved |");
-    println!("|---|---:|---:|---:|---:|");
-    println!("| KV bound | {:.1} | 1.00 | | |", s.mean_kv_bound_new);
+    writeln!(out, "| config | new tokens/step | × KV bound | passes/step | checkpoints saved |")?;
+    writeln!(out, "|---|---:|---:|---:|---:|")?;
+    writeln!(out, "| KV bound | {:.1} | 1.00 | | |", s.mean_kv_bound_new)?;
     for (name, new, passes, ratio, saved) in &s.configs {
-        println!("| {name} | {new:.1} | {ratio:.3} | {passes:.2} | {saved} |");
+        writeln!(out, "| {name} | {new:.1} | {ratio:.3} | {passes:.2} | {saved} |")?;
     }
+    Ok(())
 }

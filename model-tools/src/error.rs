@@ -27,4 +27,8 @@ pub enum ToolsError {
     /// A step's prompt cannot be rendered or tokenized.
     #[error("episode {episode} step {step}: {reason}")]
     Prompt { episode: String, step: usize, reason: String },
+    /// The tables cannot be written (a reader that went away ends the run quietly instead,
+    /// [`tandem_options::write_stdout`]).
+    #[error("writing to standard output: {0}")]
+    Output(#[from] std::io::Error),
 }

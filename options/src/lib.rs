@@ -133,6 +133,21 @@ pub fn exit_on_usage_error<E: std::fmt::Display>(check: Result<(), E>) {
     }
 }
 
+/// Runs `write` on the locked standard output and flushes it. A reader that went away (a
+/// broken pipe: `tandem-tools dry-run | head -1`) ends the process quietly with exit code 0,
+/// the normal end of a pipeline, instead of a panic in `println!`. SIGPIPE is not reset to
+/// its default for this: that would also kill a server writing to a closed socket.
+///
+/// Errors: any other error writing to standard output.
+pub fn write_stdout(write: impl FnOnce(&mut std::io::StdoutLock<'static>) -> std::io::Result<()>) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match write(&mut out).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        other => other,
+    }
+}
+
 /// Returns `argv` with the values of the `--config FILE` of its subcommand (if any) inserted
 /// as flags right after the subcommand's name, skipping every key the command line or the
 /// environment already sets. `matches` are `command`'s matches for `argv` (a first parse);

@@ -61,3 +61,23 @@ pub fn check_serve_config_help_examples(bin: &str, foreign: &[&str]) {
         assert!(printed.lines().any(|l| l.starts_with(&format!("{key} = "))), "{key} not printed:\n{printed}");
     }
 }
+
+/// Runs `cmd` with its standard output a pipe whose reader is gone (as `cmd | head -0`
+/// leaves it) and asserts it ends as a pipeline expects: exit code 0, nothing on stderr
+/// about the pipe, no panic. Panics (failing the test) otherwise.
+pub fn assert_quiet_on_closed_stdout(cmd: &mut Command) {
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .env_remove("RUST_BACKTRACE")
+        .spawn()
+        .expect("the program runs");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("the program ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !stderr.contains("Broken pipe") && !stderr.contains("panicked"),
+        "{}: {stderr}",
+        out.status
+    );
+}

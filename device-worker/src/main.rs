@@ -117,6 +117,7 @@ fn run() -> anyhow::Result<()> {
     }
     tandem_options::exit_on_usage_error(cfg.engine.check_usage());
     let settings = cfg.engine.settings()?;
+    let model_given = cfg.engine.model.is_some();
     let telemetry = cfg.telemetry.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -139,7 +140,7 @@ fn run() -> anyhow::Result<()> {
     }
     rt.block_on(async move {
         let model = settings.model.clone();
-        check_model_files(&settings)?;
+        device_worker::config::check_model_files(&settings, model_given)?;
         let engine = device_worker::engine::EngineHandle::spawn(settings)?;
         // The host's power settings go back on every way out: the end of serve (below), an
         // early return or a panic unwinding through here (the guard), a forced exit (which
@@ -215,30 +216,6 @@ fn run() -> anyhow::Result<()> {
         }
         Ok(())
     })
-}
-
-/// Reads the headers of `--model` and `--mmproj` (memory-mapped: milliseconds) so that a
-/// missing, truncated or foreign file is reported before the port opens, not by a worker that
-/// listens and then exits. The engine's load still checks everything else (architecture,
-/// tensor shapes) in the background while health reports NOT_SERVING.
-///
-/// Errors: a missing model (with the hint to fetch one), any [`gguf::GgufError`], an `--mmproj`
-/// that is no vision projector; each names its flag and path.
-fn check_model_files(settings: &device_worker::config::EngineSettings) -> anyhow::Result<()> {
-    let model = &settings.model;
-    if !model.exists() {
-        anyhow::bail!(
-            "model file {} does not exist; run tools/fetch_model.sh or pass --model PATH",
-            model.display()
-        );
-    }
-    gguf::reader::GgufFile::open(model).with_context(|| format!("--model {}", model.display()))?;
-    if let Some(v) = &settings.vision {
-        let what = || format!("--mmproj {}", v.mmproj.display());
-        let file = gguf::reader::GgufFile::open(&v.mmproj).with_context(what)?;
-        device_worker::model::vision::VisionConfig::from_gguf(&file).with_context(what)?;
-    }
-    Ok(())
 }
 
 /// Receives the engine's error when a (re)load fails, at start or after a watchdog restart.

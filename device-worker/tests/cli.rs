@@ -310,3 +310,56 @@ fn render_escapes_special_tokens_in_contents_as_serving_does() {
 fn serve_config_help_examples_are_this_programs_keys() {
     test_support::cli::check_serve_config_help_examples(env!("CARGO_BIN_EXE_device-worker"), &["worker = ", "max-controls"]);
 }
+
+/// `device-worker ARGS` (no token file, no backtrace, no `TANDEM_MMPROJ`), run to its end.
+fn device_worker(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_device-worker"))
+        .args(args)
+        .env_remove("TANDEM_AUTH_TOKEN_FILE")
+        .env_remove("TANDEM_MMPROJ")
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE")
+        .output()
+        .expect("device-worker runs")
+}
+
+/// The header pre-check: a projector (architecture `clip`) given as `--model`, and a
+/// projector whose output width is not the model's hidden size, stop the start before the
+/// port opens, with one error naming the flag and the file.
+#[test]
+fn a_projector_as_model_or_of_another_width_fails_before_listening() {
+    let projector = test_support::projector_metadata(12).write_temp();
+    let path = projector.path().to_str().unwrap();
+    for (args, want) in [
+        (vec!["serve", "--model", path], vec![format!("--model {path}"), "architecture \"clip\"".into(), "pass it as --mmproj".into()]),
+        (vec!["serve", "--model", TINY, "--mmproj", path], vec![format!("--mmproj {path}"), "projects to 12 dims".into()]),
+    ] {
+        let out = device_worker(&[&args[..], &["--listen", "127.0.0.1:0"]].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(!stderr.contains("listening"), "failed after listening: {stderr}");
+        for w in &want {
+            assert_one_line_error(&stderr, w);
+        }
+        assert_eq!(stderr.matches(&want[1]).count(), 1, "said more than once: {stderr}");
+    }
+}
+
+/// A missing model named with `--model` is reported as such; only the default path (nothing
+/// named) gets the hint to fetch it.
+#[test]
+fn only_the_default_model_path_gets_the_fetch_hint() {
+    let out = device_worker(&["serve", "--model", "/nonexistent/model.gguf"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_one_line_error(&stderr, "--model /nonexistent/model.gguf");
+    assert!(!stderr.contains("fetch_model.sh"), "{stderr}");
+    let cache = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_device-worker"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env_remove("TANDEM_MODEL")
+        .env_remove("TANDEM_AUTH_TOKEN_FILE")
+        .env("TANDEM_CACHE", cache.path())
+        .output()
+        .unwrap();
+    assert_one_line_error(&String::from_utf8_lossy(&out.stderr), "run tools/fetch_model.sh");
+}

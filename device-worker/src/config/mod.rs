@@ -9,11 +9,13 @@
 //!   count, the verification pass size `K = n_draft + 1`, the planner's configuration).
 
 pub mod defaults;
+pub mod header;
 pub mod options;
 pub mod settings;
 
 use std::path::PathBuf;
 
+pub use header::{check_model_files, ModelHeader};
 pub use options::{
     DraftLengthMode, Drafters, EngineOptions, KernelArgs, PowerBackendKind, ServeOptions,
 };

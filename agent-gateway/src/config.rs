@@ -26,7 +26,7 @@ pub struct ServeOptions {
     /// device-worker address (repeatable); episodes are pinned to one worker each:
     /// `http://HOST:PORT`, `https://HOST:PORT` (TLS, verified with --worker-tls-ca) or
     /// `unix:PATH` (a worker's `--listen unix:PATH` socket).
-    #[arg(long = "worker", default_value = "http://127.0.0.1:50051")]
+    #[arg(long = "worker", default_value = "http://127.0.0.1:50051", value_parser = tandem_auth::client::address)]
     #[serde(rename = "worker")]
     pub workers: Vec<String>,
     /// Most screen controls one prompt lists (at least 1); a larger screen lists the most

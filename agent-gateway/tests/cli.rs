@@ -74,9 +74,29 @@ fn bad_tls_setups_stop_the_start_with_one_line() {
     ]);
     assert!(!ok);
     assert_one_line_error(&stderr, "--worker-tls-ca");
-    let (ok, stderr) = serve(&["--tls-key", not_pem.to_str().unwrap()]);
-    assert!(!ok);
-    assert_one_line_error(&stderr, "--tls-key needs --tls-cert");
+}
+
+/// Usage errors exit 2 naming the flag, as clap's own: a `--worker` that is no address, a
+/// TLS key without its certificate (or the reverse).
+#[test]
+fn bad_worker_addresses_and_lone_tls_files_are_usage_errors() {
+    for (args, want) in [
+        (&["--worker", "garbage:::"][..], &["'--worker <WORKERS>'", "garbage:::", "invalid"][..]),
+        (&["--tls-key", "/k.pem"], &["--tls-cert", "required"]),
+        (&["--tls-cert", "/c.pem"], &["--tls-key", "required"]),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off"])
+            .args(args)
+            .env_remove("TANDEM_AUTH_TOKEN_FILE")
+            .output()
+            .expect("agent-gateway runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        for w in want {
+            assert!(stderr.contains(w), "{args:?}: {w:?} missing: {stderr}");
+        }
+    }
 }
 
 /// `agent-gateway health --addr unix:PATH` reaches a server listening on a Unix socket (as

@@ -70,10 +70,8 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// without `tls`.
 pub fn channel(addr: &str, tls: Option<&crate::ClientTls>, ca_flag: &str) -> Result<(String, Channel), String> {
     let invalid = |e: &dyn std::fmt::Display| format!("invalid address {addr:?}: {e}");
+    let uri = address_uri(addr).map_err(|e| invalid(&e))?;
     if let Some(path) = addr.strip_prefix("unix:") {
-        if path.is_empty() {
-            return Err(invalid(&"unix: needs a socket path (a server's --listen unix:PATH)"));
-        }
         let path = std::path::PathBuf::from(path);
         // The URI is only the `:authority` sent; the connector dials the socket.
         let ep = Endpoint::from_static("http://localhost").connect_timeout(CONNECT_TIMEOUT);
@@ -83,8 +81,31 @@ pub fn channel(addr: &str, tls: Option<&crate::ClientTls>, ca_flag: &str) -> Res
         });
         return Ok((addr.to_string(), ep.connect_with_connector_lazy(connector)));
     }
-    let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
     let ep = Endpoint::from_shared(uri.clone()).map_err(|e| invalid(&e))?.connect_timeout(CONNECT_TIMEOUT).tcp_nodelay(true);
     let ep = crate::ClientTls::for_endpoint(tls, &uri, ep, ca_flag)?;
     Ok((uri, ep.connect_lazy()))
+}
+
+/// The URI [`channel`] dials for `addr` (`http://` added to `HOST:PORT`; `unix:PATH` as is).
+///
+/// Errors: an empty socket path, or no valid URI.
+fn address_uri(addr: &str) -> Result<String, String> {
+    if let Some(path) = addr.strip_prefix("unix:") {
+        return match path.is_empty() {
+            true => Err("unix: needs a socket path (a server's --listen unix:PATH)".into()),
+            false => Ok(addr.to_string()),
+        };
+    }
+    let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+    Endpoint::from_shared(uri.clone()).map_err(|e| format!("{e} (expected http://HOST:PORT, https://HOST:PORT, HOST:PORT or unix:PATH)"))?;
+    Ok(uri)
+}
+
+/// Clap value parser for a server address (`agent-gateway serve --worker`, `device-worker
+/// request --addr`): the syntax [`channel`] accepts, so a bad one is a usage error (exit
+/// code 2) naming the flag, before anything starts.
+///
+/// Errors: as [`address_uri`].
+pub fn address(addr: &str) -> Result<String, String> {
+    address_uri(addr).map(|_| addr.to_string())
 }

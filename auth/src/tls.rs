@@ -28,17 +28,17 @@ pub struct TlsArgs {
     /// Serve TLS (rustls) with this certificate chain: PEM, leaf first, its names (DNS or IP
     /// SANs) as clients dial it. Needs --tls-key; clients then use https:// (or
     /// `grpc.ssl_channel_credentials`). Without it the server speaks plaintext.
-    #[arg(long, env = "TANDEM_TLS_CERT")]
+    #[arg(long, env = "TANDEM_TLS_CERT", requires = "tls_key")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_cert: Option<PathBuf>,
     /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 RSA or SEC1 EC); it must match the
     /// certificate.
-    #[arg(long, env = "TANDEM_TLS_KEY")]
+    #[arg(long, env = "TANDEM_TLS_KEY", requires = "tls_cert")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_key: Option<PathBuf>,
     /// Mutual TLS: accept only clients presenting a certificate signed by one of these CA
     /// certificates (PEM); a client without one is refused in the handshake. Needs --tls-cert.
-    #[arg(long, env = "TANDEM_TLS_CLIENT_CA")]
+    #[arg(long, env = "TANDEM_TLS_CLIENT_CA", requires = "tls_cert")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_client_ca: Option<PathBuf>,
 }

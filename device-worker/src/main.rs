@@ -74,7 +74,7 @@ enum Command {
 #[derive(Clone, Debug, clap::Args)]
 struct WorkerClientArgs {
     /// Worker address: `http://HOST:PORT`, `HOST:PORT` or `unix:PATH`.
-    #[arg(long, default_value = "http://127.0.0.1:50051")]
+    #[arg(long, default_value = "http://127.0.0.1:50051", value_parser = tandem_auth::client::address)]
     addr: String,
     /// Bearer token for a worker that requires one: the first token of this file (the
     /// worker's `--auth-token-file` format; as `agent-gateway serve --worker-token-file`).

@@ -118,7 +118,6 @@ fn bad_tls_files_stop_the_start_with_one_line() {
         (vec!["--tls-cert", &missing, "--tls-key", &other_key], "cannot read --tls-cert"),
         (vec!["--tls-cert", &not_pem, "--tls-key", &other_key], "no PEM certificate"),
         (vec!["--tls-cert", &cert, "--tls-key", &other_key], "does not match --tls-cert"),
-        (vec!["--tls-cert", &cert], "--tls-cert needs --tls-key"),
     ] {
         let (ok, stderr) = serve_fails(&args);
         assert!(!ok, "{args:?} must not serve");
@@ -263,9 +262,8 @@ fn request_and_power_send_the_worker_token() {
 /// option; one over the model's trained context starts with a WARN naming both numbers.
 #[test]
 fn ctx_size_too_small_is_refused_and_over_the_trained_context_is_warned() {
-    let (ok, stderr) = serve_fails(&["--ctx-size", "10"]);
-    assert!(!ok);
-    assert_one_line_error(&stderr, "--ctx-size = 10: must be at least 64 tokens");
+    let out = device_worker(&["serve", "--model", TINY, "--ctx-size", "10"]);
+    assert_usage_error(&out, &["'--ctx-size <CTX_SIZE>'", "must be at least 64 tokens"]);
 
     let (warned, seen) = serve_until_warn(&["--listen", "127.0.0.1:0", "--ctx-size", "1000000"], "--ctx-size 1000000 is over the model's trained context of");
     assert!(warned, "no clamping warning in:\n{seen}");
@@ -321,6 +319,29 @@ fn device_worker(args: &[&str]) -> std::process::Output {
         .env_remove("RUST_LIB_BACKTRACE")
         .output()
         .expect("device-worker runs")
+}
+
+/// `out` is a usage error: exit code 2 (clap's), stderr holding every one of `want`.
+fn assert_usage_error(out: &std::process::Output, want: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    for w in want {
+        assert!(stderr.contains(w), "{w:?} missing: {stderr}");
+    }
+}
+
+/// A TLS certificate without its key (or the reverse, or a client CA without either) is a
+/// usage error naming the missing flag, as clap reports one.
+#[test]
+fn tls_flags_without_their_partner_are_usage_errors() {
+    for (args, want) in [
+        (["--tls-cert", "/c.pem"], "--tls-key"),
+        (["--tls-key", "/k.pem"], "--tls-cert"),
+        (["--tls-client-ca", "/ca.pem"], "--tls-cert"),
+    ] {
+        let out = device_worker(&[&["serve", "--model", TINY][..], &args].concat());
+        assert_usage_error(&out, &[want, "required"]);
+    }
 }
 
 /// The header pre-check: a projector (architecture `clip`) given as `--model`, and a

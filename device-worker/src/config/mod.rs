@@ -47,6 +47,13 @@ pub fn at_least_one(s: &str) -> Result<usize, String> {
     }
 }
 
+/// Clap value parser for `--ctx-size` (`serve` and `tandem-tools dry-run`): at least
+/// [`defaults::MIN_CTX_SIZE`] tokens.
+pub fn ctx_size(s: &str) -> Result<usize, String> {
+    let n = s.parse::<usize>().map_err(|e| e.to_string())?;
+    settings::at_least_min_ctx(n).map_err(|e| e.reason.to_string())
+}
+
 /// As [`at_least_one`] for `u64` values (milliseconds).
 pub fn at_least_one_u64(s: &str) -> Result<u64, String> {
     match s.parse::<u64>() {

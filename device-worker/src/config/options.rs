@@ -53,7 +53,7 @@ pub struct EngineOptions {
     pub kernels: KernelArgs,
     /// Context length per slot, in tokens (prompt + output); at least 64. Over the model's
     /// trained context it is lowered to that, with a warning.
-    #[arg(long, default_value_t = d::CTX_SIZE, value_parser = at_least_one)]
+    #[arg(long, default_value_t = d::CTX_SIZE, value_parser = super::ctx_size)]
     pub ctx_size: usize,
     /// Slots (sequences with their own KV cache). Episodes are pinned to slots.
     #[arg(long, default_value_t = d::SLOTS, value_parser = at_least_one)]

@@ -42,10 +42,11 @@ pub fn image_budget(
     })
 }
 
-/// `ctx_size` if it is at least [`d::MIN_CTX_SIZE`].
+/// `ctx_size` if it is at least [`d::MIN_CTX_SIZE`] (also `--ctx-size`'s value parser,
+/// [`super::ctx_size`]).
 ///
 /// Errors: [`ConfigError`] (`ctx-size`) for a smaller one.
-fn at_least_min_ctx(ctx_size: usize) -> Result<usize, ConfigError> {
+pub(super) fn at_least_min_ctx(ctx_size: usize) -> Result<usize, ConfigError> {
     if ctx_size < d::MIN_CTX_SIZE {
         return Err(ConfigError {
             option: "ctx-size",

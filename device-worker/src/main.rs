@@ -356,12 +356,18 @@ async fn request(
 
 /// A gRPC error from the worker at `addr`, with a hint when it could not be reached.
 fn worker_error(addr: &str, status: &tonic::Status) -> anyhow::Error {
-    let hint = if status.code() == tonic::Code::Unavailable {
-        " (is a worker running there? start one with `device-worker serve`, or pass --addr)"
-    } else {
-        ""
-    };
-    anyhow::anyhow!("worker {addr}: {:?}: {}{hint}", status.code(), status.message())
+    use tandem_proto::step::v1::step_service_server::SERVICE_NAME;
+    match status.code() {
+        tonic::Code::Unimplemented => anyhow::anyhow!(
+            "{addr} does not serve {SERVICE_NAME} (is it the gateway, or another server? pass a worker's address, its `serve --listen`, as --addr)"
+        ),
+        tonic::Code::Unavailable => anyhow::anyhow!(
+            "worker {addr}: {:?}: {} (is a worker running there? start one with `device-worker serve`, or pass --addr)",
+            status.code(),
+            status.message()
+        ),
+        code => anyhow::anyhow!("worker {addr}: {code:?}: {}", status.message()),
+    }
 }
 
 /// The `FinishReason` of the final stats in lower case (`"eos"`, `"length"`, `"stop"`,

@@ -384,3 +384,21 @@ fn only_the_default_model_path_gets_the_fetch_hint() {
         .unwrap();
     assert_one_line_error(&String::from_utf8_lossy(&out.stderr), "run tools/fetch_model.sh");
 }
+
+/// `request` against a server without StepService (here one serving only gRPC health, as
+/// the gateway's address would answer) says so instead of a bare `Unimplemented: `.
+#[test]
+fn request_to_a_server_without_step_service_says_so() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let addr = rt.block_on(async {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = format!("http://{}", l.local_addr().unwrap());
+        let (_, health) = tonic_health::server::health_reporter();
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(l);
+        tokio::spawn(tonic::transport::Server::builder().add_service(health).serve_with_incoming(incoming));
+        addr
+    });
+    let out = device_worker(&["request", "--addr", &addr, "--text", "hi"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_one_line_error(&stderr, &format!("{addr} does not serve tandem.step.v1.StepService (is it the gateway"));
+}

@@ -155,6 +155,14 @@ impl BenchOptions {
     pub fn n_threads(&self) -> usize {
         crate::config::threads_or_all_cores(self.threads)
     }
+
+    /// The usage checks clap cannot make, before anything is read: the image-token budget,
+    /// off its defaults only with `--mmproj` (as `serve`).
+    ///
+    /// Errors: [`crate::config::ConfigError`] naming the option.
+    pub fn check_usage(&self) -> Result<(), crate::config::ConfigError> {
+        crate::config::check_image_budget_usage(self.mmproj.is_some(), self.image_min_tokens, self.image_max_tokens)
+    }
 }
 
 /// Runs the benchmark and prints the result.

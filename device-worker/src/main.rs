@@ -111,11 +111,12 @@ fn run() -> anyhow::Result<()> {
         let _tracing = tandem_telemetry::otel::init("device-worker", None)?;
         return run_tool(cli.command);
     };
+    // Checked before --print-config too, so a printed file is one serve accepts.
+    tandem_options::exit_on_usage_error(cfg.engine.check_usage());
     if let Some(file) = cfg.config.printed(&cfg).context("printing the options")? {
         print!("{file}");
         return Ok(());
     }
-    tandem_options::exit_on_usage_error(cfg.engine.check_usage());
     let settings = cfg.engine.settings()?;
     let model_given = cfg.engine.model.is_some();
     let telemetry = cfg.telemetry.clone();
@@ -245,9 +246,7 @@ fn run_tool(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Serve(_) => anyhow::bail!("serve is run by main, not as a tool"),
         Command::Bench(cfg) => {
-            tandem_options::exit_on_usage_error(
-                device_worker::config::image_budget(cfg.image_min_tokens, cfg.image_max_tokens).map(|_| ()),
-            );
+            tandem_options::exit_on_usage_error(cfg.check_usage());
             device_worker::bench::run(&cfg)
         }
         Command::Request {

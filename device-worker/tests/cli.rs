@@ -385,6 +385,33 @@ fn only_the_default_model_path_gets_the_fetch_hint() {
     assert_one_line_error(&String::from_utf8_lossy(&out.stderr), "run tools/fetch_model.sh");
 }
 
+/// `serve --print-config` writes a file `serve --config` reads back to the same options,
+/// and refuses (as serve does) options serve would refuse, so it never prints such a file.
+#[test]
+fn print_config_round_trips_and_refuses_what_serve_refuses() {
+    let args = ["--model", TINY, "--ctx-size", "512", "--drafters", "none", "--threads", "2", "--listen", "unix:/tmp/w.sock"];
+    let out = device_worker(&[&["serve"][..], &args, &["--print-config"]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("worker.toml");
+    std::fs::write(&file, &out.stdout).unwrap();
+    let again = device_worker(&["serve", "--config", file.to_str().unwrap(), "--print-config"]);
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    assert_eq!(String::from_utf8_lossy(&again.stdout), String::from_utf8_lossy(&out.stdout));
+    let refused = device_worker(&["serve", "--model", TINY, "--image-max-tokens", "256", "--print-config"]);
+    assert_usage_error(&refused, &["--image-max-tokens", "needs --mmproj"]);
+    assert!(refused.stdout.is_empty());
+}
+
+/// `bench` checks its options as `serve` does: image-token options without `--mmproj`, and
+/// runs over the model's context (`--prompt-tokens 999999` grew to gigabytes), are usage
+/// errors naming the option.
+#[test]
+fn bench_usage_errors_exit_2() {
+    let out = device_worker(&["bench", "--model", TINY, "--image-max-tokens", "256"]);
+    assert_usage_error(&out, &["--image-max-tokens", "needs --mmproj"]);
+}
+
 /// `request` against a server without StepService (here one serving only gRPC health, as
 /// the gateway's address would answer) says so instead of a bare `Unimplemented: `.
 #[test]

@@ -123,14 +123,15 @@ pub struct DryRunArgs {
     /// The worker's `--ctx-size` (tokens per slot; the worker caps it at the model's trained
     /// context, `{arch}.context_length` of --state-shapes). Planned prompts that leave no
     /// room for one output token in it are counted and warned about: a worker refuses them.
-    #[arg(long, default_value_t = d::CTX_SIZE, value_parser = at_least_one)]
+    #[arg(long, default_value_t = d::CTX_SIZE, value_parser = device_worker::config::ctx_size)]
     pub ctx_size: usize,
 }
 
 impl DryRunArgs {
     /// The checks of option combinations that clap cannot make, reported as usage errors
     /// (exit code 2) before any file is read: `--screenshots auto|always` without `--mmproj`,
-    /// and the image-token budget ([`device_worker::config::image_budget`]).
+    /// and the image-token budget, off its defaults only with `--mmproj`
+    /// ([`device_worker::config::check_image_budget_usage`], as `serve` and `bench`).
     ///
     /// Errors: [`ConfigError`] naming the option.
     pub fn check_usage(&self) -> Result<(), ConfigError> {
@@ -141,7 +142,7 @@ impl DryRunArgs {
                 reason: "needs --mmproj (the worker's projector: its patch and merge sizes give the image tokens)",
             });
         }
-        device_worker::config::image_budget(self.image_min_tokens, self.image_max_tokens).map(|_| ())
+        device_worker::config::check_image_budget_usage(self.mmproj.is_some(), self.image_min_tokens, self.image_max_tokens)
     }
 }
 

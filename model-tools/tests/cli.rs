@@ -21,3 +21,21 @@ fn dry_run(args: &[&str]) -> Command {
 fn dry_run_into_a_closed_pipe_ends_quietly() {
     test_support::cli::assert_quiet_on_closed_stdout(&mut dry_run(&["--per-step"]));
 }
+
+/// Limits as the worker's: `--ctx-size` below the worker's minimum (64), and image-token
+/// options without `--mmproj` (no image is read), are usage errors naming the option.
+#[test]
+fn dry_run_usage_errors_exit_2_as_the_workers() {
+    for (args, want) in [
+        (&["--ctx-size", "10"][..], &["'--ctx-size <CTX_SIZE>'", "at least 64"][..]),
+        (&["--image-max-tokens", "256"], &["--image-max-tokens", "needs --mmproj"]),
+        (&["--image-min-tokens", "4"], &["--image-min-tokens", "needs --mmproj"]),
+    ] {
+        let out = dry_run(args).output().expect("tandem-tools runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        for w in want {
+            assert!(stderr.contains(w), "{args:?}: {w:?} missing: {stderr}");
+        }
+    }
+}

@@ -19,7 +19,7 @@ pub use header::{check_model_files, ModelHeader};
 pub use options::{
     DraftLengthMode, Drafters, EngineOptions, KernelArgs, PowerBackendKind, ServeOptions,
 };
-pub use settings::{image_budget, ConfigError, EngineSettings, PlannerSettings, SpecSettings, VisionSettings};
+pub use settings::{check_image_budget_usage, image_budget, ConfigError, EngineSettings, PlannerSettings, SpecSettings, VisionSettings};
 
 /// Where `tools/fetch_model.sh` puts the default model (`$TANDEM_CACHE/models/`, default
 /// `~/.cache/tandem/models/`).

@@ -42,6 +42,48 @@ pub fn image_budget(
     })
 }
 
+/// `(option, changed from its default, value)` of `--image-min-tokens` and
+/// `--image-max-tokens`.
+fn budget_options(min_tokens: usize, max_tokens: usize) -> [(&'static str, bool, String); 2] {
+    use crate::model::vision::preprocess::{DEFAULT_MAX_TOKENS, DEFAULT_MIN_TOKENS};
+    [
+        ("image-min-tokens", min_tokens != DEFAULT_MIN_TOKENS, min_tokens.to_string()),
+        ("image-max-tokens", max_tokens != DEFAULT_MAX_TOKENS, max_tokens.to_string()),
+    ]
+}
+
+/// Refuses an image option changed from its default (`(option, changed, value)`) without a
+/// projector: a command without `--mmproj` takes no images, so the value would be silently
+/// ignored. By value: an option given explicitly at its default is accepted.
+///
+/// Errors: [`ConfigError`] naming the first such option.
+fn image_options_need_mmproj(
+    has_mmproj: bool,
+    options: impl IntoIterator<Item = (&'static str, bool, String)>,
+) -> Result<(), ConfigError> {
+    if has_mmproj {
+        return Ok(());
+    }
+    match options.into_iter().find(|(_, changed, _)| *changed) {
+        Some((option, _, value)) => Err(ConfigError {
+            option,
+            value,
+            reason: "is an image option and needs --mmproj (without a projector no image is read)",
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The usage checks of `--image-min-tokens` and `--image-max-tokens` for `bench` and
+/// `tandem-tools dry-run`, as `serve` makes them: off their defaults only with `--mmproj`,
+/// and a valid budget ([`image_budget`]).
+///
+/// Errors: [`ConfigError`] naming the option.
+pub fn check_image_budget_usage(has_mmproj: bool, min_tokens: usize, max_tokens: usize) -> Result<(), ConfigError> {
+    image_options_need_mmproj(has_mmproj, budget_options(min_tokens, max_tokens))?;
+    image_budget(min_tokens, max_tokens).map(|_| ())
+}
+
 /// `ctx_size` if it is at least [`d::MIN_CTX_SIZE`] (also `--ctx-size`'s value parser,
 /// [`super::ctx_size`]).
 ///
@@ -187,25 +229,14 @@ impl EngineOptions {
     /// Errors: [`ConfigError`] naming the first such option (`image-min-tokens`,
     /// `image-max-tokens`, `image-cache-mib`, `image-request-mpx`, `checkpoint-after-image`).
     pub fn check_image_options_need_mmproj(&self) -> Result<(), ConfigError> {
-        if self.mmproj.is_some() {
-            return Ok(());
-        }
         let d = Self::default();
-        let set: [(&'static str, bool, String); 5] = [
-            ("image-min-tokens", self.image_min_tokens != d.image_min_tokens, self.image_min_tokens.to_string()),
-            ("image-max-tokens", self.image_max_tokens != d.image_max_tokens, self.image_max_tokens.to_string()),
+        let set = [
             ("image-cache-mib", self.image_cache_mib != d.image_cache_mib, self.image_cache_mib.to_string()),
             ("image-request-mpx", self.image_request_mpx != d.image_request_mpx, self.image_request_mpx.to_string()),
             ("checkpoint-after-image", self.checkpoint_after_image != d.checkpoint_after_image, self.checkpoint_after_image.to_string()),
         ];
-        match set.into_iter().find(|(_, changed, _)| *changed) {
-            Some((option, _, value)) => Err(ConfigError {
-                option,
-                value,
-                reason: "is an image option and needs --mmproj (a worker without a projector takes no images)",
-            }),
-            None => Ok(()),
-        }
+        let budget = budget_options(self.image_min_tokens, self.image_max_tokens);
+        image_options_need_mmproj(self.mmproj.is_some(), budget.into_iter().chain(set))
     }
 
     /// The checks of option combinations that clap cannot make, reported as usage errors

@@ -163,6 +163,36 @@ impl BenchOptions {
     pub fn check_usage(&self) -> Result<(), crate::config::ConfigError> {
         crate::config::check_image_budget_usage(self.mmproj.is_some(), self.image_min_tokens, self.image_max_tokens)
     }
+
+    /// The context the runs fill: `--depth`, the prompt, the decode runs (after the prompt
+    /// too), the drafts of a verification pass and a few warm-up tokens.
+    pub fn n_ctx(&self) -> usize {
+        [self.prompt_tokens, 2usize.saturating_mul(self.gen_tokens), self.n_draft, 8]
+            .into_iter()
+            .fold(self.depth, usize::saturating_add)
+    }
+
+    /// Refuses runs that do not fit the model's trained context (`n_ctx_train`), before the
+    /// sequence state for them is allocated.
+    ///
+    /// Errors: [`crate::config::ConfigError`] naming `--prompt-tokens` and both sizes.
+    pub fn check_context(&self, n_ctx_train: usize) -> Result<(), crate::config::ConfigError> {
+        if self.n_ctx() <= n_ctx_train {
+            return Ok(());
+        }
+        Err(crate::config::ConfigError {
+            option: "prompt-tokens",
+            value: format!(
+                "{} (with --depth {} and --gen-tokens {} the runs need a context of {} tokens; the model's context size is {})",
+                self.prompt_tokens,
+                self.depth,
+                self.gen_tokens,
+                self.n_ctx(),
+                n_ctx_train
+            ),
+            reason: "lower --prompt-tokens, --depth or --gen-tokens to fit",
+        })
+    }
 }
 
 /// Runs the benchmark and prints the result.
@@ -174,8 +204,9 @@ pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
         .model
         .clone()
         .unwrap_or_else(crate::config::default_model_path);
-    let file =
-        Arc::new(GgufFile::open(&path)?);
+    let file = Arc::new(GgufFile::open(&path)?);
+    let header = crate::config::ModelHeader::read(&file)?;
+    tandem_options::exit_on_usage_error(cfg.check_context(header.n_ctx_train));
     let mut model = Model::load(file)?;
     let pool = ThreadPool::new(cfg.n_threads())?;
     if let Some(p) = &cfg.mmproj {
@@ -205,8 +236,7 @@ pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
             }
         }
     }
-    let n_ctx = cfg.depth + cfg.prompt_tokens + 2 * cfg.gen_tokens + cfg.n_draft + 8;
-    let mut seq = model.new_sequence_state(n_ctx);
+    let mut seq = model.new_sequence_state(cfg.n_ctx());
     let n_batch = cfg.micro_batch.clamp(1, cfg.prompt_tokens.max(1));
     // Buffers for a prefill micro-batch, the warm-up below and a verification pass of
     // 1 + n_draft tokens (--mtp-overhead), whichever is largest.

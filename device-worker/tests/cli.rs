@@ -410,6 +410,8 @@ fn print_config_round_trips_and_refuses_what_serve_refuses() {
 fn bench_usage_errors_exit_2() {
     let out = device_worker(&["bench", "--model", TINY, "--image-max-tokens", "256"]);
     assert_usage_error(&out, &["--image-max-tokens", "needs --mmproj"]);
+    let out = device_worker(&["bench", "--model", TINY, "--prompt-tokens", "999999"]);
+    assert_usage_error(&out, &["--prompt-tokens", "999999", "context size"]);
 }
 
 /// `request` against a server without StepService (here one serving only gRPC health, as

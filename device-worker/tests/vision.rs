@@ -19,7 +19,7 @@ use gguf::writer::{write_with_additions, Additions, NewTensor};
 use gguf::{GgufFile, MetaValue};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use test_support::{corpus_dir, max_abs_diff, GgufBuilder, Val};
+use test_support::{corpus_dir, max_abs_diff};
 
 mod support;
 use support::vision::{
@@ -192,26 +192,7 @@ fn wrong_tensor_shape_is_refused() {
 /// A synthetic `qwen3vl_merger` file (n_embd 8, 1 block, patch 16, 4×4 positions) with
 /// every tensor but `skip`.
 fn synthetic(skip: &str) -> tempfile::NamedTempFile {
-    let mut b = GgufBuilder::default()
-        .kv("general.architecture", Val::Str("clip".into()))
-        .kv("clip.projector_type", Val::Str("qwen3vl_merger".into()))
-        .kv("clip.has_vision_encoder", Val::Bool(true));
-    for (k, v) in [
-        ("image_size", 64),
-        ("patch_size", 16),
-        ("embedding_length", 8),
-        ("feed_forward_length", 16),
-        ("block_count", 1),
-        ("attention.head_count", 2),
-        ("projection_dim", 12),
-        ("spatial_merge_size", 2),
-    ] {
-        b = b.kv(&format!("clip.vision.{k}"), Val::U32(v));
-    }
-    b = b
-        .kv("clip.vision.attention.layer_norm_epsilon", Val::F32(1e-6))
-        .kv("clip.vision.image_mean", Val::F32Arr(vec![0.5; 3]))
-        .kv("clip.vision.image_std", Val::F32Arr(vec![0.5; 3]));
+    let mut b = test_support::projector_metadata(12);
     let mut tensors: Vec<(String, Vec<u64>)> = [
         ("v.patch_embd.weight", &[16, 16, 3, 8][..]),
         ("v.patch_embd.weight.1", &[16, 16, 3, 8]),

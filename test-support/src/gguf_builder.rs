@@ -173,3 +173,28 @@ pub fn write_temp_bytes(bytes: &[u8]) -> tempfile::NamedTempFile {
     f.flush().expect("flush temp file");
     f
 }
+
+/// The metadata of a `qwen3vl_merger` vision projector (architecture `clip`; n_embd 8, one
+/// block, patch 16, 4×4 positions) projecting to `projection_dim`, without tensors: enough
+/// for the header checks; the vision tests add the tensors.
+pub fn projector_metadata(projection_dim: u32) -> GgufBuilder {
+    let mut b = GgufBuilder::default()
+        .kv("general.architecture", Val::Str("clip".into()))
+        .kv("clip.projector_type", Val::Str("qwen3vl_merger".into()))
+        .kv("clip.has_vision_encoder", Val::Bool(true));
+    for (k, v) in [
+        ("image_size", 64),
+        ("patch_size", 16),
+        ("embedding_length", 8),
+        ("feed_forward_length", 16),
+        ("block_count", 1),
+        ("attention.head_count", 2),
+        ("projection_dim", projection_dim),
+        ("spatial_merge_size", 2),
+    ] {
+        b = b.kv(&format!("clip.vision.{k}"), Val::U32(v));
+    }
+    b.kv("clip.vision.attention.layer_norm_epsilon", Val::F32(1e-6))
+        .kv("clip.vision.image_mean", Val::F32Arr(vec![0.5; 3]))
+        .kv("clip.vision.image_std", Val::F32Arr(vec![0.5; 3]))
+}

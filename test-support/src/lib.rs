@@ -11,7 +11,7 @@ pub mod images;
 pub mod inputs;
 
 pub use compare::{assert_close, max_abs_diff, max_rel_diff};
-pub use gguf_builder::{write_temp_bytes, GgufBuilder, RawTensor, Val};
+pub use gguf_builder::{projector_metadata, write_temp_bytes, GgufBuilder, RawTensor, Val};
 pub use inputs::{
     corpus_dir, fixture, kernel_backend, model_path, optional_model_path, require_inputs, untested,
 };

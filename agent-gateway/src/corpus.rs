@@ -163,10 +163,33 @@ pub struct CorpusLoad {
 pub fn load_episodes(corpus_root: &Path) -> Result<Vec<Episode>, CorpusError> {
     let load = scan_corpus(corpus_root)?;
     for s in &load.skipped {
-        tracing::warn!(source = %s.source, reason = %s.reason, "corpus entry skipped");
+        log_skipped(s);
     }
     Ok(load.episodes)
 }
+
+/// Logs a skipped entry: a folder known to hold no episodes ([`NOT_EPISODES`]) at debug
+/// level (it is no problem), any other once per process at warn level (every load of the
+/// corpus would repeat it).
+fn log_skipped(s: &SkippedEpisode) {
+    static WARNED: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+    if NOT_EPISODES.iter().any(|(dir, _)| *dir == s.source) {
+        tracing::debug!(source = %s.source, reason = %s.reason, "corpus entry skipped");
+        return;
+    }
+    let key = (s.source.clone(), s.reason.clone());
+    let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
+    if !warned.contains(&key) {
+        tracing::warn!(source = %s.source, reason = %s.reason, "corpus entry skipped");
+        warned.push(key);
+    }
+}
+
+/// Corpus folders that hold no episodes, and why (skipped, logged at debug level only).
+const NOT_EPISODES: [(&str, &str); 2] = [
+    ("androidcontrol_smolagents_sample", "AndroidControl sample: screenshots elided, no UI tree to observe"),
+    ("androidworld_autodev_run", "AndroidWorld autodev run: screenshots and notes only, no UI tree per step"),
+];
 
 /// The episode with this id. Errors: as [`load_episodes`], plus
 /// [`CorpusError::UnknownEpisode`] listing the known ids.
@@ -208,10 +231,7 @@ pub fn scan_corpus(corpus_root: &Path) -> Result<CorpusLoad, CorpusError> {
             record(load_androidworld_log(corpus_root, &file), rel(corpus_root, &file));
         }
     }
-    for (dir, why) in [
-        ("androidcontrol_smolagents_sample", "AndroidControl sample: screenshots elided, no UI tree to observe"),
-        ("androidworld_autodev_run", "AndroidWorld autodev run: screenshots and notes only, no UI tree per step"),
-    ] {
+    for (dir, why) in NOT_EPISODES {
         if corpus_root.join(dir).exists() {
             load.skipped.push(SkippedEpisode { source: dir.to_string(), reason: why.to_string() });
         }

@@ -183,3 +183,20 @@ fn replay_list_into_a_closed_pipe_ends_quietly() {
             .arg(test_support::corpus_dir()),
     );
 }
+
+/// Loading the corpus warns once per problem: the folders known to hold no episodes are no
+/// problem (debug level), the one unreadable episode file is one WARN line.
+#[test]
+fn corpus_warnings_are_one_per_problem() {
+    let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
+        .args(["replay", "--list", "--corpus"])
+        .arg(test_support::corpus_dir())
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("agent-gateway runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("WARN")).collect();
+    assert_eq!(warnings.len(), 1, "{stderr}");
+    assert!(warnings[0].contains("TRUNCATED_INVALID") && warnings[0].contains("not valid JSON"), "{stderr}");
+}

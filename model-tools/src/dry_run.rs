@@ -229,13 +229,18 @@ impl Setup {
         let tokenizer = Tokenizer::from_gguf(&file).map_err(|e| model_err(&path, "tokenizer", &e))?;
         let template = ChatTemplate::from_gguf(&file).map_err(|e| model_err(&path, "chat template", &e))?;
         let shapes_path = args.state_shapes.clone().unwrap_or_else(|| path.clone());
+        // A file of its own is named as --state-shapes; without one the shapes are --model's.
+        let shapes_err = |what: &str, e: &dyn std::fmt::Display| match &args.state_shapes {
+            Some(p) => ToolsError::StateShapes { path: p.clone(), reason: format!("{what}: {e}") },
+            None => model_err(&path, what, e),
+        };
         let shapes_file = if shapes_path == path {
             Arc::clone(&file)
         } else {
-            Arc::new(GgufFile::open(&shapes_path).map_err(|e| model_err(&shapes_path, "cannot read", &e))?)
+            Arc::new(GgufFile::open(&shapes_path).map_err(|e| shapes_err("cannot read", &e))?)
         };
-        let shape = device_worker::model::sequence_shape(&shapes_file).map_err(|e| model_err(&shapes_path, "state shapes", &e))?;
-        let arch = shapes_file.architecture().map_err(|e| model_err(&shapes_path, "architecture", &e))?;
+        let shape = device_worker::model::sequence_shape(&shapes_file).map_err(|e| shapes_err("hyperparameters", &e))?;
+        let arch = shapes_file.architecture().map_err(|e| shapes_err("architecture", &e))?;
         let n_ctx_train = shapes_file.get_u32_opt(&format!("{arch}.context_length")).map_or(4096, |v| v as usize);
         let n_ctx = args.ctx_size.min(n_ctx_train);
         let vision = match args.mmproj.as_deref().filter(|_| args.screenshots != ScreenshotMode::Never) {
@@ -246,7 +251,15 @@ impl Setup {
                 let config = VisionConfig::from_gguf(&f).map_err(|e| mmproj_err(e.to_string()))?;
                 let budget = device_worker::config::image_budget(args.image_min_tokens, args.image_max_tokens)?;
                 let options = PreprocessOptions { budget, ..PreprocessOptions::default() };
-                Some(ImageAdmission::new(&tokenizer, config, options).map_err(|e| model_err(&path, "vision tokens", &e))?)
+                let admission = ImageAdmission::new(&tokenizer, config, options).map_err(|e| {
+                    // The admission's error is the worker's load failure, "--mmproj: ..."; nothing is loaded here.
+                    let why = match e {
+                        device_worker::error::WorkerError::LoadFailed(m) => m.trim_start_matches("--mmproj: ").to_string(),
+                        e => e.to_string(),
+                    };
+                    mmproj_err(format!("does not fit the model {}: {why}", path.display()))
+                })?;
+                Some(admission)
             }
         };
         let episodes: Vec<Episode> = if episode_ids.is_empty() {

@@ -17,7 +17,10 @@ pub enum ToolsError {
     /// A model file cannot be read, or has no tokenizer, template or known architecture.
     #[error("model {path}: {reason}")]
     Model { path: PathBuf, reason: String },
-    /// The `--mmproj` file cannot be read or is no vision projector.
+    /// The `--state-shapes` file cannot be read or has no known architecture.
+    #[error("state shapes {path}: {reason}")]
+    StateShapes { path: PathBuf, reason: String },
+    /// The `--mmproj` file cannot be read, is no vision projector, or does not fit the model.
     #[error("projector {path}: {reason}")]
     Mmproj { path: PathBuf, reason: String },
     /// Options that cannot go together (`--screenshots` without `--mmproj`, an image-token

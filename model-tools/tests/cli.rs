@@ -39,3 +39,34 @@ fn dry_run_usage_errors_exit_2_as_the_workers() {
         }
     }
 }
+
+/// The error of `dry-run args` (it must fail): its stderr.
+fn dry_run_error(args: &[&str]) -> String {
+    let out = dry_run(args).env_remove("RUST_BACKTRACE").output().expect("tandem-tools runs");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{args:?} must fail: {stderr}");
+    stderr
+}
+
+/// Each file's error has one accurate prefix: a bad `--state-shapes` file is named as such
+/// (was "model"), and a projector that does not fit the model is the projector's error (was
+/// three prefixes, "model ...: vision tokens: the model failed to load: --mmproj: ...", in a
+/// run that loads nothing).
+#[test]
+fn dry_run_errors_name_the_file_they_are_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let shapes = dir.path().join("shapes.gguf");
+    std::fs::write(&shapes, "not a gguf").unwrap();
+    let shapes = shapes.to_str().unwrap();
+    let stderr = dry_run_error(&["--state-shapes", shapes]);
+    test_support::cli::assert_one_line_error(&stderr, &format!("state shapes {shapes}: cannot read"));
+    assert!(!stderr.contains("error: model"), "{stderr}");
+
+    let projector = test_support::projector_metadata(576).write_temp();
+    let mmproj = projector.path().to_str().unwrap();
+    let stderr = dry_run_error(&["--screenshots", "always", "--mmproj", mmproj]);
+    test_support::cli::assert_one_line_error(&stderr, &format!("projector {mmproj}: does not fit the model"));
+    for stacked in ["failed to load", "vision tokens", ": --mmproj:"] {
+        assert!(!stderr.contains(stacked), "{stacked:?} in {stderr}");
+    }
+}

@@ -147,6 +147,21 @@ pub enum GatewayError {
 
 /// The first `messages[I].content[K]` reference in a worker's error text (written in the
 /// request's terms by `PartOrigins::to_openai`), as OpenAI's `error.param`.
+/// The request field a worker's INVALID_ARGUMENT message is about: `messages` for a refused
+/// content part (an image that does not decode, an image sent to a text-only model: the
+/// message names the part, as the gateway's own check of the parts) and for a prompt over the
+/// context or empty (`device_worker::error::WorkerError`'s prompt messages);
+/// `response_format` for a JSON schema the worker cannot compile.
+fn worker_param(message: &str) -> Option<&'static str> {
+    if message.contains("invalid JSON schema") {
+        Some("response_format")
+    } else if content_part_in(message).is_some() || message.contains("the prompt ") {
+        Some("messages")
+    } else {
+        None
+    }
+}
+
 fn content_part_in(message: &str) -> Option<&str> {
     let digits = |s: &str| s.bytes().take_while(u8::is_ascii_digit).count();
     let mut from = 0;
@@ -184,6 +199,10 @@ pub enum ApiError {
     /// The body is not JSON, or not the shape of a chat-completion request (400).
     #[error("request body is not a valid chat completion request: {0}")]
     BadJson(String),
+    /// Valid JSON whose field `param` does not deserialize (a wrong type or range, or
+    /// `messages` missing; 400); `message` is serde's.
+    #[error("{param}: {message}")]
+    BadField { param: String, message: String },
     /// A field has a value the endpoint does not accept (400); `param` names the field.
     #[error("{param}: expected {expected}, found {found}")]
     InvalidParam { param: &'static str, expected: &'static str, found: String },
@@ -224,7 +243,7 @@ impl ApiError {
     /// The HTTP status code of this error.
     pub fn http_status(&self) -> u16 {
         match self {
-            ApiError::BadJson(_) | ApiError::InvalidParam { .. } => 400,
+            ApiError::BadJson(_) | ApiError::BadField { .. } | ApiError::InvalidParam { .. } => 400,
             ApiError::NotFound { .. } => 404,
             ApiError::MethodNotAllowed { .. } => 405,
             ApiError::BodyTooLarge { .. } | ApiError::RequestTooLarge { .. } => 413,
@@ -266,17 +285,17 @@ impl ApiError {
     pub fn to_json(&self) -> serde_json::Value {
         let param = match self {
             ApiError::InvalidParam { param, .. } => serde_json::Value::String(param.to_string()),
-            // A worker's refusal of one content part (an image that does not decode, an
-            // image sent to a text-only model) names the part in its message; the parameter
-            // is `messages`, as for the gateway's own check of the parts.
-            ApiError::Worker { message, .. } if self.http_status() == 400 && content_part_in(message).is_some() => {
-                serde_json::Value::String("messages".to_string())
+            ApiError::BadField { param, .. } => serde_json::Value::String(param.clone()),
+            // A request over the message budget is its messages (the rest is small).
+            ApiError::RequestTooLarge { .. } => serde_json::Value::String("messages".to_string()),
+            ApiError::Worker { message, .. } if self.http_status() == 400 => {
+                worker_param(message).map_or(serde_json::Value::Null, |p| serde_json::Value::String(p.to_string()))
             }
             _ => serde_json::Value::Null,
         };
         let code = match self {
             ApiError::BadJson(_) => "invalid_json",
-            ApiError::InvalidParam { .. } => "invalid_value",
+            ApiError::InvalidParam { .. } | ApiError::BadField { .. } => "invalid_value",
             ApiError::NotFound { .. } => "unknown_url",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::BodyTooLarge { .. } | ApiError::RequestTooLarge { .. } => "request_too_large",

@@ -269,6 +269,25 @@ mod tests {
         assert_eq!((v["error"]["param"].is_null(), v["error"]["code"].as_str()), (true, Some("worker_error")), "{v}");
     }
 
+    /// A worker's refusal of the schema names `response_format`, of an over-long or empty
+    /// prompt `messages` (both were `param` null); the gateway's own over-budget request is
+    /// `messages` too.
+    #[tokio::test]
+    async fn worker_refusals_name_the_param() {
+        for (message, param) in [
+            ("invalid JSON schema: not JSON: EOF while parsing", "response_format"),
+            ("the prompt has 5000 tokens; the context holds 4096 (prompt + at least one output token)", "messages"),
+            ("the prompt has at least 9000 tokens (counted in its first 100 of 900 bytes, where tokenizing stopped); the context holds 4096", "messages"),
+            ("the prompt is empty", "messages"),
+        ] {
+            let e = ApiError::Worker { worker: "w".into(), code: tonic::Code::InvalidArgument, message: message.into() };
+            let v = json_of(e.into_response()).await;
+            assert_eq!((v["error"]["param"].as_str(), v["error"]["type"].as_str()), (Some(param), Some("invalid_request_error")), "{v}");
+        }
+        let v = json_of(ApiError::RequestTooLarge { bytes: 9, limit: 1 }.into_response()).await;
+        assert_eq!(v["error"]["param"], "messages", "{v}");
+    }
+
     /// tonic's own refusal of a message over the worker's decoding limit (OUT_OF_RANGE in
     /// tonic 0.14, RESOURCE_EXHAUSTED before) is a 413 with OpenAI error JSON and no
     /// Retry-After (a retry cannot cure it), not a 400 or a 429.

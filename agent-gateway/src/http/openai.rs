@@ -62,6 +62,32 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
+/// The field of a request object that does not deserialize: `messages` when it is missing,
+/// else the first field that fails alone beside an empty `messages` list.
+fn bad_field(fields: &serde_json::Map<String, Value>) -> String {
+    if !fields.contains_key("messages") {
+        return "messages".into();
+    }
+    let fails = |key: &String, v: &Value| {
+        let mut alone = serde_json::Map::from_iter([("messages".to_string(), json!([]))]);
+        alone.insert(key.clone(), v.clone());
+        serde_json::from_value::<ChatCompletionRequest>(Value::Object(alone)).is_err()
+    };
+    fields.iter().find(|(k, v)| fails(k, v)).map_or_else(|| "messages".into(), |(k, _)| k.clone())
+}
+
+/// What a JSON value is, for messages (`an array`, `a string`, ...).
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
 /// One input message; `content` is a string, a list of content parts, or null.
 #[derive(Debug, Clone, Deserialize)]
 pub struct InMessage {
@@ -73,9 +99,15 @@ pub struct InMessage {
 impl ChatCompletionRequest {
     /// Parses a request body.
     ///
-    /// Errors: [`ApiError::BadJson`] when the body is not JSON or lacks `messages`.
+    /// Errors: [`ApiError::BadJson`] when the body is not JSON or not a JSON object;
+    /// [`ApiError::BadField`] naming the field for valid JSON with a field of the wrong type
+    /// or range (`"max_tokens": -5`, `"temperature": "hot"`) or without `messages`.
     pub fn from_body(body: &[u8]) -> Result<Self, ApiError> {
-        serde_json::from_slice(body).map_err(|e| ApiError::BadJson(e.to_string()))
+        let value: Value = serde_json::from_slice(body).map_err(|e| ApiError::BadJson(e.to_string()))?;
+        let Value::Object(fields) = &value else {
+            return Err(ApiError::BadJson(format!("expected a JSON object, found {}", json_kind(&value))));
+        };
+        serde_json::from_value(value.clone()).map_err(|e| ApiError::BadField { param: bad_field(fields), message: e.to_string() })
     }
 
     /// Whether the client asked for server-sent events.
@@ -675,7 +707,27 @@ mod tests {
             assert_eq!(err.to_json()["error"]["type"], "invalid_request_error");
         }
         let err = req(json!({"model": "m"})).unwrap_err();
-        assert!(matches!(err, ApiError::BadJson(ref m) if m.contains("messages")), "{err}");
+        assert_eq!(err.to_json()["error"]["param"], "messages", "{err}");
+    }
+
+    /// Valid JSON with a field of the wrong type or range is a bad parameter named by
+    /// `param` (was `invalid_json` with `param` null); a body that is no JSON object says so.
+    #[test]
+    fn fields_that_do_not_deserialize_are_named() {
+        let user = json!([{"role": "user", "content": "x"}]);
+        for (body, param) in [
+            (json!({"messages": user, "max_tokens": -5}), "max_tokens"),
+            (json!({"messages": user, "temperature": "hot"}), "temperature"),
+            (json!({"messages": "hi"}), "messages"),
+        ] {
+            let e = req(body.clone()).unwrap_err().to_json();
+            assert_eq!((e["error"]["type"].as_str(), e["error"]["param"].as_str()), (Some("invalid_request_error"), Some(param)), "{body}: {e}");
+            assert_eq!(e["error"]["code"], "invalid_value", "{e}");
+        }
+        let e = ChatCompletionRequest::from_body(b"[1, 2]").unwrap_err();
+        assert!(e.to_string().contains("expected a JSON object, found an array"), "{e}");
+        let e = ChatCompletionRequest::from_body(b"{").unwrap_err().to_json();
+        assert_eq!(e["error"]["code"], "invalid_json", "{e}");
     }
 
     #[test]

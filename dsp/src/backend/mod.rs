@@ -44,7 +44,7 @@ macro_rules! quant_dot_methods {
     };
 }
 
-/// The body of a K-quant sweep of the SIMD backends (AVX2, NEON), written once: for
+/// The body of a K-quant sweep of the NEON backends (every level), written once: for
 /// `p: Piece` (at most `$max_rows` rows and `$nt` tokens), every weight block is unpacked once
 /// (`unpack_q4k` / `unpack_q6k` of the calling module, by the const `$q4k`) and accumulated with
 /// each token's [`BlockQ8K`] by `$acc` (with `$u`, `$bx`, `$a`: the unpacked block, the
@@ -53,7 +53,7 @@ macro_rules! quant_dot_methods {
 ///
 /// Expands to unsafe code: the caller's safety contract is the `Piece` one (the pointers cover
 /// `rows × nb` aligned weight blocks and `n_tok × nb` aligned activation blocks).
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg(target_arch = "aarch64")]
 macro_rules! kquant_sweep {
     ($p:expr, $q4k:ident, $nt:ident, $max_rows:expr, $zero:expr, |$u:ident, $bx:ident, $a:ident| $acc:expr, $hsum:path) => {{
         let Piece { w, w_stride, rows, x, x_stride, n_tok, nb, out, out_stride } = $p;

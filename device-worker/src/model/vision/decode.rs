@@ -160,9 +160,21 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, VisionErr
     })
 }
 
-/// A decoder's error as one line (zune-jpeg's messages hold line breaks).
+/// A decoder's error as one line.
 fn decode_error(e: image::ImageError) -> VisionError {
-    VisionError::Decode(e.to_string().split_whitespace().collect::<Vec<_>>().join(" "))
+    VisionError::Decode(one_line(&e.to_string()))
+}
+
+/// A decoder's message as one plain line: zune-jpeg (0.5) prints its own messages with
+/// `Debug`, so they arrive quoted with escaped line breaks (`"… mismatch\n expected …"`);
+/// escapes become spaces, the quotes go, and runs of whitespace become one space.
+fn one_line(text: &str) -> String {
+    let unescaped = text
+        .replace("\\n", " ")
+        .replace("\\t", " ")
+        .replace("\\\"", "'")
+        .replace('"', "");
+    unescaped.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// Checks that a JPEG's segments and entropy-coded data run, marker by marker, to an
@@ -204,4 +216,20 @@ pub fn jpeg_reaches_eoi(bytes: &[u8]) -> Result<(), VisionError> {
         }
     }
     Err(truncated(bytes.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    /// zune-jpeg's `Debug`-printed message, as the image crate passes it on.
+    #[test]
+    fn decoder_messages_become_one_plain_line() {
+        let raw = "Format error decoding Jpeg: \"Marker SOF found\\n  after SOS\\tsegment \\\"x\\\"\"";
+        assert_eq!(
+            one_line(raw),
+            "Format error decoding Jpeg: Marker SOF found after SOS segment 'x'"
+        );
+        assert_eq!(one_line("plain\nline  two"), "plain line two");
+    }
 }

@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 use tandem_proto::step::v1 as spb;
 
 use crate::error::ApiError;
+use crate::json_kind;
 
 /// Most stop strings a request may give (OpenAI's limit).
 pub const MAX_STOP_STRINGS: usize = 4;
@@ -74,18 +75,6 @@ fn bad_field(fields: &serde_json::Map<String, Value>) -> String {
         serde_json::from_value::<ChatCompletionRequest>(Value::Object(alone)).is_err()
     };
     fields.iter().find(|(k, v)| fails(k, v)).map_or_else(|| "messages".into(), |(k, _)| k.clone())
-}
-
-/// What a JSON value is, for messages (`an array`, `a string`, ...).
-fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// One input message; `content` is a string, a list of content parts, or null.

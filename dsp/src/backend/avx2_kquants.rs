@@ -208,17 +208,7 @@ const PREFETCH_BYTES: usize = 3072;
 /// `out + t*out_stride + r` must be writable.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn sweep<const Q4K: bool, const NT: usize>(p: Piece) {
-    let Piece {
-        w,
-        w_stride,
-        rows,
-        x,
-        x_stride,
-        n_tok,
-        nb,
-        out,
-        out_stride,
-    } = p;
+    let Piece { w, w_stride, rows, x, x_stride, n_tok, nb, out, out_stride } = p;
     debug_assert!(0 < rows && rows <= ROWS && n_tok <= NT);
     let wb = if Q4K { KQuant::Q4K } else { KQuant::Q6K }.block_bytes();
     let mut acc = [_mm_setzero_ps(); NT];
@@ -296,17 +286,7 @@ unsafe fn combine<const Q4K: bool>(
 /// As [`sweep`], with `NT ≤ 8`.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn sweep_few<const Q4K: bool, const NT: usize>(p: Piece) {
-    let Piece {
-        w,
-        w_stride,
-        rows,
-        x,
-        x_stride,
-        n_tok,
-        nb,
-        out,
-        out_stride,
-    } = p;
+    let Piece { w, w_stride, rows, x, x_stride, n_tok, nb, out, out_stride } = p;
     debug_assert!(0 < rows && rows <= ROWS && n_tok <= NT && NT <= 8);
     let wb = if Q4K { KQuant::Q4K } else { KQuant::Q6K }.block_bytes();
     let mut acc = [_mm_setzero_ps(); NT];

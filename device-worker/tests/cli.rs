@@ -395,7 +395,15 @@ fn print_config_round_trips_and_refuses_what_serve_refuses() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("worker.toml");
     std::fs::write(&file, &out.stdout).unwrap();
-    let again = device_worker(&["serve", "--config", file.to_str().unwrap(), "--print-config"]);
+    // The file's model, not TANDEM_MODEL's (the environment outranks a config file, as a
+    // flag does; tools/test.sh sets TANDEM_MODEL).
+    let again = Command::new(env!("CARGO_BIN_EXE_device-worker"))
+        .args(["serve", "--config", file.to_str().unwrap(), "--print-config"])
+        .env_remove("TANDEM_MODEL")
+        .env_remove("TANDEM_AUTH_TOKEN_FILE")
+        .env_remove("TANDEM_MMPROJ")
+        .output()
+        .expect("device-worker runs");
     assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
     assert_eq!(String::from_utf8_lossy(&again.stdout), String::from_utf8_lossy(&out.stdout));
     let refused = device_worker(&["serve", "--model", TINY, "--image-max-tokens", "256", "--print-config"]);

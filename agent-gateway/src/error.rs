@@ -145,8 +145,6 @@ pub enum GatewayError {
     },
 }
 
-/// The first `messages[I].content[K]` reference in a worker's error text (written in the
-/// request's terms by `PartOrigins::to_openai`), as OpenAI's `error.param`.
 /// The request field a worker's INVALID_ARGUMENT message is about: `messages` for a refused
 /// content part (an image that does not decode, an image sent to a text-only model: the
 /// message names the part, as the gateway's own check of the parts) and for a prompt over the
@@ -162,6 +160,9 @@ fn worker_param(message: &str) -> Option<&'static str> {
     }
 }
 
+/// The first `messages[I].content[K]` reference in a worker's error text (written in the
+/// request's terms by `PartOrigins::to_openai`): such a message is about `messages`
+/// ([`worker_param`]).
 fn content_part_in(message: &str) -> Option<&str> {
     let digits = |s: &str| s.bytes().take_while(u8::is_ascii_digit).count();
     let mut from = 0;

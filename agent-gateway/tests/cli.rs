@@ -91,11 +91,7 @@ fn bad_worker_addresses_and_lone_tls_files_are_usage_errors() {
             .env_remove("TANDEM_AUTH_TOKEN_FILE")
             .output()
             .expect("agent-gateway runs");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-        for w in want {
-            assert!(stderr.contains(w), "{args:?}: {w:?} missing: {stderr}");
-        }
+        test_support::cli::assert_usage_error(&out, want);
     }
 }
 

@@ -4,7 +4,7 @@
 //! loopback only; a Unix socket counts as local), TLS files checked at start, `serve --help`.
 
 use std::process::Command;
-use test_support::cli::{assert_one_line_error, serve_help};
+use test_support::cli::{assert_one_line_error, assert_usage_error, serve_help};
 
 const TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/qwen35/tiny-qwen35-f16.gguf");
 
@@ -319,15 +319,6 @@ fn device_worker(args: &[&str]) -> std::process::Output {
         .env_remove("RUST_LIB_BACKTRACE")
         .output()
         .expect("device-worker runs")
-}
-
-/// `out` is a usage error: exit code 2 (clap's), stderr holding every one of `want`.
-fn assert_usage_error(out: &std::process::Output, want: &[&str]) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    for w in want {
-        assert!(stderr.contains(w), "{w:?} missing: {stderr}");
-    }
 }
 
 /// A TLS certificate without its key (or the reverse, or a client CA without either) is a

@@ -32,11 +32,7 @@ fn dry_run_usage_errors_exit_2_as_the_workers() {
         (&["--image-min-tokens", "4"], &["--image-min-tokens", "needs --mmproj"]),
     ] {
         let out = dry_run(args).output().expect("tandem-tools runs");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-        for w in want {
-            assert!(stderr.contains(w), "{args:?}: {w:?} missing: {stderr}");
-        }
+        test_support::cli::assert_usage_error(&out, want);
     }
 }
 

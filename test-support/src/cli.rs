@@ -23,6 +23,16 @@ pub fn assert_one_line_error(stderr: &str, want: &str) {
     );
 }
 
+/// `out` is a usage error: exit code 2 (clap's, and `tandem_options::exit_on_usage_error`'s),
+/// stderr holding every one of `want`; panics (failing the test) otherwise.
+pub fn assert_usage_error(out: &std::process::Output, want: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    for w in want {
+        assert!(stderr.contains(w), "{w:?} missing: {stderr}");
+    }
+}
+
 /// The paragraph of `bin serve --help` between `start` and the next `end` (both exclusive).
 ///
 /// Panics (failing the test) when the help cannot be run or holds no `start`.

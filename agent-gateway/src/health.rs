@@ -1,6 +1,7 @@
 //! `agent-gateway health`: asks a gateway or worker for its gRPC health status, optionally
 //! waiting until it is SERVING (scripts use it to wait for a worker to load its model).
 
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -35,8 +36,8 @@ pub async fn run(args: &HealthArgs) -> Result<(), GatewayError> {
         let status = check(&args.addr, &args.service, tls.as_ref()).await;
         match &status {
             Ok(ServingStatus::Serving) => {
-                println!("{}: SERVING", args.addr);
-                return Ok(());
+                return tandem_options::write_stdout(|out| writeln!(out, "{}: SERVING", args.addr))
+                    .map_err(|source| GatewayError::Io { path: "standard output".into(), source });
             }
             _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
             Ok(s) => return Err(GatewayError::Health(format!("{} is {}{}", args.addr, s.as_str_name(), waited(args.wait)))),

@@ -1,5 +1,6 @@
 //! `agent-gateway`: serves AgentService to controllers, and replays corpus episodes.
 
+use std::io::Write;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -46,7 +47,7 @@ fn run() -> anyhow::Result<()> {
     let cli: Cli = tandem_options::parse()?;
     if let Command::Serve(cfg) = &cli.command {
         if let Some(file) = cfg.config.printed(cfg).context("printing the options")? {
-            print!("{file}");
+            tandem_options::write_stdout(|out| out.write_all(file.as_bytes()))?;
             return Ok(());
         }
     }
@@ -131,7 +132,10 @@ fn run() -> anyhow::Result<()> {
                 agent_gateway::load::verdict(&reports).map_err(|e| anyhow::anyhow!(e))?;
             }
             Command::Health(args) => agent_gateway::health::run(&args).await?,
-            Command::Prompt(args) => println!("{}", agent_gateway::prompt_dump::messages_json(&args)?),
+            Command::Prompt(args) => {
+                let json = agent_gateway::prompt_dump::messages_json(&args)?;
+                tandem_options::write_stdout(|out| writeln!(out, "{json}"))?;
+            }
             Command::DraftVocab { .. } => {
                 anyhow::bail!("draft-vocab moved to `tandem-tools draft-vocab` (same options)")
             }

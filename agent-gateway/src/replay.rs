@@ -119,12 +119,11 @@ pub struct ReplaySummary {
 pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary), GatewayError> {
     if cfg.list {
         let episodes = load_episodes(&cfg.corpus)?;
-        tandem_options::write_stdout(|out| {
+        stdout(|out| {
             episodes.iter().try_for_each(|e| {
                 writeln!(out, "{:<48} {:>3} steps  {}  task: {}", e.id, e.steps.len(), e.source, e.task)
             })
-        })
-        .map_err(|source| GatewayError::Io { path: "standard output".into(), source })?;
+        })?;
         return Ok((vec![], ReplaySummary::default()));
     }
     if cfg.episodes.is_empty() && cfg.count == 0 {
@@ -180,13 +179,13 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
         total_steps,
         cfg.gateway
     );
-    print_header();
+    stdout(print_header)?;
     let mut records = Vec::new();
     let mut summary = ReplaySummary::default();
     let mut done = 0usize;
     for ep in &episodes {
         let n = steps_of(ep, cfg.max_steps);
-        println!("# episode {} ({} steps) task: {}", ep.id, n, ep.task);
+        stdout(|out| writeln!(out, "# episode {} ({} steps) task: {}", ep.id, n, ep.task))?;
         let (tx, rx) = mpsc::channel(4);
         let start = apb::EpisodeInput {
             input: Some(apb::episode_input::Input::Start(apb::EpisodeStart {
@@ -277,7 +276,7 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
                 recorded_action: st.recorded_action.clone(),
             };
             done += 1;
-            print_row(&rec, done, total_steps);
+            stdout(|out| print_row(out, &rec, done, total_steps))?;
             summary.steps += 1;
             if rec.error.is_empty() {
                 summary.valid_actions += 1;
@@ -294,13 +293,29 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
         }
         drop(tx);
     }
-    println!(
+    stdout(|out| print_summary(out, &records, &summary, cfg))?;
+    Ok((records, summary))
+}
+
+/// Writes to standard output with [`tandem_options::write_stdout`]: a reader that went away
+/// (`replay ... | head -1`) ends the process quietly with exit code 0.
+///
+/// Errors: any other error writing to standard output.
+fn stdout(write: impl FnOnce(&mut std::io::StdoutLock<'static>) -> std::io::Result<()>) -> Result<(), GatewayError> {
+    tandem_options::write_stdout(write).map_err(|source| GatewayError::Io { path: "standard output".into(), source })
+}
+
+/// The run's last lines: steps, valid actions and errors; screenshots and decode figures
+/// when there were any.
+fn print_summary(out: &mut impl Write, records: &[StepRecord], summary: &ReplaySummary, cfg: &ReplayConfig) -> std::io::Result<()> {
+    writeln!(
+        out,
         "{} step(s): {} valid action(s), {} error(s); JSONL written to {}",
         summary.steps,
         summary.valid_actions,
         summary.errors,
         cfg.out.display()
-    );
+    )?;
     let tokens: u32 = records.iter().map(|r| r.decode_tokens).sum();
     let passes: u32 = records.iter().map(|r| r.decode_passes).sum();
     let decode_ms: f64 = records.iter().map(|r| r.decode_ms).sum();
@@ -311,22 +326,24 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
     let shots = records.iter().filter(|r| r.screenshot_sent).count();
     if shots > 0 {
         let sum = |f: fn(&StepRecord) -> u32| records.iter().map(f).sum::<u32>();
-        println!(
+        writeln!(
+            out,
             "screenshots: {shots} sent, {} image token(s), {} image(s) encoded in {:.1} ms, {} from the image cache",
             sum(|r| r.image_tokens),
             sum(|r| r.images_encoded),
             records.iter().map(|r| r.encoder_ms).sum::<f64>(),
             sum(|r| r.image_cache_hits)
-        );
+        )?;
     }
     if tokens > 0 {
-        println!(
+        writeln!(
+            out,
             "decode: {tokens} token(s), {:.1} ms/token, {:.2} target passes/token; drafts {accepted}/{proposed} accepted",
             decode_ms / tokens as f64,
             passes as f64 / tokens as f64
-        );
+        )?;
     }
-    Ok((records, summary))
+    Ok(())
 }
 
 fn steps_of(ep: &Episode, max_steps: usize) -> usize {
@@ -337,20 +354,22 @@ fn steps_of(ep: &Episode, max_steps: usize) -> usize {
     }
 }
 
-fn print_header() {
-    println!(
+fn print_header(out: &mut impl Write) -> std::io::Result<()> {
+    writeln!(
+        out,
         "{:>9} {:>4} {:>7} {:>7} {:>5} {:>9} {:>8}  action",
         "progress", "step", "prompt", "reused", "new", "server_ms", "ms/token"
-    );
+    )
 }
 
-fn print_row(r: &StepRecord, done: usize, total: usize) {
+fn print_row(out: &mut impl Write, r: &StepRecord, done: usize, total: usize) -> std::io::Result<()> {
     let action = if r.error.is_empty() {
         r.action.clone()
     } else {
         format!("ERROR: {}", r.error)
     };
-    println!(
+    writeln!(
+        out,
         "{:>9} {:>4} {:>7} {:>7} {:>5} {:>9.1} {:>8.1}  {}",
         format!("{done}/{total}"),
         r.step,
@@ -360,5 +379,5 @@ fn print_row(r: &StepRecord, done: usize, total: usize) {
         r.server_ms,
         r.ms_per_token,
         action
-    );
+    )
 }

@@ -124,6 +124,8 @@ fn health_accepts_a_unix_socket_address() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("SERVING"), "{stdout}");
+    // `health ... | head -0`: the answer meets a closed pipe, the command ends quietly.
+    test_support::cli::assert_quiet_on_closed_stdout(Command::new(env!("CARGO_BIN_EXE_agent-gateway")).args(["health", "--addr", &addr]));
     let missing = format!("unix:{}", dir.path().join("none.sock").display());
     let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
         .args(["health", "--addr", &missing])
@@ -176,6 +178,17 @@ fn replay_list_into_a_closed_pipe_ends_quietly() {
     test_support::cli::assert_quiet_on_closed_stdout(
         Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
             .args(["replay", "--list", "--corpus"])
+            .arg(test_support::corpus_dir()),
+    );
+}
+
+/// `agent-gateway prompt --episode ID | head -0`: the messages meet a closed pipe and the
+/// command ends quietly (exit 0), not with a panic in `println!` (exit code 101).
+#[test]
+fn prompt_into_a_closed_pipe_ends_quietly() {
+    test_support::cli::assert_quiet_on_closed_stdout(
+        Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
+            .args(["prompt", "--episode", "androidworld/ContactsAddContact_base_o4-mini_trial1", "--corpus"])
             .arg(test_support::corpus_dir()),
     );
 }

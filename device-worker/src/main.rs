@@ -1,5 +1,7 @@
 //! `device-worker`: serves StepService for one GGUF model.
 
+use std::io::Write;
+
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use device_worker::config::ServeOptions;
@@ -114,7 +116,7 @@ fn run() -> anyhow::Result<()> {
     // Checked before --print-config too, so a printed file is one serve accepts.
     tandem_options::exit_on_usage_error(cfg.engine.check_usage());
     if let Some(file) = cfg.config.printed(&cfg).context("printing the options")? {
-        print!("{file}");
+        tandem_options::write_stdout(|out| out.write_all(file.as_bytes()))?;
         return Ok(());
     }
     let settings = cfg.engine.settings()?;
@@ -263,12 +265,12 @@ fn run_tool(command: Command) -> anyhow::Result<()> {
             let file = power_state_file
                 .unwrap_or_else(|| power_root.join(device_worker::power::linux::STATE_FILE));
             let restored = device_worker::power::restore_from_state_file(&file)?;
-            if restored.is_empty() {
-                println!("nothing to restore: no state file at {}", file.display());
-            }
-            for s in restored {
-                println!("restored {} = {}", s.path.display(), s.original);
-            }
+            tandem_options::write_stdout(|out| {
+                if restored.is_empty() {
+                    writeln!(out, "nothing to restore: no state file at {}", file.display())?;
+                }
+                restored.iter().try_for_each(|s| writeln!(out, "restored {} = {}", s.path.display(), s.original))
+            })?;
             Ok(())
         }
         Command::Render { model } => {
@@ -286,7 +288,8 @@ fn run_tool(command: Command) -> anyhow::Result<()> {
             let m: Messages = serde_json::from_str(&input)
                 .context("stdin must be {\"messages\": [{\"role\": .., \"content\": ..}]}")?;
             // The serving path's text: special-token texts in contents escaped (they stay text).
-            print!("{}", device_worker::prompt::render_chat(&tokenizer, &template, &m.messages)?);
+            let text = device_worker::prompt::render_chat(&tokenizer, &template, &m.messages)?;
+            tandem_options::write_stdout(|out| out.write_all(text.as_bytes()))?;
             Ok(())
         }
     }
@@ -333,23 +336,21 @@ async fn request(
         }
     }
     let d = done.context("the stream ended without final stats")?;
-    println!(
-        "{}",
-        serde_json::json!({
-            "client_ms": t0.elapsed().as_secs_f64() * 1e3,
-            "first_token_ms": first_token_ms.unwrap_or(0.0),
-            "wake_ms": d.wake_ms,
-            "cold_start": d.cold_start,
-            "server_ms": d.server_ms,
-            "queue_ms": d.queue_ms,
-            "prompt_tokens": d.prompt_tokens,
-            "reused_tokens": d.reused_tokens,
-            "decode_tokens": d.decode_tokens,
-            "finish_reason": finish_reason(d.finish_reason),
-            "tokens": tokens,
-            "text": out_text,
-        })
-    );
+    let json = serde_json::json!({
+        "client_ms": t0.elapsed().as_secs_f64() * 1e3,
+        "first_token_ms": first_token_ms.unwrap_or(0.0),
+        "wake_ms": d.wake_ms,
+        "cold_start": d.cold_start,
+        "server_ms": d.server_ms,
+        "queue_ms": d.queue_ms,
+        "prompt_tokens": d.prompt_tokens,
+        "reused_tokens": d.reused_tokens,
+        "decode_tokens": d.decode_tokens,
+        "finish_reason": finish_reason(d.finish_reason),
+        "tokens": tokens,
+        "text": out_text,
+    });
+    tandem_options::write_stdout(|out| writeln!(out, "{json}"))?;
     Ok(())
 }
 
@@ -390,20 +391,18 @@ async fn power(worker: WorkerClientArgs) -> anyhow::Result<()> {
         .into_inner();
     let p = s.power.unwrap_or_default();
     let wl = p.wake_latency.unwrap_or_default();
-    println!(
-        "{}",
-        serde_json::json!({
-            "state": p.state,
-            "backend": p.backend,
-            "released_ms": p.released_ms,
-            "release_cycles": p.release_cycles,
-            "wake_count": wl.count,
-            "wake_sum_ms": wl.sum_ms,
-            "wake_max_ms": wl.max_ms,
-            "cold_starts": p.cold_starts,
-            "unloads": p.unloads,
-            "watchdog_restarts": p.watchdog_restarts,
-        })
-    );
+    let json = serde_json::json!({
+        "state": p.state,
+        "backend": p.backend,
+        "released_ms": p.released_ms,
+        "release_cycles": p.release_cycles,
+        "wake_count": wl.count,
+        "wake_sum_ms": wl.sum_ms,
+        "wake_max_ms": wl.max_ms,
+        "cold_starts": p.cold_starts,
+        "unloads": p.unloads,
+        "watchdog_restarts": p.watchdog_restarts,
+    });
+    tandem_options::write_stdout(|out| writeln!(out, "{json}"))?;
     Ok(())
 }

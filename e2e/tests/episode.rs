@@ -86,3 +86,54 @@ async fn bad_observations_give_clear_errors_and_the_episode_goes_on() {
     assert!(results[1].error.is_empty(), "{}", results[1].error);
     assert!(tokens_before_result > 0, "action tokens are streamed before the result");
 }
+
+/// Set (to the gateway's address) in the child process of
+/// `replay_into_a_closed_pipe_ends_quietly`.
+const REPLAY_CHILD_ENV: &str = "TANDEM_E2E_REPLAY_CHILD";
+
+/// The replay of `replay_into_a_closed_pipe_ends_quietly`, run in a child process (this test
+/// binary again, with [`REPLAY_CHILD_ENV`] set): three steps through the given gateway, the
+/// table on this process's standard output.
+#[test]
+#[ignore = "the replay process of replay_into_a_closed_pipe_ends_quietly (started by it)"]
+fn replay_child() {
+    let Ok(gateway) = std::env::var(REPLAY_CHILD_ENV) else { return };
+    let out = tempfile::tempdir().unwrap();
+    let cfg = replay_config(&gateway, 3, out.path().join("replay.jsonl"));
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    rt.block_on(replay::run(&cfg)).expect("replay");
+}
+
+/// `agent-gateway replay ... | head -1`: once the reader has the table's header and goes
+/// away, the replay ends quietly at its next row (exit code 0), not with "failed printing to
+/// stdout: Broken pipe" and exit code 101. The step rows come after real steps of a real
+/// worker, so the row printing is what meets the closed pipe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_into_a_closed_pipe_ends_quietly() {
+    use std::io::BufRead;
+    let servers = start(model_path()).await;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["replay_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .env(REPLAY_CHILD_ENV, &servers.gateway)
+        .env_remove("RUST_BACKTRACE")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the replay process");
+    let stdout = child.stdout.take().unwrap();
+    // `head -1` of the table (libtest's own lines come first).
+    let header = tokio::task::spawn_blocking(move || {
+        std::io::BufReader::new(stdout).lines().map_while(Result::ok).find(|l| l.contains("progress"))
+    })
+    .await
+    .unwrap();
+    assert!(header.is_some_and(|h| h.contains("server_ms")), "no table header");
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output()).await.unwrap().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !stderr.contains("Broken pipe") && !stderr.contains("panicked"),
+        "{}: {stderr}",
+        out.status
+    );
+    assert!(stderr.contains("replaying 1 episode(s), 3 step(s)"), "{stderr}");
+}

@@ -633,7 +633,7 @@ fn kquant_products_equal_scalar_bitwise() {
     for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
         for nb in [1usize, 2, 5] {
             let cols = 256 * nb;
-            for (rows, toks) in [(1, 1), (2, 1), (1, 2), (3, 4), (4, 4), (5, 3), (6, 5), (2, 9)] {
+            for (rows, toks) in [(1, 1), (2, 1), (1, 2), (3, 4), (4, 4), (5, 3), (6, 5), (2, 9), (4, 10), (5, 11), (3, 67)] {
                 let random = rng.next_u64().is_multiple_of(2);
                 let w = if random {
                     let blocks = rows * nb;

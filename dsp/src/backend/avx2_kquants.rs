@@ -17,6 +17,8 @@
 //! each super-block column the activation blocks of the sweep's tokens (≤ 64 × 292 B) stay in
 //! L1 while each row's super-block is unpacked once and applied to every token. That makes a
 //! product of 2..5 columns (verification of drafts) read and unpack each weight block once.
+//! The prefill sweep takes the tokens three at a time ([`lanes_tb`]): two rows' quants and
+//! scales and three tokens' activations per load, six products each.
 //! Few-token sweeps (decode, verification) prefetch the weight stream ahead.
 //!
 //! Every (row, token) accumulator sees the same float operations in the same order whatever
@@ -225,30 +227,94 @@ unsafe fn sweep<const Q4K: bool, const NT: usize>(p: Piece) {
         }
         let dw = _mm_set_ps(u[3].d, u[2].d, u[1].d, u[0].d);
         let dmin = _mm_set_ps(u[3].dmin, u[2].dmin, u[1].dmin, u[0].dmin);
-        for (t, acc_t) in acc.iter_mut().enumerate().take(n_tok) {
-            let bx = &*x
-                .add(t * x_stride + ib * size_of::<BlockQ8K>())
-                .cast::<BlockQ8K>();
+        let block = |t: usize| {
+            &*x.add(t * x_stride + ib * size_of::<BlockQ8K>()).cast::<BlockQ8K>()
+        };
+        let mut t = 0;
+        while t + TB <= n_tok {
+            let bx: [&BlockQ8K; TB] = std::array::from_fn(|k| block(t + k));
+            let sums = lanes_tb(&u, &bx);
+            for (k, b) in bx.iter().enumerate() {
+                let bs = _mm256_loadu_si256(b.bsums.as_ptr().cast());
+                let (sums, corr) = offsets::<Q4K>(&u, bs, sums[k]);
+                acc[t + k] = combine::<Q4K>(acc[t + k], b.d, (dw, dmin), &sums, &corr);
+            }
+            t += TB;
+        }
+        for (t, acc_t) in acc.iter_mut().enumerate().take(n_tok).skip(t) {
+            let bx = block(t);
             let mut xv = [_mm256_setzero_si256(); 8];
             for (j, xj) in xv.iter_mut().enumerate() {
                 *xj = _mm256_loadu_si256(bx.qs.as_ptr().add(32 * j).cast());
             }
+            let sums: [__m256i; ROWS] = std::array::from_fn(|r| scaled_lanes(&u[r], &xv));
             let bs = _mm256_loadu_si256(bx.bsums.as_ptr().cast());
-            let mut sums = [_mm256_setzero_si256(); ROWS];
-            let mut corr = [_mm256_setzero_si256(); ROWS];
-            for r in 0..ROWS {
-                sums[r] = scaled_lanes(&u[r], &xv);
-                corr[r] = _mm256_madd_epi16(bs, u[r].bias);
-            }
-            if !Q4K {
-                for r in 0..ROWS {
-                    sums[r] = _mm256_sub_epi32(sums[r], _mm256_slli_epi32(corr[r], 5));
-                }
-            }
+            let (sums, corr) = offsets::<Q4K>(&u, bs, sums);
             *acc_t = combine::<Q4K>(*acc_t, bx.d, (dw, dmin), &sums, &corr);
         }
     }
     store_rows(&acc[..n_tok], rows, out, out_stride);
+}
+
+/// Tokens per register block of the prefill tile ([`lanes_tb`]).
+const TB: usize = 3;
+
+/// [`scaled_lanes`] of the [`ROWS`] unpacked rows `u` with [`TB`] tokens' activation blocks,
+/// `[token][row]`, register-blocked: per 32-weight group two rows' quants and scales and the
+/// tokens' activations are loaded once and give 2 × [`TB`] products, so the multiplies are not
+/// held back by loads (the one-token loop loads a row's quants and scales for every token).
+/// The same exact integer lanes as [`scaled_lanes`].
+///
+/// # Safety
+/// Needs avx2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lanes_tb(u: &[Unpacked; ROWS], bx: &[&BlockQ8K; TB]) -> [[__m256i; ROWS]; TB] {
+    let mut out = [[_mm256_setzero_si256(); ROWS]; TB];
+    for rp in 0..ROWS / 2 {
+        let (ua, ub) = (&u[2 * rp], &u[2 * rp + 1]);
+        let mut a = [[_mm256_setzero_si256(); TB]; 2];
+        for j in 0..8 {
+            let xv: [__m256i; TB] =
+                std::array::from_fn(|k| _mm256_loadu_si256(bx[k].qs.as_ptr().add(32 * j).cast()));
+            for (row, acc) in [ua, ub].into_iter().zip(a.iter_mut()) {
+                let (q, s) = (row.q[j], row.s[j]);
+                for k in 0..TB {
+                    acc[k] = _mm256_add_epi32(
+                        acc[k],
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv[k]), s),
+                    );
+                }
+            }
+        }
+        for k in 0..TB {
+            out[k][2 * rp] = a[0][k];
+            out[k][2 * rp + 1] = a[1][k];
+        }
+    }
+    out
+}
+
+/// The min / offset terms of one token's products with the [`ROWS`] rows `u`: `corr[r]` =
+/// `bsums · bias_r` (Q4_K's `M` lanes), and Q6_K's `+32` offset (`32 · corr`) taken out of
+/// `sums` exactly in the integers. Returns `(sums, corr)` for [`combine`].
+///
+/// # Safety
+/// Needs avx2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn offsets<const Q4K: bool>(
+    u: &[Unpacked; ROWS],
+    bs: __m256i,
+    mut sums: [__m256i; ROWS],
+) -> ([__m256i; ROWS], [__m256i; ROWS]) {
+    let corr: [__m256i; ROWS] = std::array::from_fn(|r| _mm256_madd_epi16(bs, u[r].bias));
+    if !Q4K {
+        for r in 0..ROWS {
+            sums[r] = _mm256_sub_epi32(sums[r], _mm256_slli_epi32(corr[r], 5));
+        }
+    }
+    (sums, corr)
 }
 
 /// Adds one super-block column to a token's 4-lane accumulator (one lane per weight row), per

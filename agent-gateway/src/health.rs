@@ -15,7 +15,7 @@ pub struct HealthArgs {
     /// Address of the gateway or worker: `http://HOST:PORT`, `HOST:PORT`, `https://...` (with
     /// `--tls-ca`) or `unix:PATH` (a `--listen unix:PATH` server). Default: a local worker; a
     /// local gateway is :50052.
-    #[arg(long, default_value = "http://127.0.0.1:50051")]
+    #[arg(long, default_value = "http://127.0.0.1:50051", value_parser = tandem_auth::client::address)]
     pub addr: String,
     /// Service name to check ("" = the whole server).
     #[arg(long, default_value = "")]

@@ -18,8 +18,9 @@ use crate::screenshot::ScreenshotMode;
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct ReplayConfig {
-    /// Gateway address (AgentService).
-    #[arg(long, default_value = "http://127.0.0.1:50052")]
+    /// Gateway address (AgentService): `http://HOST:PORT`, `HOST:PORT` or `https://HOST:PORT`
+    /// (with `--tls-ca`).
+    #[arg(long, default_value = "http://127.0.0.1:50052", value_parser = tandem_auth::client::address)]
     pub gateway: String,
     /// Corpus folder holding the raw episodes (see its SOURCES.md).
     #[arg(long, env = "TANDEM_CORPUS", default_value = "../shared/corpus/raw")]
@@ -148,9 +149,10 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
         None => tandem_auth::BearerInterceptor::none(),
     };
     let tls = cfg.tls.load().map_err(|e| GatewayError::Config(e.to_string()))?;
-    let endpoint = tonic::transport::Endpoint::from_shared(cfg.gateway.clone())
+    let uri = tandem_auth::client::uri(&cfg.gateway).map_err(|e| GatewayError::Config(format!("--gateway {}: {e}", cfg.gateway)))?;
+    let endpoint = tonic::transport::Endpoint::from_shared(uri.clone())
         .map_err(|e| GatewayError::Config(format!("invalid gateway address {:?}: {e}", cfg.gateway)))?;
-    let channel = tandem_auth::ClientTls::for_endpoint(tls.as_ref(), &cfg.gateway, endpoint, "--tls-ca")
+    let channel = tandem_auth::ClientTls::for_endpoint(tls.as_ref(), &uri, endpoint, "--tls-ca")
         .map_err(GatewayError::Config)?
         .connect()
         .await

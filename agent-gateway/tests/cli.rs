@@ -76,21 +76,26 @@ fn bad_tls_setups_stop_the_start_with_one_line() {
     assert_one_line_error(&stderr, "--worker-tls-ca");
 }
 
-/// Usage errors exit 2 naming the flag, as clap's own: a `--worker` that is no address, a
-/// TLS key without its certificate (or the reverse).
+/// Usage errors exit 2 naming the flag, as clap's own: a `--worker` that is no address, has
+/// a scheme other than http:// or https://, or a port outside 1-65535; a TLS key without its
+/// certificate (or the reverse).
 #[test]
 fn bad_worker_addresses_and_lone_tls_files_are_usage_errors() {
     for (args, want) in [
         (&["--worker", "garbage:::"][..], &["'--worker <WORKERS>'", "garbage:::", "invalid"][..]),
+        (&["--worker", "ftp://host:1"], &["'--worker <WORKERS>'", "ftp:// is not a gRPC scheme", "expected http://HOST:PORT"]),
+        (&["--worker", "host:99999"], &["'--worker <WORKERS>'", "port \"99999\" is not a number from 1 to 65535"]),
         (&["--tls-key", "/k.pem"], &["--tls-cert", "required"]),
         (&["--tls-cert", "/c.pem"], &["--tls-key", "required"]),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off"])
-            .args(args)
-            .env_remove("TANDEM_AUTH_TOKEN_FILE")
-            .output()
-            .expect("agent-gateway runs");
+        // Killed after 30 s: a serve that accepted the address would not end.
+        let out = test_support::cli::output_within(
+            Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
+                .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off"])
+                .args(args)
+                .env_remove("TANDEM_AUTH_TOKEN_FILE"),
+            std::time::Duration::from_secs(30),
+        );
         test_support::cli::assert_usage_error(&out, want);
     }
 }
@@ -155,6 +160,19 @@ fn worker_tls_ca_help_matches_what_rustls_accepts() {
     assert!(!para.contains("works for a self-signed"), "{para}");
     for want in ["signed the worker's certificate", "deploy/README.md", "CaUsedAsEndEntity", "basicConstraints=CA:FALSE"] {
         assert!(para.contains(want), "{want}: {para}");
+    }
+}
+
+/// `health --addr` and `replay --gateway` take the addresses `serve --worker` takes: another
+/// scheme or a port out of range is a usage error naming the flag, before anything is dialled.
+#[test]
+fn health_and_replay_refuse_bad_addresses_as_usage_errors() {
+    for (addr, want) in [("ftp://host:1", "ftp:// is not a gRPC scheme"), ("host:99999", "port \"99999\" is not a number from 1 to 65535")] {
+        for (command, flag) in [("health", "--addr"), ("replay", "--gateway")] {
+            let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway")).args([command, flag, addr]).output().expect("agent-gateway runs");
+            let named = format!("'{flag} <{}>'", flag.trim_start_matches('-').to_uppercase());
+            test_support::cli::assert_usage_error(&out, &[&named, addr, want]);
+        }
     }
 }
 

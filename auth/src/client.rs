@@ -86,9 +86,13 @@ pub fn channel(addr: &str, tls: Option<&crate::ClientTls>, ca_flag: &str) -> Res
     Ok((uri, ep.connect_lazy()))
 }
 
+/// What [`address_uri`] accepts, for its errors.
+const EXPECTED: &str = "expected http://HOST:PORT, https://HOST:PORT, HOST:PORT or unix:PATH";
+
 /// The URI [`channel`] dials for `addr` (`http://` added to `HOST:PORT`; `unix:PATH` as is).
 ///
-/// Errors: an empty socket path, or no valid URI.
+/// Errors: an empty socket path, a scheme other than `http://` or `https://`, a bare address
+/// without a port, a port outside 1-65535, or no valid URI.
 fn address_uri(addr: &str) -> Result<String, String> {
     if let Some(path) = addr.strip_prefix("unix:") {
         return match path.is_empty() {
@@ -96,16 +100,69 @@ fn address_uri(addr: &str) -> Result<String, String> {
             false => Ok(addr.to_string()),
         };
     }
-    let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-    Endpoint::from_shared(uri.clone()).map_err(|e| format!("{e} (expected http://HOST:PORT, https://HOST:PORT, HOST:PORT or unix:PATH)"))?;
+    let uri = match addr.split_once("://") {
+        Some((scheme, _)) if scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https") => addr.to_string(),
+        Some((scheme, _)) => return Err(format!("{scheme}:// is not a gRPC scheme ({EXPECTED})")),
+        None => format!("http://{addr}"),
+    };
+    let parsed: tonic::transport::Uri = uri.parse().map_err(|e| format!("{e} ({EXPECTED})"))?;
+    let authority = parsed.authority().map(|a| a.as_str()).unwrap_or_default();
+    // The port is after the last ':' outside an IPv6 literal's brackets.
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    match host_port.rsplit_once(':').filter(|(host, _)| !host.starts_with('[') || host.ends_with(']')) {
+        Some((_, port)) if !matches!(port.parse::<u16>(), Ok(1..)) => {
+            return Err(format!("port {port:?} is not a number from 1 to 65535 ({EXPECTED})"));
+        }
+        None if !addr.contains("://") => return Err(format!("no port ({EXPECTED})")),
+        _ => {}
+    }
+    Endpoint::from_shared(uri.clone()).map_err(|e| format!("{e} ({EXPECTED})"))?;
     Ok(uri)
 }
 
-/// Clap value parser for a server address (`agent-gateway serve --worker`, `device-worker
-/// request --addr`): the syntax [`channel`] accepts, so a bad one is a usage error (exit
+/// The URI to dial for a TCP server address (`http://` added to a bare `HOST:PORT`) for a
+/// client that builds its own endpoint (`agent-gateway replay`); `unix:PATH` comes back as
+/// is.
+///
+/// Errors: as [`address_uri`].
+pub fn uri(addr: &str) -> Result<String, String> {
+    address_uri(addr)
+}
+
+/// Clap value parser for a server address (`agent-gateway serve --worker`, `health --addr`,
+/// `replay --gateway`, `device-worker request --addr`): the syntax [`channel`] accepts, so a bad one is a usage error (exit
 /// code 2) naming the flag, before anything starts.
 ///
 /// Errors: as [`address_uri`].
 pub fn address(addr: &str) -> Result<String, String> {
     address_uri(addr).map(|_| addr.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::address;
+
+    /// http://, https://, HOST:PORT (IPv6 in brackets) and unix:PATH pass; another scheme, a
+    /// port outside 1-65535 and a bare host without a port are refused, saying why.
+    #[test]
+    fn addresses_are_http_or_https_with_a_port_in_range() {
+        for ok in ["http://127.0.0.1:50051", "HTTPS://worker.example:443", "https://worker.example", "localhost:1", "[::1]:65535", "http://[::1]:50051", "unix:/tmp/w.sock"] {
+            assert_eq!(address(ok).as_deref(), Ok(ok));
+        }
+        for (bad, why) in [
+            ("ftp://host:1", "ftp:// is not a gRPC scheme"),
+            ("grpc://host:50051", "grpc:// is not a gRPC scheme"),
+            ("host:99999", "port \"99999\" is not a number from 1 to 65535"),
+            ("http://host:65536", "port \"65536\" is not a number from 1 to 65535"),
+            ("host:0", "port \"0\" is not a number from 1 to 65535"),
+            ("host:", "port \"\" is not a number from 1 to 65535"),
+            ("[::1]:0", "port \"0\""),
+            ("host", "no port"),
+            ("[::1]", "no port"),
+            ("unix:", "needs a socket path"),
+        ] {
+            let err = address(bad).expect_err(bad);
+            assert!(err.contains(why) && (why.contains("socket") || err.contains("expected http://HOST:PORT")), "{bad}: {err}");
+        }
+    }
 }

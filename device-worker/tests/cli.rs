@@ -342,6 +342,18 @@ fn device_worker(args: &[&str]) -> std::process::Output {
         .expect("device-worker runs")
 }
 
+/// `request --addr` and `power --addr` take the addresses `agent-gateway serve --worker`
+/// takes: another scheme or a port out of range is a usage error naming `--addr`.
+#[test]
+fn request_and_power_refuse_bad_addresses_as_usage_errors() {
+    for command in [&["request", "--text", "hi"][..], &["power"]] {
+        for (addr, want) in [("ftp://host:1", "ftp:// is not a gRPC scheme"), ("host:99999", "port \"99999\" is not a number from 1 to 65535")] {
+            let out = device_worker(&[command, &["--addr", addr]].concat());
+            assert_usage_error(&out, &["'--addr <ADDR>'", addr, want]);
+        }
+    }
+}
+
 /// A TLS certificate without its key (or the reverse, or a client CA without either) is a
 /// usage error naming the missing flag, as clap reports one.
 #[test]

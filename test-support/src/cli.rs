@@ -91,3 +91,20 @@ pub fn assert_quiet_on_closed_stdout(cmd: &mut Command) {
         out.status
     );
 }
+
+/// Runs `cmd` to its end, as [`Command::output`], but kills it after `limit` (a server that
+/// accepted what it should have refused would otherwise serve forever): its output is then
+/// what it wrote so far, with no exit code. Panics when the program cannot be run.
+pub fn output_within(cmd: &mut Command, limit: std::time::Duration) -> std::process::Output {
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the program runs");
+    let t0 = std::time::Instant::now();
+    while child.try_wait().expect("wait for the program").is_none() && t0.elapsed() < limit {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    child.wait_with_output().expect("the program ends")
+}

@@ -281,16 +281,23 @@ macro_rules! backend_conformance {
 
                 /// The backend's attention tile gives every query (and every score it writes)
                 /// the bits of the per-pair composition, for SmolLM2-like GQA tiles with
-                /// causal spans and for random ragged spans, whole and tail head sizes.
+                /// causal spans and for random ragged spans, whole and tail head sizes, short
+                /// and long (past 1000 keys, as an image's patches).
                 #[test]
-                fn attention_queries_equal_pairs_bitwise(hdi in 0usize..8, n_q in 1usize..=30, base in 0usize..70, ragged in any::<bool>(), seed in any::<u64>()) {
+                fn attention_queries_equal_pairs_bitwise(hdi in 0usize..8, n_q in 1usize..=30, base in 0usize..70, ragged in any::<bool>(), long in proptest::bool::weighted(0.1), seed in any::<u64>()) {
                     let Some(be) = be() else { return Ok(()) };
                     let hd = [64usize, 128, 256, 8, 24, 37, 72, 80][hdi];
                     let mut rng = Rng(seed);
                     // Causal prefill: tokens of `group` query heads, token t seeing base + t + 1.
                     let group = if n_q % 3 == 0 { 3 } else { 1 };
                     let n_ctx: Vec<usize> = (0..n_q)
-                        .map(|i| if ragged { 1 + (rng.next_u64() % 90) as usize } else { base + i / group + 1 })
+                        .map(|i| match (ragged, long) {
+                            (true, false) => 1 + (rng.next_u64() % 90) as usize,
+                            // Long spans (over 1000 keys, as an image's patches).
+                            (true, true) => 1 + (rng.next_u64() % 1200) as usize,
+                            (false, false) => base + i / group + 1,
+                            (false, true) => 500 + 8 * base + i / group + 1,
+                        })
                         .collect();
                     let max_ctx = *n_ctx.iter().max().expect("n_q > 0");
                     let f16s = |rng: &mut Rng, n: usize| -> Vec<f16> { rng.vec(n).iter().map(|&x| f16::from_f32(x)).collect() };
@@ -306,13 +313,14 @@ macro_rules! backend_conformance {
 
             /// Full non-causal attention (the vision tower's): every query sees all `n` keys,
             /// with `n` and the tile's query count not multiples of the register block (4
-            /// queries) or of a 16-element chunk, over the tower's head sizes.
+            /// queries) or of a 16-element chunk, over the tower's head sizes; `n` up to
+            /// 1100 keys, as an image's thousands of patches.
             #[test]
             fn full_attention_tiles_equal_pairs_bitwise() {
                 let Some(be) = be() else { return };
                 let mut rng = Rng(19);
                 for hd in [16usize, 64, 72, 24] {
-                    for (n_q, n) in [(16, 37), (5, 201), (7, 7), (13, 16), (1, 3)] {
+                    for (n_q, n) in [(16, 37), (5, 201), (7, 7), (13, 16), (1, 3), (6, 1100), (16, 1024)] {
                         let n_ctx = vec![n; n_q];
                         let f16s = |rng: &mut Rng, len: usize| -> Vec<f16> { rng.vec(len).iter().map(|&x| f16::from_f32(x * 2.0)).collect() };
                         let (q16, k, v) = (f16s(&mut rng, n_q * hd), f16s(&mut rng, n * hd), f16s(&mut rng, n * hd));

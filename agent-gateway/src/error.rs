@@ -149,10 +149,13 @@ pub enum GatewayError {
 /// content part (an image that does not decode, an image sent to a text-only model: the
 /// message names the part, as the gateway's own check of the parts) and for a prompt over the
 /// context or empty (`device_worker::error::WorkerError`'s prompt messages);
-/// `response_format` for a JSON schema the worker cannot compile.
+/// `response_format` for a JSON schema the worker cannot compile; `max_tokens` for a
+/// `max_tokens` past the context's end (`WorkerError::MaxTokensOverContext`).
 fn worker_param(message: &str) -> Option<&'static str> {
     if message.contains("invalid JSON schema") {
         Some("response_format")
+    } else if message.starts_with("max_tokens ") {
+        Some("max_tokens")
     } else if content_part_in(message).is_some() || message.contains("the prompt ") {
         Some("messages")
     } else {

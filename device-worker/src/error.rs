@@ -39,6 +39,11 @@ pub enum WorkerError {
     /// `bytes_read` of the rendered prompt's `n_bytes` bytes.
     #[error("the prompt has at least {at_least} tokens (counted in its first {bytes_read} of {n_bytes} bytes, where tokenizing stopped); the context holds {n_ctx} (prompt + at least one output token)")]
     PromptOverContext { at_least: usize, bytes_read: usize, n_bytes: usize, n_ctx: usize },
+    /// An explicit `max_tokens` that does not fit the context after the prompt (OpenAI's
+    /// "maximum context length" refusal; without `max_tokens` generation stops at the end
+    /// of the context instead).
+    #[error("max_tokens {max_tokens} does not fit: the context holds {n_ctx} tokens, the request asks for {} ({n_prompt} prompt + {max_tokens} max_tokens); expected max_tokens at most {}", n_prompt + *max_tokens as usize, n_ctx - n_prompt)]
+    MaxTokensOverContext { max_tokens: u32, n_prompt: usize, n_ctx: usize },
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     /// A field outside its rule ([`tandem_proto::limits`]): the message names the field and
@@ -102,6 +107,7 @@ impl WorkerError {
             | Self::PromptTooLong { .. }
             | Self::PromptTextTooLong { .. }
             | Self::PromptOverContext { .. }
+            | Self::MaxTokensOverContext { .. }
             | Self::InvalidRequest(_)
             | Self::InvalidField(_)
             | Self::Tokenizer(_)

@@ -66,7 +66,8 @@ impl Admission {
     ///
     /// Errors (all map to INVALID_ARGUMENT): [`WorkerError::EmptyPrompt`],
     /// [`WorkerError::PromptTooLong`] (token ids), [`WorkerError::PromptTextTooLong`],
-    /// [`WorkerError::PromptOverContext`], [`WorkerError::InvalidRequest`] (unknown token ids;
+    /// [`WorkerError::PromptOverContext`], [`WorkerError::MaxTokensOverContext`] (an explicit
+    /// `max_tokens` past the context's end), [`WorkerError::InvalidRequest`] (unknown token ids;
     /// an image the worker cannot take, naming `messages[i].parts[j]`:
     /// [`super::images::chat_tokens_with_parts`]),
     /// [`WorkerError::InvalidField`] (sampling out of range, [`tandem_proto::limits`]),
@@ -156,6 +157,15 @@ impl Admission {
         } else {
             Some(self.constraints.json_schema(&req.json_schema)?)
         };
+        // An explicit budget must fit after the prompt (as OpenAI refuses it); the default
+        // one is cut at the context's end (finish reason CONTEXT).
+        if prompt.len() + req.max_tokens as usize > self.n_ctx {
+            return Err(WorkerError::MaxTokensOverContext {
+                max_tokens: req.max_tokens,
+                n_prompt: prompt.len(),
+                n_ctx: self.n_ctx,
+            });
+        }
         let max_tokens = if req.max_tokens == 0 {
             self.default_max_tokens
         } else {

@@ -106,13 +106,16 @@ pub(super) fn run(
             d.close_round(c, si, plain_len)?;
             break stop;
         }
+        // Prompt and output fill the context: no token after this one (prompt + output never
+        // exceed it, so `usage.total_tokens` stays within the context size).
+        if n_prompt + d.out.len() >= c.slots[si].seq.n_ctx() {
+            d.close_round(c, si, plain_len)?;
+            break Stop::Finished(pb::FinishReason::Context);
+        }
         if drafted {
             // Fed by the verification pass: its next row predicts the token after it.
             d.row += 1;
             continue;
-        }
-        if c.slots[si].seq.len() + 1 > c.slots[si].seq.n_ctx() {
-            break Stop::Finished(pb::FinishReason::Context);
         }
         d.feed(env, c, si, req, &prefilled.prompt_hidden, id, rows)?;
     };

@@ -1,0 +1,129 @@
+//! Prompt + output against the context, over real gRPC and HTTP on loopback with a real worker
+//! on the default model and a small context ([`N_CTX`]):
+//!
+//! - an explicit `max_tokens` that does not fit after the prompt is refused, as OpenAI refuses
+//!   it (gRPC INVALID_ARGUMENT, HTTP 400 with `param: "max_tokens"`), naming the context, the
+//!   prompt's tokens and the largest `max_tokens` that fits; one that just fits is served;
+//! - without `max_tokens` generation stops at the context's end (finish reason CONTEXT,
+//!   OpenAI `"length"`): prompt + output tokens never exceed the context.
+
+mod common;
+
+use common::model_path;
+use tandem_proto::step::v1 as pb;
+use tokio_stream::StreamExt;
+
+/// Context of the worker here: small, so a prompt near it prefills quickly.
+const N_CTX: usize = 128;
+
+/// Prompt tokens of the requests near the end of the context.
+const N_PROMPT: usize = 120;
+
+/// The worker of these tests: the default model, one slot of [`N_CTX`] tokens, the worker's
+/// default output budget (256, more than the context leaves).
+fn worker_options() -> device_worker::config::EngineOptions {
+    device_worker::config::EngineOptions {
+        model: Some(model_path()),
+        threads: Some(2),
+        ctx_size: N_CTX,
+        slots: 1,
+        ..Default::default()
+    }
+}
+
+/// [`N_PROMPT`] tokens of `" the"` repeated (greedy decoding goes on repeating it, so the
+/// output does not end early).
+fn repeated_prompt() -> Vec<u32> {
+    let g = gguf::reader::GgufFile::open(&model_path()).unwrap();
+    let the = gguf::tokenizer::Tokenizer::from_gguf(&g).unwrap().encode(" the", false).unwrap();
+    the.iter().copied().cycle().take(N_PROMPT).collect()
+}
+
+/// The final stats of a `Generate` with `max_tokens`, or its refusal.
+async fn generate(
+    client: &mut pb::step_service_client::StepServiceClient<tonic::transport::Channel>,
+    max_tokens: u32,
+) -> Result<pb::FinalStats, tonic::Status> {
+    let mut stream = client
+        .generate(pb::GenerateRequest {
+            prompt: Some(pb::generate_request::Prompt::Tokens(pb::TokenPrompt { ids: repeated_prompt() })),
+            max_tokens,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let mut done = None;
+    while let Some(ev) = stream.next().await {
+        if let Some(pb::generate_event::Event::Done(d)) = ev?.event {
+            done = Some(d);
+        }
+    }
+    Ok(done.expect("final stats"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_tokens_past_the_context_is_refused_and_output_stops_at_its_end() {
+    let mut servers = common::start_with(worker_options()).await;
+    let mut client = pb::step_service_client::StepServiceClient::connect(servers.worker.clone()).await.unwrap();
+    let room = (N_CTX - N_PROMPT) as u32;
+
+    // One token too many: refused, naming max_tokens and the numbers.
+    let err = generate(&mut client, room + 1).await.expect_err("over the context");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    let want = format!(
+        "max_tokens {} does not fit: the context holds {N_CTX} tokens, the request asks for {} ({N_PROMPT} prompt + {} max_tokens); expected max_tokens at most {room}",
+        room + 1,
+        N_CTX + 1,
+        room + 1
+    );
+    assert_eq!(err.message(), want);
+
+    // Exactly the room left: served, the output fills the context.
+    let d = generate(&mut client, room).await.expect("fits");
+    assert_eq!((d.prompt_tokens, d.decode_tokens), (N_PROMPT as u32, room), "{d:?}");
+    assert_eq!(d.finish_reason, pb::FinishReason::Length as i32, "{d:?}");
+
+    // No max_tokens (the worker's default, 256): stops at the context's end, not one past it.
+    let d = generate(&mut client, 0).await.expect("served");
+    assert_eq!(d.finish_reason, pb::FinishReason::Context as i32, "{d:?}");
+    assert_eq!((d.prompt_tokens + d.decode_tokens) as usize, N_CTX, "{d:?}");
+
+    // The OpenAI endpoint: the same refusal as a 400 naming max_tokens; without max_tokens
+    // the usage stays within the context.
+    let http = common::start_http(&mut servers).await;
+    let chat = |max_tokens: Option<usize>| {
+        let mut body = serde_json::json!({"messages": [{"role": "user", "content": "the ".repeat(90)}]});
+        if let Some(m) = max_tokens {
+            body["max_tokens"] = m.into();
+        }
+        body.to_string()
+    };
+    let post = |body: String| {
+        let http = http.clone();
+        async move {
+            let head = format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: {http}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let (status, body) = common::http_exchange(&http, head, &body).await;
+            (status, serde_json::from_str::<serde_json::Value>(&body).unwrap_or_else(|e| panic!("{e}: {body}")))
+        }
+    };
+    let (status, v) = post(chat(Some(1))).await;
+    assert_eq!(status, 200, "{v}");
+    let n_prompt = v["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
+    assert!(n_prompt < N_CTX - 1, "the chat prompt must leave room: {n_prompt}");
+    let (status, v) = post(chat(Some(N_CTX - n_prompt + 1))).await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "max_tokens", "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    let numbers = format!("the request asks for {} ({n_prompt} prompt + {} max_tokens); expected max_tokens at most {}", N_CTX + 1, N_CTX - n_prompt + 1, N_CTX - n_prompt);
+    assert!(message.contains(&numbers), "{message}");
+    let (status, v) = post(chat(None)).await;
+    assert_eq!(status, 200, "{v}");
+    let total = v["usage"]["total_tokens"].as_u64().unwrap() as usize;
+    assert!(total <= N_CTX, "{v}");
+    if v["choices"][0]["finish_reason"] == "length" {
+        assert_eq!(total, N_CTX, "{v}");
+    }
+}

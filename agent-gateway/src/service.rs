@@ -140,8 +140,9 @@ impl AgentService for AgentServiceImpl {
                 screenshot: &obs.screenshot_png,
             };
             let done = runner.run(input, screen, &tx).await;
-            // A screenshot the model cannot take ends the call with its status (INVALID_ARGUMENT
-            // or FAILED_PRECONDITION) instead of a result.
+            // A screenshot the model cannot take, or a request the worker refuses (a prompt
+            // over its context), ends the call with its status (INVALID_ARGUMENT or
+            // FAILED_PRECONDITION) instead of a result.
             let event = match done.refusal {
                 Some(status) => Err(status),
                 None => Ok(result_event(done.result)),

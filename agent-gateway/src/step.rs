@@ -65,14 +65,15 @@ pub struct StepInput<'a> {
 }
 
 /// A finished step: its result, and for a step refused because of its input (a screenshot
-/// the model cannot take) the status a unary `Step` answers with instead of the result.
+/// the model cannot take, a prompt over the worker's context) the status a unary `Step` answers with instead of the result.
 #[derive(Debug)]
 pub struct Finished {
     /// The result (`error` set when no valid action came out; also for a refusal).
     pub result: apb::StepResult,
     /// INVALID_ARGUMENT naming `observation.screenshot_png` (bytes that are no PNG/JPEG, or
-    /// that the worker could not decode), or FAILED_PRECONDITION (`--screenshots always` and
-    /// a worker without a vision projector).
+    /// that the worker could not decode) or with the worker's own INVALID_ARGUMENT message (a
+    /// prompt over its context, `max_tokens` past the context's end), or FAILED_PRECONDITION
+    /// (`--screenshots always` and a worker without a vision projector).
     pub refusal: Option<Status>,
 }
 
@@ -258,6 +259,14 @@ impl StepRunner {
                 refusal = Some(Status::invalid_argument(why));
                 self.episodes.end_step(episode_id, None);
                 StepOutcome::ObservationError
+            }
+            // The worker refused the request (its prompt over the context, `max_tokens` past
+            // the context's end): a unary Step answers INVALID_ARGUMENT with the same message.
+            Err(Attempt::Invalid(why)) => {
+                refusal = Some(Status::invalid_argument(why.clone()));
+                result.error = why;
+                self.episodes.end_step(episode_id, None);
+                StepOutcome::WorkerError
             }
             Err(e) => {
                 result.error = e.into_message();
@@ -507,6 +516,9 @@ enum Attempt {
     /// INVALID_ARGUMENT about the attached screenshot, as the controller's error
     /// (`observation.screenshot_png: ...`, [`observation_error`]).
     Image(String),
+    /// Any other INVALID_ARGUMENT from the worker (a prompt over its context, a `max_tokens`
+    /// past the context's end): the request's fault, answered as that status.
+    Invalid(String),
     Failed(String),
 }
 
@@ -531,7 +543,7 @@ impl Attempt {
             tonic::Code::Unavailable => Self::Unavailable(msg),
             tonic::Code::InvalidArgument => match observation_error(s.message()) {
                 Some(why) => Self::Image(why),
-                None => Self::Failed(msg),
+                None => Self::Invalid(msg),
             },
             _ => Self::Failed(msg),
         }
@@ -539,7 +551,7 @@ impl Attempt {
 
     fn into_message(self) -> String {
         match self {
-            Self::Unavailable(m) | Self::Image(m) | Self::Failed(m) => m,
+            Self::Unavailable(m) | Self::Image(m) | Self::Invalid(m) | Self::Failed(m) => m,
         }
     }
 }

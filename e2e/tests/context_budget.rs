@@ -5,15 +5,20 @@
 //!   it (gRPC INVALID_ARGUMENT, HTTP 400 with `param: "max_tokens"`), naming the context, the
 //!   prompt's tokens and the largest `max_tokens` that fits; one that just fits is served;
 //! - without `max_tokens` generation stops at the context's end (finish reason CONTEXT,
-//!   OpenAI `"length"`): prompt + output tokens never exceed the context.
+//!   OpenAI `"length"`): prompt + output tokens never exceed the context;
+//! - an agent step whose prompt is over the worker's context is a gRPC INVALID_ARGUMENT from
+//!   `AgentService.Step` (with the worker's message), and a step result with `error` in a
+//!   `RunEpisode` stream, which stays open.
 
 mod common;
 
-use common::model_path;
+use common::{corpus, model_path};
+use tandem_proto::agent::v1 as apb;
 use tandem_proto::step::v1 as pb;
 use tokio_stream::StreamExt;
 
-/// Context of the worker here: small, so a prompt near it prefills quickly.
+/// Context of the worker here: small, so an agent prompt is over it and a prompt near it
+/// prefills quickly.
 const N_CTX: usize = 128;
 
 /// Prompt tokens of the requests near the end of the context.
@@ -125,5 +130,49 @@ async fn max_tokens_past_the_context_is_refused_and_output_stops_at_its_end() {
     assert!(total <= N_CTX, "{v}");
     if v["choices"][0]["finish_reason"] == "length" {
         assert_eq!(total, N_CTX, "{v}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_prompt_over_the_context_is_invalid_argument() {
+    let servers = common::start_with(worker_options()).await;
+    let episode = agent_gateway::corpus::load_episodes(&corpus()).unwrap().remove(0);
+    let mut client = apb::agent_service_client::AgentServiceClient::connect(servers.gateway.clone()).await.unwrap();
+
+    // Step: the call ends with INVALID_ARGUMENT carrying the worker's message.
+    let mut events = common::first_step(&mut client, "over-context", &episode).await;
+    let status = loop {
+        match events.next().await.expect("the step ends with a status") {
+            Ok(apb::StepEvent { event: Some(apb::step_event::Event::Result(r)) }) => panic!("a result instead of a status: {r:?}"),
+            Ok(_) => {}
+            Err(s) => break s,
+        }
+    };
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    let message = status.message();
+    assert!(message.contains(&servers.worker) && message.contains(&format!("the context holds {N_CTX}")), "{message}");
+
+    // RunEpisode: the same message as the step's error; the stream stays open for the next.
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(apb::EpisodeInput {
+        input: Some(apb::episode_input::Input::Start(apb::EpisodeStart {
+            episode_id: "over-context-episode".into(),
+            task: episode.task.clone(),
+            max_tokens: 0,
+        })),
+    })
+    .await
+    .unwrap();
+    let mut events = client.run_episode(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+    for _ in 0..2 {
+        tx.send(apb::EpisodeInput { input: Some(apb::episode_input::Input::Observation(episode.steps[0].to_observation())) })
+            .await
+            .unwrap();
+        let result = loop {
+            if let Some(apb::step_event::Event::Result(r)) = events.next().await.unwrap().unwrap().event {
+                break r;
+            }
+        };
+        assert!(result.error.contains(&format!("the context holds {N_CTX}")), "{result:?}");
     }
 }

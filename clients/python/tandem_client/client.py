@@ -376,7 +376,8 @@ class AgentClient:
         (``""``: a new episode). ``screenshot``: PNG/JPEG bytes or RGB pixels (see
         :func:`make_observation`); ``result.stats["screenshot_sent"]`` says whether the model
         saw it. Raises ``grpc.RpcError`` (``INVALID_ARGUMENT`` for a screen that cannot be
-        parsed or a screenshot the worker cannot decode; ``FAILED_PRECONDITION`` for a
+        parsed, a screenshot the worker cannot decode, or a prompt over the worker's context
+        (or ``max_tokens`` past its end); ``FAILED_PRECONDITION`` for a
         screenshot under ``--screenshots always`` when the worker has no vision projector).
         """
         req = agent_pb2.StepRequest(episode_id=episode_id, task=task, max_tokens=max_tokens,

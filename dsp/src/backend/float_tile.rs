@@ -197,6 +197,8 @@ pub(super) unsafe fn dot_tile_float<L: Lanes, E: FloatElem, const R: usize, cons
         E::widen_row(src, dst);
     }
     let wide = super::RawTile { xs: nb * 4, x: buf.as_ptr().cast(), ..raw };
-    wide.cover::<FloatKernel<L, E, f32>, R, T>();
+    // Tokens outer: `T` widened rows (f32, twice the weights' bytes) stay in L1 while the
+    // pieces sweep the weight rows, which come from L2 at half the bytes.
+    wide.cover_tokens_outer::<FloatKernel<L, E, f32>, R, T>();
     WIDENED.set(buf);
 }

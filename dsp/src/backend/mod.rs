@@ -257,6 +257,44 @@ impl RawTile {
         }
     }
 
+    /// [`RawTile::cover`] with the tokens outer: `T` activation rows stay in L1 while `K`'s
+    /// pieces sweep the weight rows (for activations wider than the weights, e.g. f32 rows
+    /// against f16 weights, whose token block does not fit L1). The same pieces, so the same
+    /// results.
+    ///
+    /// # Safety
+    /// As [`RawTile::cover`].
+    #[allow(dead_code)] // only the SIMD backends of the target use it
+    #[inline(always)]
+    pub(crate) unsafe fn cover_tokens_outer<K: PieceKernel, const R: usize, const T: usize>(&self) {
+        let (n_rows, n_tok) = (self.n_rows, self.n_tok);
+        let mut t = 0;
+        while t + T <= n_tok {
+            let mut r = 0;
+            while r + R <= n_rows {
+                K::piece::<R, T>(self.piece(r, R, t, T));
+                r += R;
+            }
+            while r < n_rows {
+                K::piece::<1, T>(self.piece(r, 1, t, T));
+                r += 1;
+            }
+            t += T;
+        }
+        while t < n_tok {
+            let mut r = 0;
+            while r + R <= n_rows {
+                K::piece::<R, 1>(self.piece(r, R, t, 1));
+                r += R;
+            }
+            while r < n_rows {
+                K::piece::<1, 1>(self.piece(r, 1, t, 1));
+                r += 1;
+            }
+            t += 1;
+        }
+    }
+
     /// The pieces of at most `rows` rows × `toks` tokens that cover the tile, tokens outer.
     #[allow(dead_code)] // only the SIMD backends of the target use it
     pub(crate) fn pieces(&self, rows: usize, toks: usize) -> impl Iterator<Item = Piece> + '_ {

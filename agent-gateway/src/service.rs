@@ -17,6 +17,9 @@ use crate::step::{StepInput, StepRunner};
 
 const STREAM_BUFFER: usize = 64;
 
+/// How often the gateway's gRPC health asks its workers for `Status` ([`health_following`]).
+const WORKER_POLL: std::time::Duration = std::time::Duration::from_secs(2);
+
 type EventStream = Pin<Box<dyn Stream<Item = Result<apb::StepEvent, Status>> + Send>>;
 
 pub struct AgentServiceImpl {
@@ -164,7 +167,9 @@ pub async fn serve(
 }
 
 /// [`serve`] on a TCP or Unix-socket `listener` with `security`: the bearer-token layer,
-/// TLS (mutual with a client CA) and, if asked, reflection (v1 and v1alpha).
+/// TLS (mutual with a client CA) and, if asked, reflection (v1 and v1alpha). Health (the
+/// whole server and AgentService) is SERVING while at least one worker answers, as the HTTP
+/// `GET /health` says ([`health_following`]).
 ///
 /// Errors: [`GatewayError::Config`] when the server cannot start or fails.
 pub async fn serve_secured(
@@ -174,7 +179,10 @@ pub async fn serve_secured(
     security: tandem_auth::GrpcSecurity,
 ) -> Result<(), GatewayError> {
     let (reporter, health) = tonic_health::server::health_reporter();
-    reporter.set_serving::<AgentServiceServer<AgentServiceImpl>>().await;
+    // NOT_SERVING until a worker answers (set before the first connection can ask).
+    reporter.set_not_serving::<AgentServiceServer<AgentServiceImpl>>().await;
+    reporter.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+    let follower = tokio::spawn(health_following(reporter, runner.router.clone()));
     let router = tandem_auth::grpc::server(&security)
         .map_err(|e| GatewayError::Config(format!("gRPC server TLS: {e}")))?
         .add_service(health)
@@ -183,7 +191,40 @@ pub async fn serve_secured(
                 .max_decoding_message_size(security.max_message_bytes),
         );
     let sets = [tandem_proto::FILE_DESCRIPTOR_SET, tonic_health::pb::FILE_DESCRIPTOR_SET];
-    tandem_auth::grpc::serve_reflected(router, &security, &sets, listener, shutdown)
+    let served = tandem_auth::grpc::serve_reflected(router, &security, &sets, listener, shutdown)
         .await
-        .map_err(|e| GatewayError::Config(e.to_string()))
+        .map_err(|e| GatewayError::Config(e.to_string()));
+    follower.abort();
+    served
+}
+
+/// Keeps the health of the whole server ("") and of AgentService at SERVING while at least
+/// one of `router`'s workers answers `Status` within [`crate::http::models::STATUS_TIMEOUT`],
+/// NOT_SERVING otherwise (the reporter starts so: until one answers, and while all are down);
+/// asks every [`WORKER_POLL`], logging each change.
+async fn health_following(reporter: tonic_health::server::HealthReporter, router: crate::worker::Router) {
+    use tonic_health::ServingStatus;
+    let mut last = false;
+    loop {
+        let mut up = false;
+        for w in router.workers() {
+            if crate::http::models::status_of(w).await.is_ok() {
+                up = true;
+                break;
+            }
+        }
+        if up != last {
+            last = up;
+            let status = if up { ServingStatus::Serving } else { ServingStatus::NotServing };
+            if up {
+                reporter.set_serving::<AgentServiceServer<AgentServiceImpl>>().await;
+                tracing::info!("a worker answers; health SERVING");
+            } else {
+                reporter.set_not_serving::<AgentServiceServer<AgentServiceImpl>>().await;
+                tracing::warn!(workers = ?router.workers().iter().map(|w| &w.addr).collect::<Vec<_>>(), "no worker answers; health NOT_SERVING");
+            }
+            reporter.set_service_status("", status).await;
+        }
+        tokio::time::sleep(WORKER_POLL).await;
+    }
 }

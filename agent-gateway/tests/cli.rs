@@ -101,12 +101,14 @@ fn bad_worker_addresses_and_lone_tls_files_are_usage_errors() {
 }
 
 /// `agent-gateway health --addr unix:PATH` reaches a server listening on a Unix socket (as
-/// `serve --worker unix:PATH` and `device-worker request --addr unix:PATH` do), here a gateway
-/// served in this process; a missing socket is an error naming the address.
+/// `serve --worker unix:PATH` and `device-worker request --addr unix:PATH` do): a server
+/// serving gRPC health alone answers SERVING (and `health ... | head -0` ends quietly); a
+/// gateway served in this process whose worker is down answers NOT_SERVING (its health
+/// follows its workers); a missing socket is an error naming the address.
 #[test]
 fn health_accepts_a_unix_socket_address() {
     let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("gw.sock");
+    let (sock, plain_sock) = (dir.path().join("gw.sock"), dir.path().join("health.sock"));
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = rt.block_on(async {
@@ -114,30 +116,35 @@ fn health_accepts_a_unix_socket_address() {
         let router = agent_gateway::worker::Router::new(&["http://127.0.0.1:1".to_string()]).unwrap();
         let runner = std::sync::Arc::new(agent_gateway::step::StepRunner::new(router));
         let security = tandem_auth::GrpcSecurity::auth(tandem_auth::AuthLayer::grpc(None, false));
+        // Health alone ("" SERVING, tonic-health's start), on its own socket.
+        let plain = tandem_auth::Listener::bind(&tandem_auth::ListenAddr::Unix(plain_sock.clone())).await.unwrap();
+        let (_, health) = tonic_health::server::health_reporter();
+        let open = tandem_auth::GrpcSecurity::open();
+        let router_plain = tandem_auth::grpc::server(&open).unwrap().add_service(health);
+        tokio::spawn(async move { tandem_auth::grpc::serve_reflected(router_plain, &open, &[], plain, std::future::pending()).await });
         tokio::spawn(agent_gateway::service::serve_secured(runner, listener, async { let _ = stopped.await; }, security))
     });
     let health = |addr: &str| {
         Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
-            .args(["health", "--addr", addr, "--wait", "30"])
+            .args(["health", "--addr", addr])
             .env_remove("RUST_BACKTRACE")
             .env_remove("RUST_LIB_BACKTRACE")
             .output()
             .expect("agent-gateway runs")
     };
-    let addr = format!("unix:{}", sock.display());
-    let out = health(&addr);
+    let plain = format!("unix:{}", plain_sock.display());
+    let out = health(&plain);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("SERVING"), "{stdout}");
+    assert_eq!(stdout.trim(), format!("{plain}: SERVING"));
     // `health ... | head -0`: the answer meets a closed pipe, the command ends quietly.
-    test_support::cli::assert_quiet_on_closed_stdout(Command::new(env!("CARGO_BIN_EXE_agent-gateway")).args(["health", "--addr", &addr]));
+    test_support::cli::assert_quiet_on_closed_stdout(Command::new(env!("CARGO_BIN_EXE_agent-gateway")).args(["health", "--addr", &plain]));
+    let addr = format!("unix:{}", sock.display());
+    let out = health(&addr);
+    assert!(!out.status.success());
+    assert_one_line_error(&String::from_utf8_lossy(&out.stderr), &format!("{addr} is NOT_SERVING"));
     let missing = format!("unix:{}", dir.path().join("none.sock").display());
-    let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
-        .args(["health", "--addr", &missing])
-        .env_remove("RUST_BACKTRACE")
-        .env_remove("RUST_LIB_BACKTRACE")
-        .output()
-        .unwrap();
+    let out = health(&missing);
     assert!(!out.status.success());
     assert_one_line_error(&String::from_utf8_lossy(&out.stderr), &missing);
     let _ = stop.send(());

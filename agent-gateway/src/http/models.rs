@@ -14,8 +14,9 @@ use crate::error::ApiError;
 /// How long a worker may take to answer `Status`.
 pub const STATUS_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// One worker's status, or why it gave none.
-async fn status_of(worker: &crate::worker::Worker) -> Result<spb::StatusResponse, String> {
+/// One worker's status, or why it gave none (also the gateway's gRPC health,
+/// [`crate::service::serve_secured`]).
+pub(crate) async fn status_of(worker: &crate::worker::Worker) -> Result<spb::StatusResponse, String> {
     let mut client = worker.client.clone();
     match tokio::time::timeout(STATUS_TIMEOUT, client.status(spb::StatusRequest {})).await {
         Ok(Ok(r)) => Ok(r.into_inner()),

@@ -46,10 +46,33 @@ pub async fn run(args: &HealthArgs) -> Result<(), GatewayError> {
                     0 => String::new(),
                     n => format!("no answer after waiting {n}s: "),
                 };
-                return Err(GatewayError::Health(format!("{}: {how}{e}", args.addr)));
+                let hint = match answers_http1(&args.addr).await {
+                    true => " (this address answers plain HTTP/1.1, not gRPC: it looks like the gateway's --http-listen port, whose health is GET /health; gRPC health is on its --listen port, default 127.0.0.1:50052, or a worker's, default 127.0.0.1:50051)",
+                    false => "",
+                };
+                return Err(GatewayError::Health(format!("{}: {how}{e}{hint}", args.addr)));
             }
         }
     }
+}
+
+/// Whether the plain `http://` (or bare `HOST:PORT`) address `addr` answers an HTTP/1.1
+/// request with an HTTP/1.1 status line: the gateway's OpenAI endpoint, say, where a gRPC
+/// client only sees "transport error". False for `https://`, `unix:` and anything that does
+/// not answer so within a second.
+async fn answers_http1(addr: &str) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(uri) = tandem_auth::client::uri(addr) else { return false };
+    let Some(authority) = uri.strip_prefix("http://").map(|r| r.split('/').next().unwrap_or(r)) else { return false };
+    let probe = async {
+        let mut s = tokio::net::TcpStream::connect(authority).await.ok()?;
+        let request = format!("GET /health HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n");
+        s.write_all(request.as_bytes()).await.ok()?;
+        let mut head = [0u8; 8];
+        s.read_exact(&mut head).await.ok()?;
+        Some(head.starts_with(b"HTTP/1."))
+    };
+    tokio::time::timeout(Duration::from_secs(1), probe).await.ok().flatten().unwrap_or(false)
 }
 
 /// `" after waiting Ns"` when `--wait` was given, so a timeout says it waited.

@@ -183,6 +183,32 @@ fn health_and_replay_refuse_bad_addresses_as_usage_errors() {
     }
 }
 
+/// `health --addr` pointed at the gateway's HTTP port (its OpenAI endpoint, served here in
+/// this process) says that the address answers plain HTTP/1.1, not gRPC, and where gRPC
+/// health is, instead of a bare "transport error".
+#[test]
+fn health_at_the_http_port_says_it_is_not_grpc() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let addr = rt.block_on(async {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let router = agent_gateway::worker::Router::new(&["http://127.0.0.1:1".to_string()]).unwrap();
+        let state = agent_gateway::http::HttpState { router, metrics: None };
+        tokio::spawn(agent_gateway::http::serve(state, l, std::future::pending()));
+        addr
+    });
+    let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
+        .args(["health", "--addr", &addr])
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE")
+        .output()
+        .expect("agent-gateway runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stderr}");
+    assert_one_line_error(&stderr, "this address answers plain HTTP/1.1, not gRPC: it looks like the gateway's --http-listen port, whose health is GET /health");
+}
+
 /// `health --wait N` against nothing listening says it waited, on one line.
 #[test]
 fn health_wait_timeout_says_it_waited() {

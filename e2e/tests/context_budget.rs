@@ -8,7 +8,8 @@
 //!   OpenAI `"length"`): prompt + output tokens never exceed the context;
 //! - an agent step whose prompt is over the worker's context is a gRPC INVALID_ARGUMENT from
 //!   `AgentService.Step` (with the worker's message), and a step result with `error` in a
-//!   `RunEpisode` stream, which stays open.
+//!   `RunEpisode` stream, which stays open; one without `max_tokens` whose prompt leaves less
+//!   than the gateway's default budget is served up to the context's end.
 
 mod common;
 
@@ -175,4 +176,54 @@ async fn an_agent_prompt_over_the_context_is_invalid_argument() {
         };
         assert!(result.error.contains(&format!("the context holds {N_CTX}")), "{result:?}");
     }
+}
+
+/// The result of `client.step` for the first screen of `episode` with `max_tokens`, or the
+/// status the call ended with.
+async fn agent_step(
+    client: &mut apb::agent_service_client::AgentServiceClient<tonic::transport::Channel>,
+    id: &str,
+    episode: &agent_gateway::corpus::Episode,
+    max_tokens: u32,
+) -> Result<apb::StepResult, tonic::Status> {
+    let mut events = client
+        .step(apb::StepRequest {
+            episode_id: id.into(),
+            task: episode.task.clone(),
+            observation: Some(episode.steps[0].to_observation()),
+            max_tokens,
+        })
+        .await?
+        .into_inner();
+    loop {
+        if let Some(apb::step_event::Event::Result(r)) = events.next().await.expect("a result or a status")?.event {
+            return Ok(r);
+        }
+    }
+}
+
+/// An agent step without `max_tokens` whose prompt leaves less than the gateway's default
+/// budget (96 tokens) before the context's end is served up to the context's end (the
+/// default is the gateway's, not the controller's ask); with an explicit `max_tokens` that
+/// does not fit, the step is INVALID_ARGUMENT naming max_tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_step_without_max_tokens_is_cut_at_the_context_end() {
+    let episode = agent_gateway::corpus::load_episodes(&corpus()).unwrap().remove(0);
+    // The step's prompt length, on a worker with room to spare.
+    let n_prompt = {
+        let servers = common::start_with(device_worker::config::EngineOptions { ctx_size: 4096, ..worker_options() }).await;
+        let mut client = apb::agent_service_client::AgentServiceClient::connect(servers.gateway.clone()).await.unwrap();
+        let r = agent_step(&mut client, "measure", &episode, 1).await.expect("a step");
+        r.stats.unwrap().prompt_tokens as usize
+    };
+    let n_ctx = n_prompt + 40;
+    let servers = common::start_with(device_worker::config::EngineOptions { ctx_size: n_ctx, ..worker_options() }).await;
+    let mut client = apb::agent_service_client::AgentServiceClient::connect(servers.gateway.clone()).await.unwrap();
+    let r = agent_step(&mut client, "no-budget", &episode, 0).await.expect("served without max_tokens");
+    let stats = r.stats.clone().unwrap();
+    assert_eq!(stats.prompt_tokens as usize, n_prompt, "{r:?}");
+    assert!(stats.decode_tokens > 0 && (stats.prompt_tokens + stats.decode_tokens) as usize <= n_ctx, "{r:?}");
+    let err = agent_step(&mut client, "explicit", &episode, 96).await.expect_err("96 does not fit");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains(&format!("max_tokens 96 does not fit: the context holds {n_ctx} tokens")), "{}", err.message());
 }

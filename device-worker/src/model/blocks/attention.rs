@@ -274,7 +274,8 @@ fn causal_attention(
     let out = DisjointMut::new(out);
     let n_blocks = n.div_ceil(ATTN_TOKENS);
     pool.run(n_blocks * s.n_head_kv, &|task| {
-        let (b, g) = (task / s.n_head_kv, task % s.n_head_kv);
+        // The last token blocks (the most keys) first, so no long task is left for the end.
+        let (b, g) = (n_blocks - 1 - task / s.n_head_kv, task % s.n_head_kv);
         let tokens = b * ATTN_TOKENS..((b + 1) * ATTN_TOKENS).min(n);
         let n_q = tokens.len() * group;
         let mut qs = Vec::with_capacity(n_q * hd);

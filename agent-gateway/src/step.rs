@@ -216,6 +216,9 @@ impl StepRunner {
             } else {
                 max_tokens
             },
+            // The controller gave no budget: the default one is cut at the context's end
+            // (as a request without max_tokens on the worker) rather than refused.
+            cut_max_tokens_at_context: max_tokens == 0,
             stop: vec![],
             sampling: Some(spb::Sampling {
                 mode: Some(spb::sampling::Mode::Greedy(spb::Greedy {})),
@@ -237,25 +240,10 @@ impl StepRunner {
         };
         let mut progress = Progress::new(step, t0);
         let generate = tracing::info_span!("generate", worker = %worker.addr);
-        let outcome = match self
-            .generate(worker.client.clone(), request.clone(), events, &mut result, &mut progress)
-            .instrument(generate.clone())
-            .await
-        {
-            // The controller gave no budget and the default one does not fit after the
-            // prompt: decode up to the context's end instead (as without max_tokens on the
-            // worker), once.
-            Err(Attempt::Invalid(why)) if max_tokens == 0 => match room_after_prompt(&why) {
-                Some(room) => {
-                    let request = spb::GenerateRequest { max_tokens: room, ..request };
-                    self.generate(worker.client.clone(), request, events, &mut result, &mut progress)
-                        .instrument(generate)
-                        .await
-                }
-                None => Err(Attempt::Invalid(why)),
-            },
-            other => other,
-        };
+        let outcome = self
+            .generate(worker.client.clone(), request, events, &mut result, &mut progress)
+            .instrument(generate)
+            .await;
         if let Some(d) = progress.first_token {
             record_first_token(kind, d.as_secs_f64());
         }
@@ -530,15 +518,6 @@ enum Attempt {
     /// past the context's end): the request's fault, answered as that status.
     Invalid(String),
     Failed(String),
-}
-
-/// The largest `max_tokens` that fits after the prompt, from a worker's refusal of a
-/// `max_tokens` past the context's end (`device_worker::error::WorkerError::MaxTokensOverContext`:
-/// "... expected max_tokens at most N"); `None` for any other message.
-fn room_after_prompt(message: &str) -> Option<u32> {
-    let (_, rest) = message.split_once("does not fit: ")?;
-    let (_, n) = rest.split_once("expected max_tokens at most ")?;
-    n.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok().filter(|&n| n > 0)
 }
 
 /// The code a worker call failed with, as the gateway treats it: a status tonic made here

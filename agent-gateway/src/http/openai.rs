@@ -257,6 +257,8 @@ impl ChatCompletionRequest {
             stop: self.stop_strings()?,
             sampling: Some(self.sampling(fallback_seed)?),
             json_schema: self.json_schema()?,
+            // An explicit max_tokens past the context's end is refused, as OpenAI does.
+            cut_max_tokens_at_context: false,
         };
         Ok((req, origins))
     }

@@ -157,9 +157,10 @@ impl Admission {
         } else {
             Some(self.constraints.json_schema(&req.json_schema)?)
         };
-        // An explicit budget must fit after the prompt (as OpenAI refuses it); the default
-        // one is cut at the context's end (finish reason CONTEXT).
-        if prompt.len() + req.max_tokens as usize > self.n_ctx {
+        // An explicit budget must fit after the prompt (as OpenAI refuses it) unless the
+        // client asked for it to be cut; the default one is cut at the context's end (finish
+        // reason CONTEXT, in decoding).
+        if prompt.len() + req.max_tokens as usize > self.n_ctx && !req.cut_max_tokens_at_context {
             return Err(WorkerError::MaxTokensOverContext {
                 max_tokens: req.max_tokens,
                 n_prompt: prompt.len(),

@@ -79,7 +79,8 @@ pub struct ServeOptions {
     #[serde(flatten)]
     pub auth: tandem_auth::AuthArgs,
     /// The token the gateway sends to its workers: the first token of this file (the same
-    /// format as a worker's `--auth-token-file`; give both the same file on one phone).
+    /// format as a worker's `--auth-token-file`; give both the same file on one phone);
+    /// reloaded on SIGHUP, like the accepted tokens (rotate the file, then SIGHUP both).
     #[arg(long, env = "TANDEM_WORKER_TOKEN_FILE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub worker_token_file: Option<std::path::PathBuf>,

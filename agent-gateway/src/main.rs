@@ -85,6 +85,7 @@ fn run() -> anyhow::Result<()> {
                     Some(p) => tandem_auth::BearerInterceptor::from_file(p)?,
                     None => tandem_auth::BearerInterceptor::none(),
                 };
+                worker_token.reload_on_sighup();
                 let metrics = agent_gateway::metrics::install()?;
                 let router = agent_gateway::worker::Router::connect(&cfg.workers, worker_token, worker_tls.as_ref())?;
                 let screenshots = cfg.screenshot_policy();

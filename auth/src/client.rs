@@ -2,7 +2,8 @@
 //! one way every tandem client dials a server address ([`channel`]: `unix:PATH`,
 //! `HOST:PORT`, `http://`, `https://` with TLS).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tonic::transport::{Channel, Endpoint};
@@ -14,15 +15,17 @@ use crate::tokens::TokenSet;
 
 /// Adds the bearer token to every request of a tonic client (none when built with
 /// [`BearerInterceptor::none`]). Used by the gateway's worker client
-/// (`--worker-token-file`).
+/// (`--worker-token-file`). Clones share the token, so [`BearerInterceptor::reload`] (on
+/// SIGHUP: [`BearerInterceptor::reload_on_sighup`]) changes it for every client at once.
 #[derive(Clone, Default)]
 pub struct BearerInterceptor {
-    value: Option<MetadataValue<tonic::metadata::Ascii>>,
+    value: Arc<RwLock<Option<MetadataValue<tonic::metadata::Ascii>>>>,
+    path: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for BearerInterceptor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.value.is_some() { "BearerInterceptor(token)" } else { "BearerInterceptor(none)" })
+        f.write_str(if self.path.is_some() { "BearerInterceptor(token)" } else { "BearerInterceptor(none)" })
     }
 }
 
@@ -35,22 +38,64 @@ impl BearerInterceptor {
     /// Sends the first token of the token file `path` (the format of
     /// [`TokenSet::parse`]).
     ///
-    /// Errors: as [`TokenSet::load`].
+    /// Errors: as [`TokenSet::load`]; [`AuthError::BadTokens`] for a token that is not a
+    /// valid header value.
     pub fn from_file(path: &Path) -> Result<Self, AuthError> {
+        let value = Self::read(path)?;
+        Ok(Self { value: Arc::new(RwLock::new(Some(value))), path: Some(path.to_path_buf()) })
+    }
+
+    fn read(path: &Path) -> Result<MetadataValue<tonic::metadata::Ascii>, AuthError> {
         let set = TokenSet::load(path)?;
         let token = set.first().expect("a parsed token set is not empty");
         let text = format!("Bearer {}", String::from_utf8_lossy(token));
-        let value = text.parse().map_err(|_| AuthError::BadTokens {
+        text.parse().map_err(|_| AuthError::BadTokens {
             path: path.to_path_buf(),
             detail: "the token cannot be sent as a header value".into(),
-        })?;
-        Ok(Self { value: Some(value) })
+        })
+    }
+
+    /// Reads the token file again (the first token is sent from now on). Without a file
+    /// ([`BearerInterceptor::none`]) nothing changes.
+    ///
+    /// Errors: as [`BearerInterceptor::from_file`]; the previous token stays.
+    pub fn reload(&self) -> Result<(), AuthError> {
+        let Some(path) = &self.path else { return Ok(()) };
+        let value = Self::read(path)?;
+        *self.value.write().unwrap_or_else(|p| p.into_inner()) = Some(value);
+        Ok(())
+    }
+
+    /// Spawns a task (on the current Tokio runtime) that reloads the token file on every
+    /// SIGHUP and logs the outcome, as the servers' accepted tokens
+    /// ([`crate::tokens::Authenticator::reload_on_sighup`]): rotating a token file shared by
+    /// the gateway and its workers takes one SIGHUP to each. Does nothing without a file or
+    /// where SIGHUP does not exist.
+    pub fn reload_on_sighup(&self) {
+        #[cfg(unix)]
+        {
+            let Some(path) = self.path.clone() else { return };
+            let me = self.clone();
+            let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            else {
+                tracing::warn!("cannot install the SIGHUP handler: a new worker token needs a restart");
+                return;
+            };
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    match me.reload() {
+                        Ok(()) => tracing::info!(file = %path.display(), "worker token reloaded"),
+                        Err(e) => tracing::error!("worker token not reloaded (the previous one stays): {e}"),
+                    }
+                }
+            });
+        }
     }
 }
 
 impl tonic::service::Interceptor for BearerInterceptor {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(v) = &self.value {
+        if let Some(v) = &*self.value.read().unwrap_or_else(|p| p.into_inner()) {
             req.metadata_mut().insert("authorization", v.clone());
         }
         Ok(req)
@@ -140,7 +185,36 @@ pub fn address(addr: &str) -> Result<String, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::address;
+    use super::{address, BearerInterceptor};
+    use tonic::service::Interceptor;
+
+    fn sent(i: &mut BearerInterceptor) -> Option<String> {
+        let req = i.call(tonic::Request::new(())).expect("the interceptor passes every call");
+        req.metadata().get("authorization").map(|v| v.to_str().expect("ascii").to_string())
+    }
+
+    /// A reload (what SIGHUP triggers) makes every clone send the file's new first token; a
+    /// file that no longer parses keeps the previous token and says why.
+    #[test]
+    fn worker_token_reloads_for_every_clone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("tokens");
+        let (a, b) = ("a".repeat(32), "b".repeat(32));
+        std::fs::write(&path, format!("{a}\n")).expect("write");
+        let mut first = BearerInterceptor::from_file(&path).expect("token file");
+        let mut clone = first.clone();
+        assert_eq!(sent(&mut clone), Some(format!("Bearer {a}")));
+        std::fs::write(&path, format!("{b}\n{a}\n")).expect("write");
+        first.reload().expect("reload");
+        assert_eq!(sent(&mut clone), Some(format!("Bearer {b}")));
+        assert_eq!(sent(&mut first), Some(format!("Bearer {b}")));
+        std::fs::write(&path, "# no token here\n").expect("write");
+        assert!(first.reload().is_err(), "an empty token file is refused");
+        assert_eq!(sent(&mut clone), Some(format!("Bearer {b}")));
+        let mut none = BearerInterceptor::none();
+        none.reload().expect("nothing to reload");
+        assert_eq!(sent(&mut none), None);
+    }
 
     /// http://, https://, HOST:PORT (IPv6 in brackets) and unix:PATH pass; another scheme, a
     /// port outside 1-65535 and a bare host without a port are refused, saying why.

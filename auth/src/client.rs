@@ -72,24 +72,12 @@ impl BearerInterceptor {
     /// the gateway and its workers takes one SIGHUP to each. Does nothing without a file or
     /// where SIGHUP does not exist.
     pub fn reload_on_sighup(&self) {
-        #[cfg(unix)]
-        {
-            let Some(path) = self.path.clone() else { return };
-            let me = self.clone();
-            let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            else {
-                tracing::warn!("cannot install the SIGHUP handler: a new worker token needs a restart");
-                return;
-            };
-            tokio::spawn(async move {
-                while hup.recv().await.is_some() {
-                    match me.reload() {
-                        Ok(()) => tracing::info!(file = %path.display(), "worker token reloaded"),
-                        Err(e) => tracing::error!("worker token not reloaded (the previous one stays): {e}"),
-                    }
-                }
-            });
-        }
+        let Some(path) = self.path.clone() else { return };
+        let me = self.clone();
+        crate::tokens::on_sighup("a new worker token needs a restart", move || match me.reload() {
+            Ok(()) => tracing::info!(file = %path.display(), "worker token reloaded"),
+            Err(e) => tracing::error!("worker token not reloaded (the previous one stays): {e}"),
+        });
     }
 }
 

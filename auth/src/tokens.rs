@@ -148,24 +148,34 @@ impl Authenticator {
     /// and logs the outcome; a file that fails to load is logged and the old tokens kept.
     /// Does nothing where SIGHUP does not exist.
     pub fn reload_on_sighup(&self) {
-        #[cfg(unix)]
-        {
-            let auth = self.clone();
-            let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            else {
-                tracing::warn!("cannot install the SIGHUP handler: token reloads need a restart");
-                return;
-            };
-            tokio::spawn(async move {
-                while hup.recv().await.is_some() {
-                    match auth.reload() {
-                        Ok(n) => tracing::info!(tokens = n, file = %auth.path.display(), "auth tokens reloaded"),
-                        Err(e) => tracing::error!("auth tokens not reloaded (the previous ones stay): {e}"),
-                    }
-                }
-            });
-        }
+        let auth = self.clone();
+        on_sighup("token reloads need a restart", move || match auth.reload() {
+            Ok(n) => tracing::info!(tokens = n, file = %auth.path.display(), "auth tokens reloaded"),
+            Err(e) => tracing::error!("auth tokens not reloaded (the previous ones stay): {e}"),
+        });
     }
+}
+
+/// Spawns a task (on the current Tokio runtime) that calls `reload` on every SIGHUP; when the
+/// handler cannot be installed, warns "cannot install the SIGHUP handler: {without}". Does
+/// nothing where SIGHUP does not exist. The one SIGHUP loop of the accepted tokens
+/// ([`Authenticator::reload_on_sighup`]) and of the client's token
+/// ([`crate::client::BearerInterceptor::reload_on_sighup`]).
+pub(crate) fn on_sighup(without: &'static str, reload: impl Fn() + Send + 'static) {
+    #[cfg(unix)]
+    {
+        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+            tracing::warn!("cannot install the SIGHUP handler: {without}");
+            return;
+        };
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                reload();
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    let _ = (without, reload);
 }
 
 #[cfg(test)]

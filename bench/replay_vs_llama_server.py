@@ -145,7 +145,7 @@ def run_ours(args, cfg, fmt, plan, log, bin_dir, label):
         rows = []
         for ep, i, msgs, png in plan:
             r = post(f"http://127.0.0.1:{hport}/v1/chat/completions",
-                     {"model": "m", "messages": as_format(msgs, fmt, png), "max_tokens": args.max_tokens, "temperature": 0},
+                     {"messages": as_format(msgs, fmt, png), "max_tokens": args.max_tokens, "temperature": 0},
                      {"X-Episode-Id": ep})
             t = r["tandem"]
             rows.append((t["server_ms"], t["new_tokens"], t["kv_bound_tokens"], r["usage"]["prompt_tokens"],

@@ -149,18 +149,28 @@ pub enum GatewayError {
 /// content part (an image that does not decode, an image sent to a text-only model: the
 /// message names the part, as the gateway's own check of the parts) and for a prompt over the
 /// context or empty (`device_worker::error::WorkerError`'s prompt messages);
-/// `response_format` for a JSON schema the worker cannot compile; `max_tokens` for a
-/// `max_tokens` past the context's end (`WorkerError::MaxTokensOverContext`).
+/// `response_format` for a JSON schema the worker cannot compile; `max_tokens` (or
+/// `max_completion_tokens`, when the HTTP endpoint wrote the message in the request's terms)
+/// for a budget past the context's end (`WorkerError::MaxTokensOverContext`).
 fn worker_param(message: &str) -> Option<&'static str> {
     if message.contains("invalid JSON schema") {
         Some("response_format")
     } else if message.starts_with("max_tokens ") {
         Some("max_tokens")
+    } else if message.starts_with("max_completion_tokens ") {
+        Some("max_completion_tokens")
     } else if content_part_in(message).is_some() || message.contains("the prompt ") {
         Some("messages")
     } else {
         None
     }
+}
+
+/// Whether a worker's INVALID_ARGUMENT message says the request does not fit the context (a
+/// prompt over it, or prompt + `max_tokens` past its end: both say "the context holds N"):
+/// OpenAI's code `context_length_exceeded`.
+fn is_over_context(message: &str) -> bool {
+    message.contains("the context holds ")
 }
 
 /// The first `messages[I].content[K]` reference in a worker's error text (written in the
@@ -197,19 +207,30 @@ fn is_message_too_large(message: &str) -> bool {
 
 /// A request to the OpenAI-compatible HTTP endpoint ([`crate::http`]) failed. Rendered as
 /// OpenAI's error JSON, `{"error": {"message", "type", "param", "code"}}`, with the HTTP status
-/// of [`ApiError::http_status`] (shape: OpenAI API reference, "Error codes").
+/// of [`ApiError::http_status`] (shape: OpenAI API reference, "Error codes"). `Display` is the
+/// whole story for the gateway's log (worker address, gRPC code); the client gets
+/// [`ApiError::client_message`], in the request's own terms and without them.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ApiError {
     /// The body is not JSON, or not the shape of a chat-completion request (400).
     #[error("request body is not a valid chat completion request: {0}")]
     BadJson(String),
     /// Valid JSON whose field `param` does not deserialize (a wrong type or range, or
-    /// `messages` missing; 400); `message` is serde's.
-    #[error("{param}: {message}")]
-    BadField { param: String, message: String },
+    /// `messages` missing; 400): what the field takes and what came.
+    #[error("{param}: expected {expected}, found {found}")]
+    BadField { param: String, expected: &'static str, found: String },
     /// A field has a value the endpoint does not accept (400); `param` names the field.
     #[error("{param}: expected {expected}, found {found}")]
     InvalidParam { param: &'static str, expected: &'static str, found: String },
+    /// A field the endpoint does not implement, with a value that would change the answer
+    /// (`tools`, `logprobs: true`, `n: 2`, an unknown field; 400, code
+    /// `unsupported_parameter`): refused rather than silently ignored.
+    #[error("{param}: unsupported: {why}")]
+    Unsupported { param: String, why: String },
+    /// The request's `model` is none of the ids the workers serve (404, code
+    /// `model_not_found`, as vLLM answers).
+    #[error("The model `{requested}` does not exist; this server serves {}", served.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", "))]
+    ModelNotFound { requested: String, served: Vec<String> },
     /// A served path asked with another method (405).
     #[error("{method} is not served on {path}; served: POST /v1/chat/completions, GET /v1/models, GET /health")]
     MethodNotAllowed { method: String, path: String },
@@ -232,7 +253,7 @@ pub enum ApiError {
     /// The worker's stream ended before its final event (502).
     #[error("worker {worker}: stream ended without a final event")]
     WorkerStreamEnded { worker: String },
-    /// No worker answered a status request (503).
+    /// No worker answered a status request (503); the text names the workers and why.
     #[error("no worker answered: {0}")]
     NoWorker(String),
 }
@@ -247,8 +268,8 @@ impl ApiError {
     /// The HTTP status code of this error.
     pub fn http_status(&self) -> u16 {
         match self {
-            ApiError::BadJson(_) | ApiError::BadField { .. } | ApiError::InvalidParam { .. } => 400,
-            ApiError::NotFound { .. } => 404,
+            ApiError::BadJson(_) | ApiError::BadField { .. } | ApiError::InvalidParam { .. } | ApiError::Unsupported { .. } => 400,
+            ApiError::NotFound { .. } | ApiError::ModelNotFound { .. } => 404,
             ApiError::MethodNotAllowed { .. } => 405,
             ApiError::BodyTooLarge { .. } | ApiError::RequestTooLarge { .. } => 413,
             ApiError::Worker { message, .. } if is_message_too_large(message) => 413,
@@ -285,11 +306,32 @@ impl ApiError {
         }
     }
 
+    /// The message the client gets: what it did wrong in its own terms, or what failed and
+    /// whether a retry helps. A worker's refusal of the request (400, 413) is the worker's
+    /// text without its address and gRPC code; other worker failures and an unreachable worker
+    /// are a fixed sentence (the details are in the gateway's log, from `Display`).
+    pub fn client_message(&self) -> String {
+        match self {
+            ApiError::Worker { message, .. } => match self.http_status() {
+                400 => message.clone(),
+                413 => format!("the request is larger than the worker accepts: {}", message.trim_start_matches("Error, ")),
+                429 => "the worker is busy (its request queue is full); retry in 1 s".into(),
+                503 => "no worker can take the request now (unreachable, restarting or loading its model); retry in 5 s".into(),
+                504 => "the worker did not answer in time".into(),
+                _ => "the worker failed while answering this request (the gateway's log has the details)".into(),
+            },
+            ApiError::WorkerStreamEnded { .. } => "the worker's answer ended before it was complete (the gateway's log has the details)".into(),
+            ApiError::NoWorker(_) => "no worker is available now; retry in 5 s (the gateway's log names the workers and why)".into(),
+            _ => self.to_string(),
+        }
+    }
+
     /// OpenAI's error JSON for this error.
     pub fn to_json(&self) -> serde_json::Value {
         let param = match self {
             ApiError::InvalidParam { param, .. } => serde_json::Value::String(param.to_string()),
-            ApiError::BadField { param, .. } => serde_json::Value::String(param.clone()),
+            ApiError::BadField { param, .. } | ApiError::Unsupported { param, .. } => serde_json::Value::String(param.clone()),
+            ApiError::ModelNotFound { .. } => serde_json::Value::String("model".to_string()),
             // A request over the message budget is its messages (the rest is small).
             ApiError::RequestTooLarge { .. } => serde_json::Value::String("messages".to_string()),
             ApiError::Worker { message, .. } if self.http_status() == 400 => {
@@ -300,15 +342,18 @@ impl ApiError {
         let code = match self {
             ApiError::BadJson(_) => "invalid_json",
             ApiError::InvalidParam { .. } | ApiError::BadField { .. } => "invalid_value",
+            ApiError::Unsupported { .. } => "unsupported_parameter",
+            ApiError::ModelNotFound { .. } => "model_not_found",
             ApiError::NotFound { .. } => "unknown_url",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::BodyTooLarge { .. } | ApiError::RequestTooLarge { .. } => "request_too_large",
             ApiError::Worker { .. } if self.http_status() == 413 => "request_too_large",
             ApiError::Worker { .. } if self.http_status() == 429 => "worker_busy",
+            ApiError::Worker { message, .. } if self.http_status() == 400 && is_over_context(message) => "context_length_exceeded",
             ApiError::Worker { .. } if self.http_status() == 400 => "invalid_value",
             ApiError::Worker { .. } | ApiError::WorkerStreamEnded { .. } => "worker_error",
             ApiError::NoWorker(_) => "no_worker",
         };
-        serde_json::json!({"error": {"message": self.to_string(), "type": self.error_type(), "param": param, "code": code}})
+        serde_json::json!({"error": {"message": self.client_message(), "type": self.error_type(), "param": param, "code": code}})
     }
 }

@@ -617,7 +617,6 @@ async fn bursts(s: Arc<Shared>, mut stop: tokio::sync::watch::Receiver<bool>) {
 /// One burst request (prompt `i`), retried when shed.
 async fn burst_request(s: &Shared, i: usize) {
     let body = serde_json::json!({
-        "model": "tandem",
         "messages": [{"role": "user", "content": BURST_PROMPTS[i]}],
         "max_tokens": s.cfg.burst_max_tokens,
         "temperature": 0,

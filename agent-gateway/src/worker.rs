@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tandem_auth::{BearerInterceptor, ClientTls};
 use tandem_proto::step::v1::step_service_client::StepServiceClient;
-use tandem_proto::step::v1::StatusRequest;
+use tandem_proto::step::v1::{ModelInfo, StatusRequest};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
@@ -25,25 +25,28 @@ pub struct Worker {
     /// The address as configured (`http://127.0.0.1:50051`, `https://...`, `unix:PATH`).
     pub addr: String,
     pub client: WorkerClient,
-    /// Its image support as its Status last reported it ([`Worker::vision`]).
-    vision: Arc<Mutex<Option<(bool, Instant)>>>,
+    /// Its model as its Status last reported it ([`Worker::model`]).
+    model: Arc<Mutex<Option<(ModelInfo, Instant)>>>,
 }
 
-/// How long a worker's reported image support is trusted before [`Worker::vision`] asks again
-/// (a worker restarted with or without `--mmproj` is seen within this time).
-pub const VISION_TTL: Duration = Duration::from_secs(30);
+/// How long a worker's reported model (its id, its image support) is trusted before
+/// [`Worker::model`] asks again (a worker restarted with another model, or with or without
+/// `--mmproj`, is seen within this time).
+pub const MODEL_TTL: Duration = Duration::from_secs(30);
 
-/// How long [`Worker::vision`] waits for the worker's Status.
+/// How long [`Worker::model`] waits for the worker's Status.
 pub const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl Worker {
-    /// Whether the worker takes images: its `StatusResponse.model.vision` (a vision projector,
-    /// `--mmproj`), cached for [`VISION_TTL`]. [`WorkerVision::Unknown`] (not cached) when the
-    /// Status call fails or times out ([`STATUS_TIMEOUT`]) or no model is loaded yet.
-    pub async fn vision(&self) -> WorkerVision {
-        if let Some((v, at)) = *self.vision.lock().unwrap_or_else(PoisonError::into_inner) {
-            if at.elapsed() < VISION_TTL {
-                return if v { WorkerVision::Yes } else { WorkerVision::No };
+    /// The worker's model (`StatusResponse.model`), cached for [`MODEL_TTL`]; `fresh`: ask
+    /// the worker now whatever the cache holds. `None` (not cached) when the Status call fails
+    /// or times out ([`STATUS_TIMEOUT`]) or no model is loaded yet.
+    pub async fn model(&self, fresh: bool) -> Option<ModelInfo> {
+        if !fresh {
+            if let Some((m, at)) = &*self.model.lock().unwrap_or_else(PoisonError::into_inner) {
+                if at.elapsed() < MODEL_TTL {
+                    return Some(m.clone());
+                }
             }
         }
         let mut client = self.client.clone();
@@ -51,18 +54,27 @@ impl Worker {
         let model = match answer {
             Ok(Ok(r)) => r.into_inner().model,
             Ok(Err(s)) => {
-                tracing::debug!(worker = %self.addr, status = %s, "worker status failed; image support unknown");
+                tracing::debug!(worker = %self.addr, status = %s, "worker status failed; its model is unknown");
                 None
             }
             Err(_) => {
-                tracing::debug!(worker = %self.addr, "worker status timed out; image support unknown");
+                tracing::debug!(worker = %self.addr, "worker status timed out; its model is unknown");
                 None
             }
         };
-        let Some(model) = model else { return WorkerVision::Unknown };
-        let v = model.vision.is_some();
-        *self.vision.lock().unwrap_or_else(PoisonError::into_inner) = Some((v, Instant::now()));
-        if v { WorkerVision::Yes } else { WorkerVision::No }
+        let model = model?;
+        *self.model.lock().unwrap_or_else(PoisonError::into_inner) = Some((model.clone(), Instant::now()));
+        Some(model)
+    }
+
+    /// Whether the worker takes images: its `StatusResponse.model.vision` (a vision projector,
+    /// `--mmproj`), from [`Worker::model`]. [`WorkerVision::Unknown`] when its model is unknown.
+    pub async fn vision(&self) -> WorkerVision {
+        match self.model(false).await {
+            None => WorkerVision::Unknown,
+            Some(m) if m.vision.is_some() => WorkerVision::Yes,
+            Some(_) => WorkerVision::No,
+        }
     }
 }
 
@@ -123,7 +135,7 @@ impl Router {
                 Ok(Worker {
                     addr,
                     client: StepServiceClient::with_interceptor(channel, token.clone()),
-                    vision: Arc::default(),
+                    model: Arc::default(),
                 })
             })
             .collect::<Result<Vec<_>, GatewayError>>()?;

@@ -10,7 +10,7 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(req) = ChatCompletionRequest::from_body(data) else { return };
-    let _ = (req.streaming(), req.model_name());
+    let _ = (req.streaming(), req.requested_model(), req.max_tokens_param());
     let Ok(gen) = req.to_generate_request("fuzz-session", 7) else { return };
     let Some(prompt) = gen.prompt else { panic!("no prompt") };
     let tandem_proto::step::v1::generate_request::Prompt::Chat(chat) = prompt else {

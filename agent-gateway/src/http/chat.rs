@@ -69,10 +69,21 @@ pub fn episode_of(headers: &HeaderMap, user: Option<&str>) -> Result<Option<Stri
     Ok(Some(id.to_string()).filter(|s| !s.is_empty()))
 }
 
-/// A worker status as the endpoint's error, its `messages[i].parts[j]` written as the
-/// request's `messages[i].content[k]` ([`PartOrigins::to_openai`]).
-fn worker_error(worker: &str, s: tonic::Status, origins: &PartOrigins) -> ApiError {
-    ApiError::Worker { worker: worker.to_string(), code: s.code(), message: origins.to_openai(s.message()) }
+/// How a worker's error text is put in the request's terms: its `messages[i].parts[j]` as the
+/// request's `messages[i].content[k]` ([`PartOrigins::to_openai`]) and `max_tokens` as the
+/// field the client set the budget with ([`ChatCompletionRequest::max_tokens_param`]).
+struct Terms {
+    origins: PartOrigins,
+    max_tokens_param: &'static str,
+}
+
+/// A worker status as the endpoint's error, its text in the request's terms ([`Terms`]).
+fn worker_error(worker: &str, s: tonic::Status, terms: &Terms) -> ApiError {
+    let mut message = terms.origins.to_openai(s.message());
+    if terms.max_tokens_param != "max_tokens" {
+        message = message.replace("max_tokens", terms.max_tokens_param);
+    }
+    ApiError::Worker { worker: worker.to_string(), code: s.code(), message }
 }
 
 struct Reply {
@@ -80,7 +91,7 @@ struct Reply {
     created: u64,
     model: String,
     run: RunInfo,
-    origins: PartOrigins,
+    terms: Terms,
 }
 
 async fn run(state: HttpState, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
@@ -98,6 +109,10 @@ async fn run(state: HttpState, headers: HeaderMap, body: Bytes) -> Result<Respon
     if bytes > tandem_proto::MAX_MESSAGE_BYTES {
         return Err(ApiError::RequestTooLarge { bytes, limit: tandem_proto::MAX_MESSAGE_BYTES });
     }
+    if let Some(model) = req.requested_model() {
+        super::models::check_model(&state.router, model).await?;
+    }
+    let terms = Terms { origins, max_tokens_param: req.max_tokens_param() };
     let stops = generate.stop.clone();
     let mut worker = state.router.route(&route_key).clone();
     let mut stream = match worker.client.clone().generate(generate.clone()).await {
@@ -106,19 +121,24 @@ async fn run(state: HttpState, headers: HeaderMap, body: Bytes) -> Result<Respon
         Err(s) if s.code() == tonic::Code::Unavailable => {
             state.router.mark_down(&worker.addr);
             worker = state.router.route(&route_key).clone();
-            worker.client.clone().generate(generate).await.map_err(|s| worker_error(&worker.addr, s, &origins))?.into_inner()
+            worker.client.clone().generate(generate).await.map_err(|s| worker_error(&worker.addr, s, &terms))?.into_inner()
         }
-        Err(s) => return Err(worker_error(&worker.addr, s, &origins)),
+        Err(s) => return Err(worker_error(&worker.addr, s, &terms)),
+    };
+    // The id `GET /v1/models` lists for this worker (what the request named, if it named one).
+    let model = match worker.model(false).await.as_ref().and_then(super::models::model_id) {
+        Some(id) => id,
+        None => req.requested_model().unwrap_or("tandem").to_string(),
     };
     let mut reply = Reply {
         id: unique_id("chatcmpl"),
         created: unix_now(),
-        model: req.model_name(),
+        model,
         run: RunInfo { worker: worker.addr.clone(), session_id, ..Default::default() },
-        origins,
+        terms,
     };
     if !req.streaming() {
-        let done = collect(&mut stream, &mut reply.run, &reply.origins).await?;
+        let done = collect(&mut stream, &mut reply.run, &reply.terms).await?;
         log_done(&reply.run, &done);
         let content = truncate_at_stop(&done.text, &stops);
         return Ok(json_response(StatusCode::OK, &completion_json(&reply.id, reply.created, &reply.model, &content, &done, &reply.run)));
@@ -126,7 +146,7 @@ async fn run(state: HttpState, headers: HeaderMap, body: Bytes) -> Result<Respon
     // Wait for the first event so that a request the worker rejects gets an HTTP error status.
     let first = match stream.next().await {
         Some(Ok(ev)) => ev,
-        Some(Err(s)) => return Err(worker_error(&reply.run.worker, s, &reply.origins)),
+        Some(Err(s)) => return Err(worker_error(&reply.run.worker, s, &reply.terms)),
         None => return Err(ApiError::WorkerStreamEnded { worker: reply.run.worker }),
     };
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
@@ -141,9 +161,9 @@ async fn run(state: HttpState, headers: HeaderMap, body: Bytes) -> Result<Respon
 }
 
 /// Reads the worker stream to its final event.
-async fn collect(stream: &mut WorkerStream, run: &mut RunInfo, origins: &PartOrigins) -> Result<spb::FinalStats, ApiError> {
+async fn collect(stream: &mut WorkerStream, run: &mut RunInfo, terms: &Terms) -> Result<spb::FinalStats, ApiError> {
     while let Some(ev) = stream.next().await {
-        match ev.map_err(|s| worker_error(&run.worker, s, origins))?.event {
+        match ev.map_err(|s| worker_error(&run.worker, s, terms))?.event {
             Some(spb::generate_event::Event::Prefill(p)) => run.on_prefill(p),
             Some(spb::generate_event::Event::Done(d)) => return Ok(d),
             _ => {}
@@ -185,6 +205,7 @@ async fn forward(
                 Some(ev) => ev,
                 None => {
                     let e = ApiError::WorkerStreamEnded { worker: reply.run.worker.clone() };
+                    tracing::warn!(error = %e, "chat completion stream failed");
                     let _ = send(e.to_json()).await;
                     return Err(());
                 }
@@ -193,7 +214,9 @@ async fn forward(
         let ev = match ev {
             Ok(ev) => ev,
             Err(s) => {
-                let _ = send(worker_error(&reply.run.worker, s, &reply.origins).to_json()).await;
+                let e = worker_error(&reply.run.worker, s, &reply.terms);
+                tracing::warn!(error = %e, "chat completion stream failed");
+                let _ = send(e.to_json()).await;
                 return Err(());
             }
         };

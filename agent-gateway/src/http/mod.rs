@@ -2,7 +2,8 @@
 //!
 //! - `POST /v1/chat/completions`: chat messages pass straight to a worker's `Generate`
 //!   (JSON or server-sent events; see [`openai`] for the accepted fields).
-//! - `GET /v1/models`: the workers' models (`StepService.Status`).
+//! - `GET /v1/models`: the workers' models (`StepService.Status`), by the id a request's
+//!   `model` names ([`models::model_id`]).
 //! - `GET /health`: the workers' reachability.
 //! - `GET /metrics`: Prometheus text exposition of the gateway's metrics
 //!   ([`crate::metrics`]), when a recorder is installed.
@@ -12,7 +13,9 @@
 //! worker's `session_id`, so the worker's slot keeps the KV cache of the shared prompt prefix;
 //! `usage.prompt_tokens_details.cached_tokens` reports how many prompt tokens were reused.
 //! Without either, each request gets a fresh routing key and no session (nothing reused on
-//! purpose). Errors use OpenAI's error JSON ([`ApiError::to_json`]).
+//! purpose). Errors use OpenAI's error JSON ([`ApiError::to_json`]): the message says what the
+//! client did wrong in its own terms, or whether a retry helps; the worker's address and gRPC
+//! code go to the gateway's log only (`HTTP request failed`, WARN for 5xx).
 
 pub mod chat;
 pub mod models;
@@ -170,7 +173,11 @@ pub(crate) fn json_response(status: StatusCode, body: &serde_json::Value) -> Res
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        tracing::info!(status = status.as_u16(), error = %self, "HTTP request failed");
+        if status.is_server_error() {
+            tracing::warn!(status = status.as_u16(), error = %self, "HTTP request failed");
+        } else {
+            tracing::info!(status = status.as_u16(), error = %self, "HTTP request failed");
+        }
         let mut resp = json_response(status, &self.to_json());
         if let Some(s) = self.retry_after_s() {
             resp.headers_mut().insert(axum::http::header::RETRY_AFTER, HeaderValue::from(s));
@@ -302,6 +309,42 @@ mod tests {
             let v = json_of(resp).await;
             assert_eq!((v["error"]["code"].as_str(), v["error"]["type"].as_str()), (Some("request_too_large"), Some("invalid_request_error")), "{v}");
             assert!(v["error"]["message"].as_str().unwrap().contains("the limit is: 1048576 bytes"), "{v}");
+        }
+    }
+
+    /// The client's message carries neither the worker's address nor the gRPC code (the log
+    /// line, from `Display`, keeps both); a request over the context is
+    /// `context_length_exceeded` whichever field it has to change.
+    #[tokio::test]
+    async fn worker_errors_tell_the_client_no_internals() {
+        let addr = "http://127.0.0.1:50051";
+        for code in [
+            tonic::Code::InvalidArgument,
+            tonic::Code::ResourceExhausted,
+            tonic::Code::Unavailable,
+            tonic::Code::DeadlineExceeded,
+            tonic::Code::Internal,
+            tonic::Code::Unauthenticated,
+        ] {
+            let e = ApiError::Worker { worker: addr.into(), code, message: "the model is still loading at /models/x.gguf".into() };
+            assert!(e.to_string().contains(addr) && e.to_string().contains(&format!("{code:?}")), "{e}");
+            let v = json_of(e.clone().into_response()).await;
+            let text = v.to_string();
+            assert!(!text.contains("127.0.0.1:50051") && !text.contains(&format!("({code:?})")), "{code:?}: {text}");
+        }
+        let gone = json_of(ApiError::WorkerStreamEnded { worker: addr.into() }.into_response()).await;
+        let none = json_of(ApiError::NoWorker(format!("{addr}: tcp connect error (Unavailable)")).into_response()).await;
+        for v in [gone, none] {
+            assert!(!v.to_string().contains("127.0.0.1:50051") && !v.to_string().contains("Unavailable"), "{v}");
+        }
+        for (message, param) in [
+            ("the prompt has 5000 tokens; the context holds 4096 (prompt + at least one output token)", "messages"),
+            ("max_completion_tokens 97 does not fit: the context holds 128 tokens, the request asks for 129 (32 prompt + 97 max_completion_tokens); expected max_completion_tokens at most 96", "max_completion_tokens"),
+        ] {
+            let e = ApiError::Worker { worker: addr.into(), code: tonic::Code::InvalidArgument, message: message.into() };
+            let v = json_of(e.into_response()).await;
+            assert_eq!((v["error"]["code"].as_str(), v["error"]["param"].as_str()), (Some("context_length_exceeded"), Some(param)), "{v}");
+            assert_eq!(v["error"]["message"], message, "{v}");
         }
     }
 

@@ -25,24 +25,55 @@ pub(crate) async fn status_of(worker: &crate::worker::Worker) -> Result<spb::Sta
     }
 }
 
-/// The model id of a worker's status: the GGUF's model name, else the file stem of its path.
-pub fn model_id(status: &spb::StatusResponse) -> Option<String> {
-    let m = status.model.as_ref()?;
-    if !m.name.trim().is_empty() {
-        return Some(m.name.trim().to_string());
+/// The id of a worker's model, as `GET /v1/models` lists it and a request's `model` names it:
+/// the GGUF file name without its extension (`SmolLM2-135M-Instruct.Q4_1` for
+/// `.../SmolLM2-135M-Instruct.Q4_1.gguf`), else the model's `general.name`; whitespace runs
+/// become `-`, so the id is one token (llama-server also names a model by its file).
+pub fn model_id(model: &spb::ModelInfo) -> Option<String> {
+    let stem = std::path::Path::new(&model.path).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let raw = if stem.trim().is_empty() { model.name.as_str() } else { stem.as_str() };
+    Some(raw.split_whitespace().collect::<Vec<_>>().join("-")).filter(|id| !id.is_empty())
+}
+
+/// The distinct model ids of the workers that answer, in worker order; `fresh`: ask each worker
+/// now, else use its cached model ([`crate::worker::Worker::model`]).
+pub async fn served_ids(router: &crate::worker::Router, fresh: bool) -> Vec<String> {
+    let mut ids: Vec<String> = vec![];
+    for w in router.workers() {
+        if let Some(id) = w.model(fresh).await.as_ref().and_then(model_id).filter(|id| !ids.contains(id)) {
+            ids.push(id);
+        }
     }
-    std::path::Path::new(&m.path).file_stem().map(|s| s.to_string_lossy().into_owned()).filter(|s| !s.is_empty())
+    ids
+}
+
+/// Checks a request's `model` against the served ids (the cached ones, then, when it is not
+/// among them, the workers' answers now: a worker restarted with another model is seen at
+/// once). A request for an unknown model is refused, as vLLM refuses it; when no worker
+/// answers, the check is left to the request itself (which then fails as unavailable).
+///
+/// Errors: [`ApiError::ModelNotFound`] naming the served ids.
+pub async fn check_model(router: &crate::worker::Router, requested: &str) -> Result<(), ApiError> {
+    if served_ids(router, false).await.iter().any(|id| id == requested) {
+        return Ok(());
+    }
+    let served = served_ids(router, true).await;
+    if served.is_empty() || served.iter().any(|id| id == requested) {
+        return Ok(());
+    }
+    Err(ApiError::ModelNotFound { requested: requested.to_string(), served })
 }
 
 /// `GET /v1/models`: `{"object":"list","data":[{"id","object":"model","created":0,"owned_by":"tandem"}]}`
-/// with one entry per distinct worker model. 503 (OpenAI error JSON) when no worker answers.
+/// with one entry per distinct worker model ([`model_id`]). 503 (OpenAI error JSON) when no
+/// worker answers (the gateway's log says which and why).
 pub async fn list_models(State(state): State<HttpState>) -> Response {
     let mut ids: Vec<String> = vec![];
     let mut errors = vec![];
     for w in state.router.workers() {
         match status_of(w).await {
             Ok(s) => {
-                if let Some(id) = model_id(&s).filter(|id| !ids.contains(id)) {
+                if let Some(id) = s.model.as_ref().and_then(model_id).filter(|id| !ids.contains(id)) {
                     ids.push(id);
                 }
             }
@@ -66,7 +97,7 @@ pub async fn health(State(state): State<HttpState>) -> Response {
         workers.push(match status_of(w).await {
             Ok(s) => {
                 ok += 1;
-                json!({"addr": w.addr, "ok": true, "model": model_id(&s), "power": s.power.map(|p| p.state), "error": null})
+                json!({"addr": w.addr, "ok": true, "model": s.model.as_ref().and_then(model_id), "power": s.power.map(|p| p.state), "error": null})
             }
             Err(e) => json!({"addr": w.addr, "ok": false, "model": null, "power": null, "error": e}),
         });
@@ -77,4 +108,18 @@ pub async fn health(State(state): State<HttpState>) -> Response {
         _ => (StatusCode::OK, "ok"),
     };
     json_response(status, &json!({"status": word, "workers": workers}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_ids_are_the_file_stem_as_one_token() {
+        let info = |path: &str, name: &str| spb::ModelInfo { path: path.into(), name: name.into(), ..Default::default() };
+        assert_eq!(model_id(&info("/m/SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2 135M Instruct")).as_deref(), Some("SmolLM2-135M-Instruct.Q4_1"));
+        assert_eq!(model_id(&info("/m/my model.gguf", "x")).as_deref(), Some("my-model"));
+        assert_eq!(model_id(&info("", " SmolLM2  135M\tInstruct ")).as_deref(), Some("SmolLM2-135M-Instruct"));
+        assert_eq!(model_id(&info("", " ")), None);
+    }
 }

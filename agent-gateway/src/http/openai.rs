@@ -3,14 +3,19 @@
 //!
 //! Request and response shapes follow the OpenAI API reference, "Create chat completion"
 //! (`POST /v1/chat/completions`) and "The chat completion chunk object". Accepted fields:
-//! `model` (echoed, not checked), `messages` (roles `system`/`developer`/`user`/`assistant`;
+//! `model` (omitted, or the id `GET /v1/models` lists: checked in [`super::chat`]),
+//! `messages` (roles `system`/`developer`/`user`/`assistant`;
 //! content a string or a list of `{"type":"text","text":...}` and `{"type":"image_url",
 //! "image_url":{"url":"data:image/png;base64,..."}}` parts, media type image/png or image/jpeg;
 //! remote image URLs are refused; errors name a part as `messages[i].content[j]`), `max_completion_tokens`
 //! or `max_tokens`, `temperature` (absent or 0: greedy), `top_p`, `top_k` (extension), `seed`,
 //! `stop` (a string or up to 4 strings), `stream`, `stream_options.include_usage`,
 //! `response_format` (`text`, `json_object`, `json_schema`), `user` (episode affinity), `n`
-//! (only 1). Other fields are ignored.
+//! (only 1). Fields that do not change the answer are accepted and ignored
+//! ([`IGNORED_FIELDS`]); a field the endpoint does not implement is refused naming it
+//! (`unsupported_parameter`, [`check_fields`]) unless it has its neutral value (`logprobs:
+//! false`, `frequency_penalty: 0`, `tools: []`, ...; `null` counts as absent), so a client
+//! that relies on it never gets an answer computed without it.
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -63,18 +68,142 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
-/// The field of a request object that does not deserialize: `messages` when it is missing,
-/// else the first field that fails alone beside an empty `messages` list.
-fn bad_field(fields: &serde_json::Map<String, Value>) -> String {
-    if !fields.contains_key("messages") {
-        return "messages".into();
+/// The fields [`ChatCompletionRequest`] reads.
+pub const READ_FIELDS: &[&str] = &[
+    "model", "messages", "max_completion_tokens", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
+    "stream_options", "response_format", "user", "n",
+];
+
+/// Fields accepted and ignored: they do not change the answer (bookkeeping, caching and
+/// latency hints; `parallel_tool_calls` only matters with `tools`, which are refused).
+pub const IGNORED_FIELDS: &[&str] =
+    &["metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "prediction", "parallel_tool_calls", "cache_prompt"];
+
+/// Why the endpoint cannot honour tool calling.
+const NO_TOOLS: &str = "this server has no tool (function) calling: the model answers in text (response_format with a json_schema can constrain that text to JSON)";
+/// Why it cannot honour log probabilities.
+const NO_LOGPROBS: &str = "this server returns no log probabilities (logprobs: false or absent only)";
+/// Why it cannot honour penalties.
+const NO_PENALTIES: &str = "this server applies no repetition penalties (0 or absent only)";
+
+/// Fields the endpoint does not implement, accepted only with their neutral value (the one
+/// that asks for nothing): the field, that test (`None`: no value is neutral) and why any
+/// other value is refused.
+const NEUTRAL_ONLY: &[(&str, Option<fn(&Value) -> bool>, &str)] = &[
+    ("tools", Some(is_empty_list), NO_TOOLS),
+    ("functions", Some(is_empty_list), NO_TOOLS),
+    ("tool_choice", Some(is_none_choice), NO_TOOLS),
+    ("function_call", Some(is_none_choice), NO_TOOLS),
+    ("logprobs", Some(is_false), NO_LOGPROBS),
+    ("top_logprobs", Some(is_zero), NO_LOGPROBS),
+    ("frequency_penalty", Some(is_zero), NO_PENALTIES),
+    ("presence_penalty", Some(is_zero), NO_PENALTIES),
+    ("repetition_penalty", Some(is_one), "this server applies no repetition penalty (1 or absent only)"),
+    ("logit_bias", Some(is_empty_object), "this server applies no logit bias (an empty object or absent only)"),
+    ("min_p", Some(is_zero), "this server samples with temperature, top_p and top_k only (min_p: 0 or absent only)"),
+    ("modalities", Some(is_text_only), "this server answers in text only (modalities: [\"text\"] or absent only)"),
+    ("audio", None, "this server answers in text only"),
+    ("reasoning_effort", None, "the served model has no reasoning-effort setting"),
+    ("verbosity", None, "the served model has no verbosity setting"),
+    ("web_search_options", None, "this server has no web search"),
+];
+
+fn is_empty_list(v: &Value) -> bool {
+    v.as_array().is_some_and(Vec::is_empty)
+}
+fn is_empty_object(v: &Value) -> bool {
+    v.as_object().is_some_and(serde_json::Map::is_empty)
+}
+fn is_none_choice(v: &Value) -> bool {
+    v.as_str() == Some("none")
+}
+fn is_false(v: &Value) -> bool {
+    v.as_bool() == Some(false)
+}
+fn is_zero(v: &Value) -> bool {
+    v.as_f64() == Some(0.0)
+}
+fn is_one(v: &Value) -> bool {
+    v.as_f64() == Some(1.0)
+}
+fn is_text_only(v: &Value) -> bool {
+    v.as_array().is_some_and(|a| a.iter().all(|m| m.as_str() == Some("text")))
+}
+
+/// Refuses a request field the endpoint would otherwise ignore although it changes the answer:
+/// `n` above 1, a [`NEUTRAL_ONLY`] field with another value than its neutral one, and any field
+/// neither read ([`READ_FIELDS`]) nor known to be harmless ([`IGNORED_FIELDS`]). `null` counts
+/// as absent.
+///
+/// Errors: [`ApiError::Unsupported`] naming the first such field (in key order).
+pub fn check_fields(fields: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
+    for (key, v) in fields {
+        if v.is_null() {
+            continue;
+        }
+        let unsupported = |why: String| Err(ApiError::Unsupported { param: key.clone(), why });
+        if key == "n" {
+            if v.as_f64().is_some_and(|n| n > 1.0) {
+                return unsupported(format!("this server returns one choice per request (n: 1 or absent only), found {}", brief(v)));
+            }
+            continue;
+        }
+        if READ_FIELDS.contains(&key.as_str()) || IGNORED_FIELDS.contains(&key.as_str()) {
+            continue;
+        }
+        match NEUTRAL_ONLY.iter().find(|(name, _, _)| name == key) {
+            Some((_, Some(neutral), _)) if neutral(v) => {}
+            Some((_, _, why)) => return unsupported(format!("{why}, found {}", brief(v))),
+            None => {
+                return unsupported(format!(
+                    "unknown parameter; this endpoint reads {} and ignores {}",
+                    READ_FIELDS.join(", "),
+                    IGNORED_FIELDS.join(", ")
+                ))
+            }
+        }
     }
+    Ok(())
+}
+
+/// What a request field takes, in the client's terms (for a value that does not deserialize).
+fn expected_of(field: &str) -> &'static str {
+    match field {
+        "messages" => "a list of messages, each an object with a string role and a content",
+        "max_tokens" | "max_completion_tokens" => "an integer from 1 to 4294967295",
+        "temperature" => "a number from 0 to 2",
+        "top_p" => "a number greater than 0 and at most 1",
+        "top_k" => "an integer from 0 (off) to 4294967295",
+        "seed" => "an integer from 0 to 18446744073709551615",
+        "stream" => "true or false",
+        "stream_options" => "an object such as {\"include_usage\": true}",
+        "model" | "user" => "a string",
+        "n" => "1",
+        _ => "a value of another type",
+    }
+}
+
+/// The field of a request object that does not deserialize, as [`ApiError::BadField`]:
+/// `messages` when it is missing or one message is not a message (naming it
+/// `messages[i]`), else the first field that fails alone beside an empty `messages` list.
+fn bad_field(fields: &serde_json::Map<String, Value>) -> ApiError {
+    let bad = |param: &str, found: String| ApiError::BadField { param: param.to_string(), expected: expected_of(param), found };
+    let Some(messages) = fields.get("messages") else { return bad("messages", "no messages field".into()) };
     let fails = |key: &String, v: &Value| {
         let mut alone = serde_json::Map::from_iter([("messages".to_string(), json!([]))]);
         alone.insert(key.clone(), v.clone());
         serde_json::from_value::<ChatCompletionRequest>(Value::Object(alone)).is_err()
     };
-    fields.iter().find(|(k, v)| fails(k, v)).map_or_else(|| "messages".into(), |(k, _)| k.clone())
+    if let Some((k, v)) = fields.iter().find(|(k, v)| *k != "messages" && fails(k, v)) {
+        return bad(k, brief(v));
+    }
+    match messages {
+        Value::Array(list) => match list.iter().position(|m| InMessage::deserialize(m).is_err()) {
+            Some(i) => bad("messages", format!("messages[{i}]: {}", brief(&list[i]))),
+            None => bad("messages", brief(messages)),
+        },
+        other => bad("messages", brief(other)),
+    }
 }
 
 /// One input message; `content` is a string, a list of content parts, or null.
@@ -89,6 +218,7 @@ impl ChatCompletionRequest {
     /// Parses a request body.
     ///
     /// Errors: [`ApiError::BadJson`] when the body is not JSON or not a JSON object;
+    /// [`ApiError::Unsupported`] for a field the endpoint does not implement ([`check_fields`]);
     /// [`ApiError::BadField`] naming the field for valid JSON with a field of the wrong type
     /// or range (`"max_tokens": -5`, `"temperature": "hot"`) or without `messages`.
     pub fn from_body(body: &[u8]) -> Result<Self, ApiError> {
@@ -96,7 +226,8 @@ impl ChatCompletionRequest {
         let Value::Object(fields) = &value else {
             return Err(ApiError::BadJson(format!("expected a JSON object, found {}", json_kind(&value))));
         };
-        serde_json::from_value(value.clone()).map_err(|e| ApiError::BadField { param: bad_field(fields), message: e.to_string() })
+        check_fields(fields)?;
+        serde_json::from_value(value.clone()).map_err(|_| bad_field(fields))
     }
 
     /// Whether the client asked for server-sent events.
@@ -104,9 +235,19 @@ impl ChatCompletionRequest {
         self.stream.unwrap_or(false)
     }
 
-    /// The model name to echo in responses (`"tandem"` when the request gives none).
-    pub fn model_name(&self) -> String {
-        self.model.clone().filter(|m| !m.is_empty()).unwrap_or_else(|| "tandem".to_string())
+    /// The model the request names (`None` when `model` is absent or empty: any served model).
+    pub fn requested_model(&self) -> Option<&str> {
+        self.model.as_deref().filter(|m| !m.is_empty())
+    }
+
+    /// The field that set the output budget, for errors about it: `max_completion_tokens` when
+    /// given (it wins over `max_tokens`), else `max_tokens`.
+    pub fn max_tokens_param(&self) -> &'static str {
+        if self.max_completion_tokens.is_some() {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        }
     }
 
     /// The stop strings (empty strings dropped).
@@ -205,11 +346,11 @@ impl ChatCompletionRequest {
     pub fn sampling(&self, fallback_seed: u64) -> Result<spb::Sampling, ApiError> {
         let t = self.temperature.unwrap_or(0.0);
         if !(0.0..=2.0).contains(&t) {
-            return Err(ApiError::InvalidParam { param: "temperature", expected: "a number in [0, 2]", found: t.to_string() });
+            return Err(ApiError::InvalidParam { param: "temperature", expected: expected_of("temperature"), found: t.to_string() });
         }
         let top_p = self.top_p.unwrap_or(1.0);
         if !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(ApiError::InvalidParam { param: "top_p", expected: "a number in (0, 1]", found: top_p.to_string() });
+            return Err(ApiError::InvalidParam { param: "top_p", expected: expected_of("top_p"), found: top_p.to_string() });
         }
         let mode = if t == 0.0 {
             spb::sampling::Mode::Greedy(spb::Greedy {})
@@ -229,8 +370,9 @@ impl ChatCompletionRequest {
     /// The worker request for this chat completion on session `session_id` (`""`: no slot
     /// affinity).
     ///
-    /// Errors: [`ApiError::InvalidParam`] as the accessors above, and for `n` ≠ 1 or a
-    /// `max_tokens` / `max_completion_tokens` of 0.
+    /// Errors: [`ApiError::InvalidParam`] as the accessors above, and for `n` 0 or a
+    /// `max_tokens` / `max_completion_tokens` of 0 (named as the client sent it);
+    /// [`ApiError::Unsupported`] for `n` above 1.
     pub fn to_generate_request(&self, session_id: &str, fallback_seed: u64) -> Result<spb::GenerateRequest, ApiError> {
         Ok(self.to_generate_request_indexed(session_id, fallback_seed)?.0)
     }
@@ -241,12 +383,16 @@ impl ChatCompletionRequest {
     ///
     /// Errors: as [`ChatCompletionRequest::to_generate_request`].
     pub fn to_generate_request_indexed(&self, session_id: &str, fallback_seed: u64) -> Result<(spb::GenerateRequest, PartOrigins), ApiError> {
-        if let Some(n) = self.n.filter(|&n| n != 1) {
-            return Err(ApiError::InvalidParam { param: "n", expected: "1", found: n.to_string() });
+        match self.n {
+            Some(0) => return Err(ApiError::InvalidParam { param: "n", expected: "1", found: "0".into() }),
+            Some(n) if n > 1 => {
+                return Err(ApiError::Unsupported { param: "n".into(), why: format!("this server returns one choice per request (n: 1 or absent only), found {n}") })
+            }
+            _ => {}
         }
         let max_tokens = self.max_completion_tokens.or(self.max_tokens);
         if max_tokens == Some(0) {
-            return Err(ApiError::InvalidParam { param: "max_tokens", expected: "a positive number", found: "0".into() });
+            return Err(ApiError::InvalidParam { param: self.max_tokens_param(), expected: expected_of("max_tokens"), found: "0".into() });
         }
         let (messages, origins) = self.chat_messages_indexed()?;
         let req = spb::GenerateRequest {
@@ -566,7 +712,9 @@ mod tests {
         }
         let r = req(json!({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})).unwrap();
         assert_eq!(r.json_schema().unwrap(), r#"{"type":"object"}"#);
-        assert_eq!(r.model_name(), "tandem");
+        assert_eq!(r.requested_model(), None);
+        let r = req(json!({"model": "", "messages": [], "max_completion_tokens": 3})).unwrap();
+        assert_eq!((r.requested_model(), r.max_tokens_param()), (None, "max_completion_tokens"));
     }
 
     #[test]
@@ -684,8 +832,10 @@ mod tests {
             (json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]}), "messages"),
             (json!({"messages": [{"role": "user", "content": "x"}], "temperature": 3}), "temperature"),
             (json!({"messages": [{"role": "user", "content": "x"}], "top_p": 0}), "top_p"),
-            (json!({"messages": [{"role": "user", "content": "x"}], "n": 2}), "n"),
+            (json!({"messages": [{"role": "user", "content": "x"}], "n": 0}), "n"),
             (json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}), "max_tokens"),
+            (json!({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}), "max_completion_tokens"),
+            (json!({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0, "max_tokens": 5}), "max_completion_tokens"),
             (json!({"messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]}), "stop"),
             (json!({"messages": [{"role": "user", "content": "x"}], "stop": 3}), "stop"),
             (json!({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}), "response_format"),
@@ -702,23 +852,88 @@ mod tests {
     }
 
     /// Valid JSON with a field of the wrong type or range is a bad parameter named by
-    /// `param` (was `invalid_json` with `param` null); a body that is no JSON object says so.
+    /// `param` (was `invalid_json` with `param` null), its message in the client's terms (what
+    /// the field takes, the value sent; not serde's "expected u32"); a body that is no JSON
+    /// object says so.
     #[test]
     fn fields_that_do_not_deserialize_are_named() {
         let user = json!([{"role": "user", "content": "x"}]);
-        for (body, param) in [
-            (json!({"messages": user, "max_tokens": -5}), "max_tokens"),
-            (json!({"messages": user, "temperature": "hot"}), "temperature"),
-            (json!({"messages": "hi"}), "messages"),
+        for (body, param, says) in [
+            (json!({"messages": user, "max_tokens": -5}), "max_tokens", "max_tokens: expected an integer from 1 to 4294967295, found -5"),
+            (json!({"messages": user, "max_completion_tokens": 2.5}), "max_completion_tokens", "max_completion_tokens: expected an integer from 1 to 4294967295, found 2.5"),
+            (json!({"messages": user, "temperature": "hot"}), "temperature", "temperature: expected a number from 0 to 2, found \"hot\""),
+            (json!({"messages": "hi"}), "messages", "found \"hi\""),
+            (json!({"messages": [{"role": "user", "content": "x"}, {"content": "no role"}]}), "messages", "found messages[1]: {\"content\":\"no role\"}"),
+            (json!({"model": "m"}), "messages", "found no messages field"),
         ] {
             let e = req(body.clone()).unwrap_err().to_json();
             assert_eq!((e["error"]["type"].as_str(), e["error"]["param"].as_str()), (Some("invalid_request_error"), Some(param)), "{body}: {e}");
             assert_eq!(e["error"]["code"], "invalid_value", "{e}");
+            let message = e["error"]["message"].as_str().unwrap();
+            assert!(message.contains(says), "{body}: {message}");
+            for serde_word in ["u32", "invalid type", "missing field"] {
+                assert!(!message.contains(serde_word), "{body}: {message}");
+            }
         }
         let e = ChatCompletionRequest::from_body(b"[1, 2]").unwrap_err();
         assert!(e.to_string().contains("expected a JSON object, found an array"), "{e}");
         let e = ChatCompletionRequest::from_body(b"{").unwrap_err().to_json();
         assert_eq!(e["error"]["code"], "invalid_json", "{e}");
+    }
+
+    /// Fields that would change the answer and are not implemented are refused naming them
+    /// (`unsupported_parameter`); their neutral values, `null`, and fields that change nothing
+    /// are accepted.
+    #[test]
+    fn unimplemented_fields_are_refused_unless_neutral() {
+        let with = |field: &str, v: Value| {
+            let mut body = json!({"messages": [{"role": "user", "content": "x"}]});
+            body[field] = v;
+            req(body)
+        };
+        for (field, v) in [
+            ("tools", json!([{"type": "function", "function": {"name": "tap"}}])),
+            ("tool_choice", json!("auto")),
+            ("functions", json!([{"name": "tap"}])),
+            ("function_call", json!({"name": "tap"})),
+            ("logprobs", json!(true)),
+            ("top_logprobs", json!(3)),
+            ("n", json!(2)),
+            ("frequency_penalty", json!(0.5)),
+            ("presence_penalty", json!(-1)),
+            ("logit_bias", json!({"50256": -100})),
+            ("modalities", json!(["text", "audio"])),
+            ("audio", json!({"voice": "alloy"})),
+            ("reasoning_effort", json!("low")),
+            ("min_p", json!(0.1)),
+            ("frobnicate", json!(1)),
+        ] {
+            let e = with(field, v.clone()).expect_err(field);
+            assert_eq!(e.http_status(), 400, "{field}");
+            let j = e.to_json();
+            assert_eq!((j["error"]["code"].as_str(), j["error"]["param"].as_str()), (Some("unsupported_parameter"), Some(field)), "{j}");
+            assert_eq!(j["error"]["type"], "invalid_request_error");
+            assert!(j["error"]["message"].as_str().unwrap().starts_with(&format!("{field}: unsupported: ")), "{j}");
+        }
+        for (field, v) in [
+            ("logprobs", json!(false)),
+            ("top_logprobs", json!(0)),
+            ("n", json!(1)),
+            ("tools", json!([])),
+            ("tool_choice", json!("none")),
+            ("frequency_penalty", json!(0)),
+            ("logit_bias", json!({})),
+            ("modalities", json!(["text"])),
+            ("tools", Value::Null),
+            ("frobnicate", Value::Null),
+            ("metadata", json!({"run": "7"})),
+            ("store", json!(false)),
+            ("user", json!("ep-1")),
+            ("parallel_tool_calls", json!(true)),
+        ] {
+            let r = with(field, v.clone()).unwrap_or_else(|e| panic!("{field}: {v}: {e}"));
+            r.to_generate_request("", 0).unwrap_or_else(|e| panic!("{field}: {v}: {e}"));
+        }
     }
 
     #[test]

@@ -145,8 +145,17 @@ pub async fn serve_runner(
 /// Prometheus recorder, installed here) routed to `servers.worker`, on a free loopback port;
 /// stops with `servers`. Returns `127.0.0.1:PORT`.
 pub async fn start_http(servers: &mut Servers) -> String {
-    let metrics = agent_gateway::metrics::install().expect("install the Prometheus recorder");
     let router = agent_gateway::worker::Router::new(std::slice::from_ref(&servers.worker)).unwrap();
+    let (addr, tx) = serve_http_over(router).await;
+    servers._stop.push(tx);
+    addr
+}
+
+/// Serves the gateway's HTTP endpoint over `router` (as [`start_http`], for workers that are
+/// not a [`Servers`]' own, e.g. an address nothing listens on). Returns `127.0.0.1:PORT` and
+/// the stop handle.
+pub async fn serve_http_over(router: agent_gateway::worker::Router) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let metrics = agent_gateway::metrics::install().expect("install the Prometheus recorder");
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap().to_string();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -154,8 +163,7 @@ pub async fn start_http(servers: &mut Servers) -> String {
     tokio::spawn(agent_gateway::http::serve(state, l, async {
         let _ = rx.await;
     }));
-    servers._stop.push(tx);
-    addr
+    (addr, tx)
 }
 
 /// Serves the worker's Prometheus `GET /metrics` (as `device-worker serve --metrics-listen`;

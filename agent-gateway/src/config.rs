@@ -20,8 +20,8 @@ pub struct ServeOptions {
     #[command(flatten)]
     #[serde(skip)]
     pub config: tandem_options::ConfigArgs,
-    /// Address for AgentService (gRPC).
-    #[arg(long, default_value = "127.0.0.1:50052")]
+    /// Address for AgentService (gRPC), IP:PORT.
+    #[arg(long, default_value = "127.0.0.1:50052", value_parser = tandem_auth::listen::socket_addr)]
     pub listen: SocketAddr,
     /// device-worker address (repeatable); episodes are pinned to one worker each:
     /// `http://HOST:PORT`, `https://HOST:PORT` (TLS, verified with --worker-tls-ca) or
@@ -149,10 +149,7 @@ impl FromStr for HttpListen {
         if s.trim().eq_ignore_ascii_case("off") {
             return Ok(HttpListen(None));
         }
-        s.trim()
-            .parse()
-            .map(|a| HttpListen(Some(a)))
-            .map_err(|e| format!("expected an address like 127.0.0.1:8080 or \"off\", found {s:?}: {e}"))
+        tandem_auth::listen::socket_addr_or(s, "off").map(|a| HttpListen(Some(a)))
     }
 }
 
@@ -165,7 +162,9 @@ mod tests {
         assert_eq!("off".parse::<HttpListen>().unwrap(), HttpListen(None));
         assert_eq!("OFF".parse::<HttpListen>().unwrap(), HttpListen(None));
         assert_eq!("0.0.0.0:9000".parse::<HttpListen>().unwrap().0.unwrap().port(), 9000);
-        assert!("localhost".parse::<HttpListen>().unwrap_err().contains("\"localhost\""));
+        assert!("localhost".parse::<HttpListen>().unwrap_err().contains("\"localhost\" has no port"));
+        let err = ":99999".parse::<HttpListen>().unwrap_err();
+        assert!(err.contains("no host before the port") && err.ends_with(", or off)"), "{err}");
         for s in ["off", "127.0.0.1:8080"] {
             assert_eq!(s.parse::<HttpListen>().unwrap().to_string(), s);
         }

@@ -28,7 +28,8 @@ pub struct HealthArgs {
     pub tls: tandem_auth::ClientTlsArgs,
 }
 
-/// Prints the status; errors unless SERVING (within `--wait`).
+/// Prints the status; errors unless SERVING (within `--wait`). An address that answers plain
+/// HTTP/1.1 ends the wait at once: that server will not start answering gRPC.
 pub async fn run(args: &HealthArgs) -> Result<(), GatewayError> {
     let tls = args.tls.load().map_err(|e| GatewayError::Config(e.to_string()))?;
     let deadline = Instant::now() + Duration::from_secs(args.wait);
@@ -39,20 +40,32 @@ pub async fn run(args: &HealthArgs) -> Result<(), GatewayError> {
                 return tandem_options::write_stdout(|out| writeln!(out, "{}: SERVING", args.addr))
                     .map_err(|source| GatewayError::Io { path: "standard output".into(), source });
             }
-            _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
+            Ok(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
             Ok(s) => return Err(GatewayError::Health(format!("{} is {}{}", args.addr, s.as_str_name(), waited(args.wait)))),
             Err(e) => {
+                let hint = not_grpc_hint(&args.addr, "whose health is GET /health; gRPC health is on its --listen port, default 127.0.0.1:50052, or a worker's, default 127.0.0.1:50051").await;
+                if hint.is_empty() && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
                 let how = match args.wait {
-                    0 => String::new(),
-                    n => format!("no answer after waiting {n}s: "),
-                };
-                let hint = match answers_http1(&args.addr).await {
-                    true => " (this address answers plain HTTP/1.1, not gRPC: it looks like the gateway's --http-listen port, whose health is GET /health; gRPC health is on its --listen port, default 127.0.0.1:50052, or a worker's, default 127.0.0.1:50051)",
-                    false => "",
+                    n if n > 0 && hint.is_empty() => format!("no answer after waiting {n}s: "),
+                    _ => String::new(),
                 };
                 return Err(GatewayError::Health(format!("{}: {how}{e}{hint}", args.addr)));
             }
         }
+    }
+}
+
+/// What to add to a failed gRPC call's error when `addr` answers plain HTTP/1.1
+/// ([`answers_http1`]): ` (this address answers plain HTTP/1.1, not gRPC: it looks like the
+/// gateway's --http-listen port, {where_grpc_is})`; empty otherwise. `where_grpc_is` says
+/// where the caller's gRPC service is. Used by `health`, `replay` and `load`.
+pub(crate) async fn not_grpc_hint(addr: &str, where_grpc_is: &str) -> String {
+    match answers_http1(addr).await {
+        true => format!(" (this address answers plain HTTP/1.1, not gRPC: it looks like the gateway's --http-listen port, {where_grpc_is})"),
+        false => String::new(),
     }
 }
 
@@ -91,18 +104,29 @@ async fn check(addr: &str, service: &str, tls: Option<&tandem_auth::ClientTls>) 
     let resp = client
         .check(HealthCheckRequest { service: service.to_string() })
         .await
-        .map_err(|s| format!("health check failed: {:?}: {}", s.code(), s.message()))?;
+        .map_err(|s| format!("health check failed: {}", status_text(&s)))?;
     Ok(ServingStatus::try_from(resp.into_inner().status).unwrap_or(ServingStatus::Unknown))
 }
 
-/// An error and its causes, `a: b: c` (tonic's transport error alone says only "transport error").
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
+/// A gRPC status as `Code: message` and the causes of its source, each once: the source's
+/// chain ([`tandem_options::error_chain`]) when it holds the message (a connection refused is
+/// `Unavailable: transport error: tcp connect error: Connection refused (os error 111)`, not a
+/// bare "tcp connect error"), else the message and each cause it does not already say.
+pub(crate) fn status_text(s: &tonic::Status) -> String {
+    let code = s.code();
+    let source = std::error::Error::source(s);
+    if let Some(chain) = source.map(tandem_options::error_chain).filter(|c| c.contains(s.message())) {
+        return format!("{code:?}: {chain}");
     }
-    s
+    let mut text = format!("{code:?}: {}", s.message());
+    let mut cause = source;
+    while let Some(c) = cause {
+        let t = c.to_string();
+        if !text.contains(&t) {
+            text.push_str(": ");
+            text.push_str(&t);
+        }
+        cause = c.source();
+    }
+    text
 }

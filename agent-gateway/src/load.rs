@@ -22,6 +22,7 @@
 //! `--request-timeout-s`. Targets must be loopback addresses unless `--allow-remote`.
 
 use std::collections::HashMap;
+use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -37,6 +38,7 @@ use tokio_stream::StreamExt;
 
 use crate::corpus::{load_episodes, Episode};
 use crate::error::GatewayError;
+use crate::replay::stdout;
 
 /// Short chat prompts of the bursts (user messages; each burst request takes the next one).
 pub const BURST_PROMPTS: [&str; 4] = [
@@ -48,8 +50,9 @@ pub const BURST_PROMPTS: [&str; 4] = [
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct LoadConfig {
-    /// Gateway AgentService address (plain http://; a loopback host unless --allow-remote).
-    #[arg(long, default_value = "http://127.0.0.1:50052")]
+    /// Gateway AgentService address: `http://HOST:PORT` or `HOST:PORT` (plain, no TLS; a
+    /// loopback host unless --allow-remote).
+    #[arg(long, default_value = "http://127.0.0.1:50052", value_parser = tandem_auth::client::address)]
     pub gateway: String,
     /// The gateway's OpenAI HTTP endpoint for the bursts, HOST:PORT (loopback unless
     /// --allow-remote); `off`: no bursts.
@@ -210,9 +213,8 @@ fn is_loopback_host(host: &str) -> bool {
 ///
 /// Errors: [`GatewayError::Config`] naming the address.
 fn check_targets(cfg: &LoadConfig) -> Result<(), GatewayError> {
-    let uri: tonic::codegen::http::Uri = cfg
-        .gateway
-        .parse()
+    let uri: tonic::codegen::http::Uri = tandem_auth::client::uri(&cfg.gateway)
+        .and_then(|u| u.parse().map_err(|e| format!("{e}")))
         .map_err(|e| GatewayError::Config(format!("invalid --gateway {:?}: {e}", cfg.gateway)))?;
     if uri.scheme_str() != Some("http") {
         return Err(GatewayError::Config(format!("--gateway {:?}: only plain http:// on loopback is supported", cfg.gateway)));
@@ -308,15 +310,22 @@ pub async fn run(cfg: &LoadConfig) -> Result<Vec<PhaseReport>, GatewayError> {
         None => None,
     };
     let http_token = token.as_ref().and_then(|t| t.first()).map(|b| String::from_utf8_lossy(b).into_owned());
-    let interceptor = match &cfg.token_file {
-        Some(p) => tandem_auth::BearerInterceptor::from_file(p).map_err(|e| GatewayError::Config(e.to_string()))?,
-        None => tandem_auth::BearerInterceptor::none(),
+    let interceptor = match (&cfg.token_file, &token) {
+        (Some(p), Some(set)) => tandem_auth::BearerInterceptor::from_tokens(p, set).map_err(|e| GatewayError::Config(e.to_string()))?,
+        _ => tandem_auth::BearerInterceptor::none(),
     };
-    let channel = tonic::transport::Endpoint::from_shared(cfg.gateway.clone())
+    let uri = tandem_auth::client::uri(&cfg.gateway).map_err(|e| GatewayError::Config(format!("--gateway {}: {e}", cfg.gateway)))?;
+    let connected = tonic::transport::Endpoint::from_shared(uri)
         .map_err(|e| GatewayError::Config(format!("invalid gateway address {:?}: {e}", cfg.gateway)))?
         .connect()
-        .await
-        .map_err(|e| GatewayError::Gateway(format!("cannot connect to {}: {}", cfg.gateway, crate::health::error_chain(&e))))?;
+        .await;
+    let channel = match connected {
+        Ok(c) => c,
+        Err(e) => {
+            let hint = crate::health::not_grpc_hint(&cfg.gateway, crate::replay::AGENT_SERVICE_IS).await;
+            return Err(GatewayError::Gateway(format!("cannot connect to {}: {}{hint}", cfg.gateway, tandem_options::error_chain(&e))));
+        }
+    };
     let client = AgentServiceClient::with_interceptor(channel, interceptor);
     eprintln!(
         "load: {} corpus episode(s), {} step(s) each, phases N = {:?}, bursts of {} every {} s",
@@ -345,14 +354,14 @@ pub async fn run(cfg: &LoadConfig) -> Result<Vec<PhaseReport>, GatewayError> {
     if let Some(b) = baseline {
         reports.insert(0, b);
     }
-    print_table(&reports);
+    stdout(|out| print_table(out, &reports))?;
     if let Some(dir) = cfg.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|source| GatewayError::Io { path: dir.to_path_buf(), source })?;
     }
     let json = serde_json::to_string_pretty(&serde_json::json!({ "config": format!("{cfg:?}"), "phases": &reports }))
         .map_err(|e| GatewayError::Gateway(format!("encoding the report: {e}")))?;
     std::fs::write(&cfg.out, json).map_err(|source| GatewayError::Io { path: cfg.out.clone(), source })?;
-    println!("JSON report written to {}", cfg.out.display());
+    stdout(|out| writeln!(out, "JSON report written to {}", cfg.out.display()))?;
     Ok(reports)
 }
 
@@ -698,11 +707,13 @@ async fn http_post(addr: &str, token: Option<&str>, body: &str) -> Result<(u16, 
     Ok((code, retry_after, body.to_string()))
 }
 
-fn print_table(reports: &[PhaseReport]) {
-    println!(
+/// Writes the per-phase table (and each phase's mismatches and error samples) to `out`.
+fn print_table(out: &mut impl Write, reports: &[PhaseReport]) -> std::io::Result<()> {
+    writeln!(
+        out,
         "{:<9} {:>6} {:>6} {:>9} {:>9} {:>8} {:>5} {:>5} {:>5} {:>7} {:>9} {:>6} {:>6} {:>10} {:>17}",
         "phase", "wall_s", "steps", "p50_ms", "p99_ms", "steps/s", "shed", "err", "lost", "bursts", "b_p99_ms", "b_shed", "b_lost", "equal", "worker_rss_MiB"
-    );
+    )?;
     for r in reports {
         let equal = if r.name == "baseline" {
             "-".to_string()
@@ -712,7 +723,8 @@ fn print_table(reports: &[PhaseReport]) {
             format!("{}/{}", r.compared - r.mismatched, r.compared)
         };
         let rss = r.worker_rss_kib.map_or("-".into(), |(a, b)| format!("{:.0}->{:.0}", a as f64 / 1024.0, b as f64 / 1024.0));
-        println!(
+        writeln!(
+            out,
             "{:<9} {:>6.0} {:>6} {:>9.0} {:>9.0} {:>8.2} {:>5} {:>5} {:>5} {:>7} {:>9.0} {:>6} {:>6} {:>10} {:>17}",
             r.name,
             r.wall_s,
@@ -729,14 +741,15 @@ fn print_table(reports: &[PhaseReport]) {
             r.bursts_lost,
             equal,
             rss
-        );
+        )?;
         for m in &r.mismatches {
-            println!("  differs: {}: baseline {:?} vs {:?}", m.0, m.1, m.2);
+            writeln!(out, "  differs: {}: baseline {:?} vs {:?}", m.0, m.1, m.2)?;
         }
         for e in &r.error_samples {
-            println!("  error: {e}");
+            writeln!(out, "  error: {e}")?;
         }
     }
+    Ok(())
 }
 
 #[cfg(test)]

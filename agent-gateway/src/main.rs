@@ -18,7 +18,9 @@ enum Command {
     /// Serve AgentService (gRPC), health and the OpenAI-compatible HTTP endpoint (reflection
     /// with `--reflection`; TLS on both with `--tls-cert`/`--tls-key`).
     Serve(agent_gateway::config::ServeOptions),
-    /// Replay real corpus episodes through a running gateway and print a per-step table.
+    /// Replay real corpus episodes through a running gateway and print a per-step table. A
+    /// step whose connection to the gateway breaks (the gateway restarting) is retried up to
+    /// three times, 1, 2 and 4 s later, on a new episode stream.
     Replay(agent_gateway::replay::ReplayConfig),
     /// Load a running gateway on loopback: N concurrent corpus episodes (RunEpisode) plus
     /// bursts of short OpenAI chat requests, per N; prints p50/p99 step latency, throughput,
@@ -44,7 +46,7 @@ fn main() -> std::process::ExitCode {
 
 /// The command line's work; its error is printed once, causes included, by [`main`].
 fn run() -> anyhow::Result<()> {
-    let cli: Cli = tandem_options::parse()?;
+    let cli: Cli = tandem_options::parse();
     if let Command::Serve(cfg) = &cli.command {
         if let Some(file) = cfg.config.printed(cfg).context("printing the options")? {
             tandem_options::write_stdout(|out| out.write_all(file.as_bytes()))?;

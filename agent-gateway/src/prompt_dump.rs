@@ -11,11 +11,17 @@ pub struct PromptArgs {
     #[arg(long)]
     pub episode: String,
     /// 0-based step.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true, value_parser = step_index)]
     pub step: usize,
     /// Corpus folder.
     #[arg(long, env = "TANDEM_CORPUS", default_value = "../shared/corpus/raw")]
     pub corpus: PathBuf,
+}
+
+/// `--step`: a 0-based step number (`-1` reaches this parser, not clap's "unexpected
+/// argument"). Errors: a message naming the value.
+fn step_index(s: &str) -> Result<usize, String> {
+    s.trim().parse().map_err(|_| format!("expected a 0-based step number (0 is the first step; `replay --list` shows each episode's step count), found {s:?}"))
 }
 
 /// `{"messages": [{"role": "system", ..}, {"role": "user", ..}]}` for the step.

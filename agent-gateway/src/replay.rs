@@ -1,10 +1,12 @@
 //! `agent-gateway replay`: drives real corpus episodes through a running gateway (and its
 //! workers) over gRPC, like a controller would: one observation at a time, waiting for the
-//! action before sending the next screen. Prints a per-step table and writes JSONL.
+//! action before sending the next screen. Prints a per-step table and writes JSONL. A step
+//! whose connection to the gateway breaks is retried a few times on a new episode stream
+//! ([`is_connection_error`], `step_with_retries`); an answer (INVALID_ARGUMENT, ...) is not.
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tandem_proto::agent::v1 as apb;
 use tandem_proto::agent::v1::agent_service_client::AgentServiceClient;
@@ -152,17 +154,17 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
     let uri = tandem_auth::client::uri(&cfg.gateway).map_err(|e| GatewayError::Config(format!("--gateway {}: {e}", cfg.gateway)))?;
     let endpoint = tonic::transport::Endpoint::from_shared(uri.clone())
         .map_err(|e| GatewayError::Config(format!("invalid gateway address {:?}: {e}", cfg.gateway)))?;
-    let channel = tandem_auth::ClientTls::for_endpoint(tls.as_ref(), &uri, endpoint, "--tls-ca")
+    let connected = tandem_auth::ClientTls::for_endpoint(tls.as_ref(), &uri, endpoint, "--tls-ca")
         .map_err(GatewayError::Config)?
         .connect()
-        .await
-        .map_err(|e| {
-            GatewayError::Gateway(format!(
-                "cannot connect to {}: {}",
-                cfg.gateway,
-                crate::health::error_chain(&e)
-            ))
-        })?;
+        .await;
+    let channel = match connected {
+        Ok(c) => c,
+        Err(e) => {
+            let hint = crate::health::not_grpc_hint(&cfg.gateway, AGENT_SERVICE_IS).await;
+            return Err(GatewayError::Gateway(format!("cannot connect to {}: {}{hint}", cfg.gateway, tandem_options::error_chain(&e))));
+        }
+    };
     let mut client = AgentServiceClient::with_interceptor(channel, token);
     if let Some(dir) = cfg.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|source| GatewayError::Io {
@@ -188,59 +190,20 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
     for ep in &episodes {
         let n = steps_of(ep, cfg.max_steps);
         stdout(|out| writeln!(out, "# episode {} ({} steps) task: {}", ep.id, n, ep.task))?;
-        let (tx, rx) = mpsc::channel(4);
-        let start = apb::EpisodeInput {
-            input: Some(apb::episode_input::Input::Start(apb::EpisodeStart {
-                episode_id: format!("replay-{}-{}", ep.id, std::process::id()),
-                task: ep.task.clone(),
-                max_tokens: cfg.max_tokens,
-            })),
+        let start = apb::EpisodeStart {
+            episode_id: format!("replay-{}-{}", ep.id, std::process::id()),
+            task: ep.task.clone(),
+            max_tokens: cfg.max_tokens,
         };
-        tx.send(start)
-            .await
-            .map_err(|_| GatewayError::Gateway("episode stream closed".into()))?;
-        let mut events = client
-            .run_episode(ReceiverStream::new(rx))
-            .await
-            .map_err(|s| GatewayError::Gateway(format!("RunEpisode: {}", s.message())))?
-            .into_inner();
+        let mut stream = None;
         for (i, st) in ep.steps.iter().take(n).enumerate() {
             let obs = if cfg.screenshots == ScreenshotMode::Never {
                 st.to_observation()
             } else {
                 st.to_observation_with_screenshot()?
             };
-            let sent = Instant::now();
-            tx.send(apb::EpisodeInput {
-                input: Some(apb::episode_input::Input::Observation(obs)),
-            })
-            .await
-            .map_err(|_| GatewayError::Gateway("episode stream closed".into()))?;
-            let mut first_token_ms = None;
-            let result = loop {
-                match events.next().await {
-                    Some(Ok(apb::StepEvent {
-                        event: Some(apb::step_event::Event::Token(_)),
-                    })) => {
-                        first_token_ms.get_or_insert_with(|| sent.elapsed().as_secs_f64() * 1e3);
-                    }
-                    Some(Ok(apb::StepEvent {
-                        event: Some(apb::step_event::Event::Result(r)),
-                    })) => break r,
-                    Some(Ok(_)) => {}
-                    Some(Err(s)) => {
-                        return Err(GatewayError::Gateway(format!(
-                            "RunEpisode stream: {}",
-                            s.message()
-                        )))
-                    }
-                    None => {
-                        return Err(GatewayError::Gateway(
-                            "RunEpisode stream ended early".into(),
-                        ))
-                    }
-                }
-            };
+            let at = format!("episode {}, step {i}", ep.id);
+            let (result, first_token_ms) = step_with_retries(&mut client, &mut stream, &start, obs, &cfg.gateway, &at).await?;
             let s = result.stats.clone().unwrap_or_default();
             let rec = StepRecord {
                 episode: ep.id.clone(),
@@ -293,17 +256,133 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
             })?;
             records.push(rec);
         }
-        drop(tx);
     }
     stdout(|out| print_summary(out, &records, &summary, cfg))?;
     Ok((records, summary))
 }
 
+/// Where AgentService is, for the hint after a failure at an address that answers HTTP/1.1.
+pub(crate) const AGENT_SERVICE_IS: &str = "its OpenAI endpoint; AgentService (gRPC) is on its --listen port, default 127.0.0.1:50052";
+
+/// The waits before each retry of a step whose connection to the gateway failed
+/// ([`is_connection_error`]): three retries, the last 7 s after the failure.
+const RECONNECT_BACKOFF: [Duration; 3] = [Duration::from_secs(1), Duration::from_secs(2), Duration::from_secs(4)];
+
+type Client = AgentServiceClient<tonic::service::interceptor::InterceptedService<tonic::transport::Channel, tandem_auth::BearerInterceptor>>;
+
+/// One open `RunEpisode` call: the observations go in through `tx`, the events come back.
+struct EpisodeStream {
+    tx: mpsc::Sender<apb::EpisodeInput>,
+    events: tonic::Streaming<apb::StepEvent>,
+}
+
+impl EpisodeStream {
+    /// Opens `RunEpisode` and sends `start`.
+    ///
+    /// Errors: the call's status.
+    async fn open(client: &mut Client, start: &apb::EpisodeStart) -> Result<Self, tonic::Status> {
+        let (tx, rx) = mpsc::channel(4);
+        let input = apb::EpisodeInput { input: Some(apb::episode_input::Input::Start(start.clone())) };
+        tx.send(input).await.map_err(|_| closed())?;
+        let events = client.run_episode(ReceiverStream::new(rx)).await?.into_inner();
+        Ok(Self { tx, events })
+    }
+
+    /// Sends `obs` and waits for its step's result; returns it with the milliseconds from
+    /// sending to the first action token.
+    ///
+    /// Errors: the stream's status; UNAVAILABLE when the stream closed before the result.
+    async fn step(&mut self, obs: apb::Observation) -> Result<(apb::StepResult, Option<f64>), tonic::Status> {
+        let sent = Instant::now();
+        let input = apb::EpisodeInput { input: Some(apb::episode_input::Input::Observation(obs)) };
+        self.tx.send(input).await.map_err(|_| closed())?;
+        let mut first_token_ms = None;
+        loop {
+            match self.events.next().await {
+                Some(Ok(apb::StepEvent { event: Some(apb::step_event::Event::Token(_)) })) => {
+                    first_token_ms.get_or_insert_with(|| sent.elapsed().as_secs_f64() * 1e3);
+                }
+                Some(Ok(apb::StepEvent { event: Some(apb::step_event::Event::Result(r)) })) => return Ok((r, first_token_ms)),
+                Some(Ok(_)) => {}
+                Some(Err(s)) => return Err(s),
+                None => return Err(closed()),
+            }
+        }
+    }
+}
+
+/// The status of a `RunEpisode` stream that closed before the step's result.
+fn closed() -> tonic::Status {
+    tonic::Status::unavailable("the RunEpisode stream closed before the step's result")
+}
+
+/// Whether `s` says the connection to the gateway failed (it went away, is restarting, or
+/// cannot be reached), not that the gateway answered the request with an error: UNAVAILABLE,
+/// and the UNKNOWN tonic's client reports for a broken HTTP/2 connection ("h2 protocol
+/// error", "transport error"). INVALID_ARGUMENT and every other code are answers.
+pub fn is_connection_error(s: &tonic::Status) -> bool {
+    match s.code() {
+        tonic::Code::Unavailable => true,
+        tonic::Code::Unknown => ["h2 protocol error", "transport error", "connection"].iter().any(|m| s.message().contains(m)),
+        _ => false,
+    }
+}
+
+/// Runs one step of the episode on `stream` (opened with `start` first when `None`). A
+/// connection error ([`is_connection_error`]) is retried up to [`RECONNECT_BACKOFF`]`.len()`
+/// times, each after its wait and logged, on a newly opened `RunEpisode` (the same episode
+/// id; a restarted gateway starts the episode again at this screen); an address that answers
+/// plain HTTP/1.1 is not retried (it will not start speaking gRPC). `at` names the step for
+/// the messages.
+///
+/// Errors: [`GatewayError::Gateway`] with the last status (and the HTTP/1.1 hint) when the
+/// step failed with any other status or after the last retry.
+async fn step_with_retries(
+    client: &mut Client,
+    stream: &mut Option<EpisodeStream>,
+    start: &apb::EpisodeStart,
+    obs: apb::Observation,
+    gateway: &str,
+    at: &str,
+) -> Result<(apb::StepResult, Option<f64>), GatewayError> {
+    let mut retry = 0;
+    loop {
+        let outcome = match stream {
+            Some(s) => s.step(obs.clone()).await,
+            None => match EpisodeStream::open(client, start).await {
+                Ok(s) => stream.insert(s).step(obs.clone()).await,
+                Err(e) => Err(e),
+            },
+        };
+        let status = match outcome {
+            Ok(r) => return Ok(r),
+            Err(s) => s,
+        };
+        *stream = None;
+        let hint = crate::health::not_grpc_hint(gateway, AGENT_SERVICE_IS).await;
+        let error = format!("RunEpisode at {gateway} ({at}): {}", crate::health::status_text(&status));
+        match RECONNECT_BACKOFF.get(retry) {
+            Some(wait) if is_connection_error(&status) && hint.is_empty() => {
+                retry += 1;
+                tracing::warn!("{error}; retry {retry} of {} in {wait:?}, on a new RunEpisode", RECONNECT_BACKOFF.len());
+                tokio::time::sleep(*wait).await;
+            }
+            _ => {
+                let after = match retry {
+                    0 => String::new(),
+                    n => format!(" (after {n} retries)"),
+                };
+                return Err(GatewayError::Gateway(format!("{error}{after}{hint}")));
+            }
+        }
+    }
+}
+
 /// Writes to standard output with [`tandem_options::write_stdout`]: a reader that went away
-/// (`replay ... | head -1`) ends the process quietly with exit code 0.
+/// (`replay ... | head -1`, `load ... | head -1`) ends the process quietly with exit code 0.
 ///
 /// Errors: any other error writing to standard output.
-fn stdout(write: impl FnOnce(&mut std::io::StdoutLock<'static>) -> std::io::Result<()>) -> Result<(), GatewayError> {
+pub(crate) fn stdout(write: impl FnOnce(&mut std::io::StdoutLock<'static>) -> std::io::Result<()>) -> Result<(), GatewayError> {
     tandem_options::write_stdout(write).map_err(|source| GatewayError::Io { path: "standard output".into(), source })
 }
 
@@ -382,4 +461,34 @@ fn print_row(out: &mut impl Write, r: &StepRecord, done: usize, total: usize) ->
         r.ms_per_token,
         action
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_connection_error;
+    use tonic::{Code, Status};
+
+    /// Retried: the gateway unreachable or restarting (UNAVAILABLE) and a broken connection
+    /// (tonic's UNKNOWN "h2 protocol error" / "transport error"). Never an answer: an invalid
+    /// request, a missing token, any other UNKNOWN.
+    #[test]
+    fn only_connection_failures_are_retried() {
+        for s in [
+            Status::unavailable("tcp connect error"),
+            Status::unavailable("the RunEpisode stream closed before the step's result"),
+            Status::unknown("h2 protocol error: error reading a body from connection"),
+            Status::unknown("transport error"),
+        ] {
+            assert!(is_connection_error(&s), "{s:?}");
+        }
+        for s in [
+            Status::invalid_argument("prompt over the context"),
+            Status::unauthenticated("invalid bearer token"),
+            Status::new(Code::Cancelled, "operation was canceled"),
+            Status::failed_precondition("no vision projector"),
+            Status::unknown("model output is not an action"),
+        ] {
+            assert!(!is_connection_error(&s), "{s:?}");
+        }
+    }
 }

@@ -85,6 +85,7 @@ fn bad_worker_addresses_and_lone_tls_files_are_usage_errors() {
         (&["--worker", "garbage:::"][..], &["'--worker <WORKERS>'", "garbage:::", "invalid"][..]),
         (&["--worker", "ftp://host:1"], &["'--worker <WORKERS>'", "ftp:// is not a gRPC scheme", "expected http://HOST:PORT"]),
         (&["--worker", "host:99999"], &["'--worker <WORKERS>'", "port \"99999\" is not a number from 1 to 65535"]),
+        (&["--worker", "http://127.0.0.1:50051/step"], &["'--worker <WORKERS>'", "\"/step\" after the port: a gRPC address has no path or query"]),
         (&["--tls-key", "/k.pem"], &["--tls-cert", "required"]),
         (&["--tls-cert", "/c.pem"], &["--tls-key", "required"]),
     ] {
@@ -170,12 +171,17 @@ fn worker_tls_ca_help_matches_what_rustls_accepts() {
     }
 }
 
-/// `health --addr` and `replay --gateway` take the addresses `serve --worker` takes: another
-/// scheme or a port out of range is a usage error naming the flag, before anything is dialled.
+/// `health --addr`, `replay --gateway` and `load --gateway` take the addresses `serve --worker`
+/// takes: another scheme, a port out of range or a path after the port is a usage error naming
+/// the flag, before anything is dialled.
 #[test]
 fn health_and_replay_refuse_bad_addresses_as_usage_errors() {
-    for (addr, want) in [("ftp://host:1", "ftp:// is not a gRPC scheme"), ("host:99999", "port \"99999\" is not a number from 1 to 65535")] {
-        for (command, flag) in [("health", "--addr"), ("replay", "--gateway")] {
+    for (addr, want) in [
+        ("ftp://host:1", "ftp:// is not a gRPC scheme"),
+        ("host:99999", "port \"99999\" is not a number from 1 to 65535"),
+        ("http://127.0.0.1:50052/v1?x=1", "\"/v1?x=1\" after the port: a gRPC address has no path or query"),
+    ] {
+        for (command, flag) in [("health", "--addr"), ("replay", "--gateway"), ("load", "--gateway")] {
             let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway")).args([command, flag, addr]).output().expect("agent-gateway runs");
             let named = format!("'{flag} <{}>'", flag.trim_start_matches('-').to_uppercase());
             test_support::cli::assert_usage_error(&out, &[&named, addr, want]);
@@ -183,11 +189,12 @@ fn health_and_replay_refuse_bad_addresses_as_usage_errors() {
     }
 }
 
-/// `health --addr` pointed at the gateway's HTTP port (its OpenAI endpoint, served here in
-/// this process) says that the address answers plain HTTP/1.1, not gRPC, and where gRPC
-/// health is, instead of a bare "transport error".
+/// `health --addr` and `replay --gateway` pointed at the gateway's HTTP port (its OpenAI
+/// endpoint, served here in this process) say that the address answers plain HTTP/1.1, not
+/// gRPC, and where the gRPC service is, instead of a bare "transport error"; `health --wait`
+/// says so at once instead of retrying the wrong protocol until its timeout.
 #[test]
-fn health_at_the_http_port_says_it_is_not_grpc() {
+fn health_and_replay_at_the_http_port_say_it_is_not_grpc() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let addr = rt.block_on(async {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -197,16 +204,46 @@ fn health_at_the_http_port_says_it_is_not_grpc() {
         tokio::spawn(agent_gateway::http::serve(state, l, std::future::pending()));
         addr
     });
-    let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
-        .args(["health", "--addr", &addr])
-        .env_remove("RUST_BACKTRACE")
-        .env_remove("RUST_LIB_BACKTRACE")
-        .output()
-        .expect("agent-gateway runs");
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("{stderr}");
-    assert_one_line_error(&stderr, "this address answers plain HTTP/1.1, not gRPC: it looks like the gateway's --http-listen port, whose health is GET /health");
+    let run = |args: &[&str]| {
+        let t = std::time::Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
+            .args(args)
+            .env_remove("RUST_BACKTRACE")
+            .env_remove("RUST_LIB_BACKTRACE")
+            .output()
+            .expect("agent-gateway runs");
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        eprintln!("{stderr}");
+        (stderr, t.elapsed())
+    };
+    let not_grpc = "this address answers plain HTTP/1.1, not gRPC: it looks like the gateway's --http-listen port";
+    let (stderr, _) = run(&["health", "--addr", &addr]);
+    assert_one_line_error(&stderr, &format!("{not_grpc}, whose health is GET /health"));
+    let (stderr, took) = run(&["health", "--addr", &addr, "--wait", "60"]);
+    assert_one_line_error(&stderr, &format!("{not_grpc}, whose health is GET /health"));
+    assert!(took < std::time::Duration::from_secs(30), "health --wait 60 retried the wrong protocol for {took:?}");
+    assert!(!stderr.contains("no answer after waiting"), "{stderr}");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("replay.jsonl");
+    let corpus = test_support::corpus_dir();
+    let (stderr, _) = run(&["replay", "--gateway", &addr, "--max-steps", "1", "--corpus", corpus.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert_one_line_error(&stderr, &format!("{not_grpc}, its OpenAI endpoint; AgentService (gRPC) is on its --listen port, default 127.0.0.1:50052"));
+    assert!(!stderr.contains("retry"), "a protocol mismatch is not retried: {stderr}");
+}
+
+/// A connection refused is said once, with its cause: tonic's "tcp connect error" appears
+/// once (it was printed twice, its source repeating it) and the OS error follows.
+#[test]
+fn connection_errors_print_each_cause_once() {
+    let corpus = test_support::corpus_dir();
+    for args in [&["health", "--addr", "127.0.0.1:1"][..], &["replay", "--gateway", "127.0.0.1:1", "--corpus", corpus.to_str().unwrap()]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway")).args(args).env_remove("RUST_BACKTRACE").output().expect("agent-gateway runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert_one_line_error(&stderr, "transport error: tcp connect error: Connection refused (os error 111)");
+        assert_eq!(stderr.matches("tcp connect error").count(), 1, "{stderr}");
+    }
 }
 
 /// `health --wait N` against nothing listening says it waited, on one line.
@@ -259,4 +296,69 @@ fn corpus_warnings_are_one_per_problem() {
     let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("WARN")).collect();
     assert_eq!(warnings.len(), 1, "{stderr}");
     assert!(warnings[0].contains("TRUNCATED_INVALID") && warnings[0].contains("not valid JSON"), "{stderr}");
+}
+
+/// A `--config` file `serve` cannot use (missing, not TOML, an unknown key, a table value, a
+/// value the flag refuses) exits 2 as a bad flag does, not 1.
+#[test]
+fn bad_config_files_are_usage_errors() {
+    test_support::cli::check_bad_config_files_are_usage_errors(env!("CARGO_BIN_EXE_agent-gateway"));
+}
+
+/// Values a user may well type get a usage error that says what is wrong (exit code 2): a
+/// negative `prompt --step` (was clap's "unexpected argument '-1'"), a listen address without
+/// a host or with a port past 65535 (was "invalid socket address syntax").
+#[test]
+fn negative_steps_and_bad_listen_addresses_are_clear_usage_errors() {
+    let corpus = test_support::corpus_dir();
+    let corpus = corpus.to_str().unwrap();
+    for (args, want) in [
+        (&["prompt", "--episode", "androidworld/ContactsAddContact_base_o4-mini_trial1", "--corpus", corpus, "--step", "-1"][..], &["'--step <STEP>'", "expected a 0-based step number", "found \"-1\""][..]),
+        (&["prompt", "--episode", "x", "--step", "two"], &["'--step <STEP>'", "found \"two\""]),
+        (&["serve", "--listen", ":99999"], &["'--listen <LISTEN>'", "no host before the port, port \"99999\" is not a number from 0 to 65535", "e.g. 127.0.0.1:50051"]),
+        (&["serve", "--http-listen", ":99999"], &["'--http-listen <HTTP_LISTEN>'", "no host before the port", "or off"]),
+        (&["serve", "--listen", "localhost:50052"], &["'--listen <LISTEN>'", "host \"localhost\" is not an IP address"]),
+    ] {
+        let out = test_support::cli::output_within(
+            Command::new(env!("CARGO_BIN_EXE_agent-gateway")).args(args).env_remove("TANDEM_AUTH_TOKEN_FILE"),
+            std::time::Duration::from_secs(30),
+        );
+        test_support::cli::assert_usage_error(&out, want);
+    }
+}
+
+/// `prompt --help` shows only `--episode` as required: `--corpus` has a default and an
+/// environment variable, `--step` a default.
+#[test]
+fn prompt_help_requires_only_the_episode() {
+    let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway")).args(["prompt", "--help"]).env_remove("TANDEM_CORPUS").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("Usage: agent-gateway prompt [OPTIONS] --episode <EPISODE>"), "{help}");
+    for want in ["[env: TANDEM_CORPUS=]", "[default: ../shared/corpus/raw]", "[default: 0]"] {
+        assert!(help.contains(want), "{want}: {help}");
+    }
+}
+
+/// `agent-gateway load ... | head -0`: the table meets a closed pipe and `load` ends quietly
+/// (exit 0), not with a panic in `println!` (exit code 101). The gateway is served in this
+/// process; its worker is down, so the one step ends at once (as shed) and the table follows.
+#[test]
+fn load_into_a_closed_pipe_ends_quietly() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let addr = rt.block_on(async {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = format!("http://{}", l.local_addr().unwrap());
+        let router = agent_gateway::worker::Router::new(&["http://127.0.0.1:1".to_string()]).unwrap();
+        let runner = std::sync::Arc::new(agent_gateway::step::StepRunner::new(router));
+        tokio::spawn(agent_gateway::service::serve(runner, l, std::future::pending()));
+        addr
+    });
+    let dir = tempfile::tempdir().unwrap();
+    test_support::cli::assert_quiet_on_closed_stdout(
+        Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
+            .args(["load", "--gateway", &addr, "--http", "off", "--concurrency", "1", "--steps", "1", "--no-baseline", "--retries", "0", "--corpus"])
+            .arg(test_support::corpus_dir())
+            .arg("--out")
+            .arg(dir.path().join("load.json")),
+    );
 }

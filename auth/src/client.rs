@@ -41,12 +41,25 @@ impl BearerInterceptor {
     /// Errors: as [`TokenSet::load`]; [`AuthError::BadTokens`] for a token that is not a
     /// valid header value.
     pub fn from_file(path: &Path) -> Result<Self, AuthError> {
-        let value = Self::read(path)?;
+        Self::from_tokens(path, &TokenSet::load(path)?)
+    }
+
+    /// Sends the first token of `set`, already loaded from the token file `path` (reloaded
+    /// from it by [`BearerInterceptor::reload`]): for a client that also needs the token
+    /// itself (`agent-gateway load`'s HTTP requests).
+    ///
+    /// Errors: [`AuthError::BadTokens`] for a token that is not a valid header value.
+    pub fn from_tokens(path: &Path, set: &TokenSet) -> Result<Self, AuthError> {
+        let value = Self::header(path, set)?;
         Ok(Self { value: Arc::new(RwLock::new(Some(value))), path: Some(path.to_path_buf()) })
     }
 
     fn read(path: &Path) -> Result<MetadataValue<tonic::metadata::Ascii>, AuthError> {
-        let set = TokenSet::load(path)?;
+        Self::header(path, &TokenSet::load(path)?)
+    }
+
+    /// `Bearer <the first token of set>` as a header value.
+    fn header(path: &Path, set: &TokenSet) -> Result<MetadataValue<tonic::metadata::Ascii>, AuthError> {
         let token = set.first().expect("a parsed token set is not empty");
         let text = format!("Bearer {}", String::from_utf8_lossy(token));
         text.parse().map_err(|_| AuthError::BadTokens {
@@ -125,7 +138,8 @@ const EXPECTED: &str = "expected http://HOST:PORT, https://HOST:PORT, HOST:PORT 
 /// The URI [`channel`] dials for `addr` (`http://` added to `HOST:PORT`; `unix:PATH` as is).
 ///
 /// Errors: an empty socket path, a scheme other than `http://` or `https://`, a bare address
-/// without a port, a port outside 1-65535, or no valid URI.
+/// without a port, a port outside 1-65535, a path or query after the port (a gRPC server is
+/// dialled at its root), or no valid URI.
 fn address_uri(addr: &str) -> Result<String, String> {
     if let Some(path) = addr.strip_prefix("unix:") {
         return match path.is_empty() {
@@ -139,6 +153,12 @@ fn address_uri(addr: &str) -> Result<String, String> {
         None => format!("http://{addr}"),
     };
     let parsed: tonic::transport::Uri = uri.parse().map_err(|e| format!("{e} ({EXPECTED})"))?;
+    // A gRPC server is dialled at its root: the service and method make the request path.
+    let path = parsed.path();
+    if (!path.is_empty() && path != "/") || parsed.query().is_some() {
+        let rest = parsed.path_and_query().map(|p| p.as_str()).unwrap_or_default();
+        return Err(format!("{rest:?} after the port: a gRPC address has no path or query, only the scheme, host and port ({EXPECTED})"));
+    }
     let authority = parsed.authority().map(|a| a.as_str()).unwrap_or_default();
     // The port is after the last ':' outside an IPv6 literal's brackets.
     let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
@@ -204,11 +224,12 @@ mod tests {
         assert_eq!(sent(&mut none), None);
     }
 
-    /// http://, https://, HOST:PORT (IPv6 in brackets) and unix:PATH pass; another scheme, a
-    /// port outside 1-65535 and a bare host without a port are refused, saying why.
+    /// http://, https://, HOST:PORT (IPv6 in brackets) and unix:PATH pass (a lone `/` after
+    /// the port too); another scheme, a port outside 1-65535, a bare host without a port and a
+    /// path or query after the port are refused, saying why.
     #[test]
     fn addresses_are_http_or_https_with_a_port_in_range() {
-        for ok in ["http://127.0.0.1:50051", "HTTPS://worker.example:443", "https://worker.example", "localhost:1", "[::1]:65535", "http://[::1]:50051", "unix:/tmp/w.sock"] {
+        for ok in ["http://127.0.0.1:50051", "HTTPS://worker.example:443", "https://worker.example", "localhost:1", "[::1]:65535", "http://[::1]:50051", "http://127.0.0.1:50051/", "unix:/tmp/w.sock"] {
             assert_eq!(address(ok).as_deref(), Ok(ok));
         }
         for (bad, why) in [
@@ -222,6 +243,9 @@ mod tests {
             ("host", "no port"),
             ("[::1]", "no port"),
             ("unix:", "needs a socket path"),
+            ("http://host:50051/path?q", "\"/path?q\" after the port: a gRPC address has no path or query"),
+            ("host:50051/v1", "\"/v1\" after the port"),
+            ("https://host:443/?q=1", "\"/?q=1\" after the port"),
         ] {
             let err = address(bad).expect_err(bad);
             assert!(err.contains(why) && (why.contains("socket") || err.contains("expected http://HOST:PORT")), "{bad}: {err}");

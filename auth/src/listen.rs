@@ -54,10 +54,52 @@ impl FromStr for ListenAddr {
             }
             return Ok(ListenAddr::Unix(path.into()));
         }
-        s.parse().map(ListenAddr::Tcp).map_err(|e| {
-            format!("expected an address like 127.0.0.1:50051 or unix:PATH, found {s:?}: {e}")
-        })
+        socket_addr_or(s, "unix:PATH").map(ListenAddr::Tcp)
     }
+}
+
+/// A TCP address to listen on, `IP:PORT` (`127.0.0.1:50051`, `[::1]:50051`, `0.0.0.0:8080`;
+/// port 0: any free port): the TCP form of every `--listen`-style flag of both servers.
+///
+/// Errors: a message naming the value and what is wrong with it (no port, a port outside
+/// 0-65535, no host, a host that is no IP address), and giving an example.
+pub fn socket_addr(s: &str) -> Result<SocketAddr, String> {
+    tcp_addr(s, TCP_EXPECTED)
+}
+
+/// What [`socket_addr`] takes, for its errors.
+const TCP_EXPECTED: &str = "expected IP:PORT, e.g. 127.0.0.1:50051 (this device only) or 0.0.0.0:50051 (every interface)";
+
+/// [`socket_addr`] for a flag that also takes `other` (`unix:PATH`, `off`), which its errors
+/// name.
+///
+/// Errors: as [`socket_addr`].
+pub fn socket_addr_or(s: &str, other: &str) -> Result<SocketAddr, String> {
+    tcp_addr(s, &format!("{TCP_EXPECTED}, or {other}"))
+}
+
+/// [`socket_addr`], its errors ending in `({expected})`.
+fn tcp_addr(s: &str, expected: &str) -> Result<SocketAddr, String> {
+    let s = s.trim();
+    if let Ok(a) = s.parse() {
+        return Ok(a);
+    }
+    let Some((host, port)) = s.rsplit_once(':').filter(|(h, _)| !h.starts_with('[') || h.ends_with(']')) else {
+        return Err(format!("{s:?} has no port ({expected})"));
+    };
+    let mut wrong = Vec::new();
+    if host.is_empty() {
+        wrong.push("no host before the port".to_string());
+    } else if host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>().is_err() {
+        wrong.push(format!("host {host:?} is not an IP address (names are not resolved)"));
+    }
+    if port.parse::<u16>().is_err() {
+        wrong.push(format!("port {port:?} is not a number from 0 to 65535"));
+    }
+    if wrong.is_empty() {
+        wrong.push("not an address".into());
+    }
+    Err(format!("{s:?}: {} ({expected})", wrong.join(", ")))
 }
 
 /// A bound listener. Dropping it closes it (and removes its socket file).
@@ -221,6 +263,26 @@ mod tests {
             .parse::<ListenAddr>()
             .unwrap_err()
             .contains("\"localhost\""));
+    }
+
+    /// A TCP listen address is IP:PORT; every other form says what is wrong, with an example.
+    #[test]
+    fn tcp_listen_addresses_say_what_is_wrong() {
+        assert_eq!(socket_addr(" 0.0.0.0:0 ").unwrap().to_string(), "0.0.0.0:0");
+        assert_eq!(socket_addr("[::1]:65535").unwrap().to_string(), "[::1]:65535");
+        for (bad, why) in [
+            (":99999", "\":99999\": no host before the port, port \"99999\" is not a number from 0 to 65535"),
+            (":8080", "\":8080\": no host before the port"),
+            ("127.0.0.1:70000", "port \"70000\" is not a number from 0 to 65535"),
+            ("localhost:8080", "host \"localhost\" is not an IP address"),
+            ("8080", "\"8080\" has no port"),
+            ("[::1]", "has no port"),
+        ] {
+            let err = socket_addr(bad).expect_err(bad);
+            assert!(err.contains(why) && err.ends_with("(expected IP:PORT, e.g. 127.0.0.1:50051 (this device only) or 0.0.0.0:50051 (every interface))"), "{bad}: {err}");
+        }
+        let err = ":99999".parse::<ListenAddr>().unwrap_err();
+        assert!(err.contains("no host before the port") && err.ends_with("(every interface), or unix:PATH)"), "{err}");
     }
 
     #[tokio::test]

@@ -63,7 +63,9 @@ impl TokenSet {
         Ok(Self { tokens })
     }
 
-    /// Reads and parses `path` ([`TokenSet::parse`]).
+    /// Reads and parses `path` ([`TokenSet::parse`]). Logs a warning naming the file and its
+    /// mode when other users can read it ([`shared_mode`]); the file is still used (a
+    /// container runtime may mount a secret 0644).
     ///
     /// Errors: [`AuthError::Read`]; as [`TokenSet::parse`].
     pub fn load(path: &Path) -> Result<Self, AuthError> {
@@ -71,7 +73,15 @@ impl TokenSet {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::parse(&text, path)
+        let set = Self::parse(&text, path)?;
+        if let Some(mode) = shared_mode(path) {
+            tracing::warn!(
+                "token file {} has mode {mode:04o}: other users of this host can read its tokens; `chmod 600 {}` keeps them private",
+                path.display(),
+                path.display()
+            );
+        }
+        Ok(set)
     }
 
     /// How many tokens the set holds.
@@ -98,6 +108,22 @@ impl TokenSet {
     /// The first token (what a client sends).
     pub fn first(&self) -> Option<&[u8]> {
         self.tokens.first().map(Vec::as_slice)
+    }
+}
+
+/// The permission bits of the file `path` (symbolic links followed) when its group or others
+/// may read it; `None` for a private file, one whose mode cannot be read, or off Unix.
+pub fn shared_mode(path: &Path) -> Option<u32> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o7777;
+        (mode & 0o044 != 0).then_some(mode)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        None
     }
 }
 
@@ -218,5 +244,20 @@ mod tests {
         assert!(auth.accepts(B.as_bytes()), "a bad file leaves the previous tokens in force");
         let missing = Authenticator::from_file(&dir.path().join("none")).unwrap_err();
         assert!(matches!(missing, AuthError::Read { .. }), "{missing}");
+    }
+
+    /// A token file other users can read is reported with its mode (0644, 0640), a private
+    /// one (0600, 0400) is not.
+    #[test]
+    fn shared_mode_is_the_mode_of_a_file_others_can_read() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens");
+        std::fs::write(&path, A).unwrap();
+        for (mode, shared) in [(0o644, Some(0o644)), (0o640, Some(0o640)), (0o604, Some(0o604)), (0o600, None), (0o400, None)] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            assert_eq!(shared_mode(&path), shared, "{mode:o}");
+        }
+        assert_eq!(shared_mode(&dir.path().join("none")), None);
     }
 }

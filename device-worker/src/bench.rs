@@ -2,6 +2,7 @@
 //! `llama-bench` does (pp: a prompt of N tokens in micro-batches; tg: N tokens decoded one at
 //! a time), so `bench/compare.sh` can put both side by side in one run.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -197,9 +198,7 @@ impl BenchOptions {
 
 /// Runs the benchmark and prints the result.
 pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
-    if let Some(warning) = cfg.kernels.install()? {
-        eprintln!("warning: {warning}");
-    }
+    cfg.kernels.install().map_err(anyhow::Error::msg)?;
     let path = cfg
         .model
         .clone()
@@ -230,7 +229,7 @@ pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
             let result = encode_image(&projector, &pool, image, budget, cfg.repetitions.max(1))?;
             if cfg.encode_only {
                 if cfg.json {
-                    println!("{result}");
+                    tandem_options::write_stdout(|out| writeln!(out, "{result}"))?;
                 }
                 return Ok(());
             }
@@ -290,7 +289,7 @@ pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
         rates.pp_depth = Some(b.prefill(cfg.profile, base, &prompt)?);
         rates.tg_depth = Some(b.decode(cfg.profile, base, first_id, cfg.gen_tokens)?);
     }
-    print_speed(cfg, &path, &rates, &b.profile, &b.decode_profiles, reps);
+    tandem_options::write_stdout(|out| print_speed(out, cfg, &path, &rates, &b.profile, &b.decode_profiles, reps))?;
     Ok(())
 }
 
@@ -401,25 +400,27 @@ fn profile_json(profile: &[(&str, f64, f64)], reps: usize) -> serde_json::Value 
         .collect()
 }
 
-/// Prints one profile table (markdown) under `title`.
-fn print_profile(title: &str, profile: &[(&str, f64, f64)], reps: usize) {
-    println!("\n{title}, mean of {reps} runs:");
-    println!("| op | ms per run | share |\n|---|---:|---:|");
+/// Writes one profile table (markdown) under `title`.
+fn print_profile(out: &mut impl Write, title: &str, profile: &[(&str, f64, f64)], reps: usize) -> std::io::Result<()> {
+    writeln!(out, "\n{title}, mean of {reps} runs:")?;
+    writeln!(out, "| op | ms per run | share |\n|---|---:|---:|")?;
     for (op, secs, share) in profile {
-        println!("| {op} | {:.2} | {:.1}% |", secs * 1e3 / reps as f64, share * 100.0);
+        writeln!(out, "| {op} | {:.2} | {:.1}% |", secs * 1e3 / reps as f64, share * 100.0)?;
     }
+    Ok(())
 }
 
-/// Prints the pp / tg rates (tokens/s) at depth 0, after the prompt and at --depth, and
+/// Writes the pp / tg rates (tokens/s) at depth 0, after the prompt and at --depth, and
 /// the prefill and decode profiles, as JSON or text.
 fn print_speed(
+    out: &mut impl Write,
     cfg: &BenchOptions,
     path: &std::path::Path,
     r: &Rates,
     profile: &[(&str, f64, f64)],
     decode_profiles: &[Vec<(&str, f64, f64)>],
     reps: usize,
-) {
+) -> std::io::Result<()> {
     // With --depth, decode is profiled at depth 0 and at --depth: the last table is the
     // one at the profiled depth.
     let (decode_d0, decode) = match decode_profiles {
@@ -428,7 +429,8 @@ fn print_speed(
         _ => (None, None),
     };
     if cfg.json {
-        println!(
+        writeln!(
+            out,
             "{}",
             serde_json::json!({
                 "model": path.display().to_string(),
@@ -446,33 +448,35 @@ fn print_speed(
                 "decode_profile": decode.map(|d| profile_json(d, reps)),
                 "decode_profile_depth0": decode_d0.map(|d| profile_json(d, reps)),
             })
-        );
-        return;
+        )?;
+        return Ok(());
     }
     let (p, g, dd) = (cfg.prompt_tokens, cfg.gen_tokens, cfg.depth);
-    println!(
+    writeln!(
+        out,
         "model {}  threads {}  kernels {}",
         path.display(),
         cfg.n_threads(),
         dsp::backend::select().name()
-    );
-    println!("pp{p:<5} {:>9.1} tokens/s", r.pp);
-    println!("tg{g:<5} {:>9.1} tokens/s", r.tg);
-    println!("tg{g:<5} {:>9.1} tokens/s after {p} prompt tokens", r.tg_after_prompt);
+    )?;
+    writeln!(out, "pp{p:<5} {:>9.1} tokens/s", r.pp)?;
+    writeln!(out, "tg{g:<5} {:>9.1} tokens/s", r.tg)?;
+    writeln!(out, "tg{g:<5} {:>9.1} tokens/s after {p} prompt tokens", r.tg_after_prompt)?;
     if let (Some(pp), Some(tg)) = (r.pp_depth, r.tg_depth) {
-        println!("pp{p:<5} {pp:>9.1} tokens/s at depth {dd}");
-        println!("tg{g:<5} {tg:>9.1} tokens/s at depth {dd}");
+        writeln!(out, "pp{p:<5} {pp:>9.1} tokens/s at depth {dd}")?;
+        writeln!(out, "tg{g:<5} {tg:>9.1} tokens/s at depth {dd}")?;
     }
     let at = if dd > 0 { format!(" at depth {dd}") } else { String::new() };
     if !profile.is_empty() {
-        print_profile(&format!("prefill profile (pp{p}{at})"), profile, reps);
+        print_profile(out, &format!("prefill profile (pp{p}{at})"), profile, reps)?;
     }
     if let Some(d0) = decode_d0 {
-        print_profile(&format!("decode profile (tg{g} at depth 0)"), d0, reps);
+        print_profile(out, &format!("decode profile (tg{g} at depth 0)"), d0, reps)?;
     }
     if let Some(d) = decode {
-        print_profile(&format!("decode profile (tg{g}{at})"), d, reps);
+        print_profile(out, &format!("decode profile (tg{g}{at})"), d, reps)?;
     }
+    Ok(())
 }
 
 /// `--rollback-ablation`: plain vs rollback-aware vs per-token prefill of `prompt`.
@@ -518,38 +522,44 @@ fn rollback_ablation(b: &mut Bench, cfg: &BenchOptions, seq: &mut SequenceState,
         }
     }
     let n = prompt.len() as f64 * reps as f64;
-    if cfg.json {
-        let rows: Vec<_> = modes
-            .iter()
-            .enumerate()
-            .map(|(i, (name, _))| {
-                serde_json::json!({
-                    "mode": name, "tokens_per_s": n / secs[i], "time_vs_plain": secs[i] / secs[0],
-                    "rollback_ms_per_run": rb_ms[i] / reps as f64,
+    tandem_options::write_stdout(|out| {
+        if cfg.json {
+            let rows: Vec<_> = modes
+                .iter()
+                .enumerate()
+                .map(|(i, (name, _))| {
+                    serde_json::json!({
+                        "mode": name, "tokens_per_s": n / secs[i], "time_vs_plain": secs[i] / secs[0],
+                        "rollback_ms_per_run": rb_ms[i] / reps as f64,
+                    })
                 })
-            })
-            .collect();
-        println!(
-            "{}",
-            serde_json::json!({"prompt_tokens": prompt.len(), "rollback_k": rollback_k, "threads": cfg.n_threads(), "modes": rows})
-        );
-    } else {
-        println!(
-            "prefill of {} tokens, K = {} rollback states, {} threads, mean of {reps} interleaved runs",
-            prompt.len(),
-            rollback_k,
-            cfg.n_threads()
-        );
-        println!("| mode | tokens/s | time vs plain | ms writing rollback states |\n|---|---:|---:|---:|");
-        for (i, (name, _)) in modes.iter().enumerate() {
-            println!(
-                "| {name} | {:.1} | {:.3}x | {:.1} |",
-                n / secs[i],
-                secs[i] / secs[0],
-                rb_ms[i] / reps as f64
-            );
+                .collect();
+            writeln!(
+                out,
+                "{}",
+                serde_json::json!({"prompt_tokens": prompt.len(), "rollback_k": rollback_k, "threads": cfg.n_threads(), "modes": rows})
+            )?;
+        } else {
+            writeln!(
+                out,
+                "prefill of {} tokens, K = {} rollback states, {} threads, mean of {reps} interleaved runs",
+                prompt.len(),
+                rollback_k,
+                cfg.n_threads()
+            )?;
+            writeln!(out, "| mode | tokens/s | time vs plain | ms writing rollback states |\n|---|---:|---:|---:|")?;
+            for (i, (name, _)) in modes.iter().enumerate() {
+                writeln!(
+                    out,
+                    "| {name} | {:.1} | {:.3}x | {:.1} |",
+                    n / secs[i],
+                    secs[i] / secs[0],
+                    rb_ms[i] / reps as f64
+                )?;
+            }
         }
-    }
+        Ok(())
+    })?;
     Ok(())
 }
 
@@ -655,7 +665,7 @@ fn mtp_overhead(b: &mut Bench, cfg: &BenchOptions, seq: &mut SequenceState, prom
         verify_ms: verify_s * 1e3 / rounds as f64,
         draft_ms,
     };
-    print_mtp_overhead(cfg, &m, reps, rounds);
+    tandem_options::write_stdout(|out| print_mtp_overhead(out, cfg, &m, reps, rounds))?;
     Ok(())
 }
 
@@ -674,12 +684,13 @@ struct MtpOverheadRun {
     draft_ms: Vec<(&'static str, usize, f64)>,
 }
 
-/// Prints `--mtp-overhead`'s measurements as JSON or as a table.
-fn print_mtp_overhead(cfg: &BenchOptions, m: &MtpOverheadRun, reps: usize, rounds: usize) {
+/// Writes `--mtp-overhead`'s measurements as JSON or as a table.
+fn print_mtp_overhead(out: &mut impl Write, cfg: &BenchOptions, m: &MtpOverheadRun, reps: usize, rounds: usize) -> std::io::Result<()> {
     let MtpOverheadRun { n_tok, plain_s, fill_s, decode_ms, verify_ms, .. } = *m;
     let draft_ms = &m.draft_ms;
     if cfg.json {
-        println!(
+        writeln!(
+            out,
             "{}",
             serde_json::json!({
                 "prompt_tokens": m.prompt_tokens, "threads": cfg.n_threads(), "n_draft": cfg.n_draft,
@@ -690,36 +701,42 @@ fn print_mtp_overhead(cfg: &BenchOptions, m: &MtpOverheadRun, reps: usize, round
                     "head": name, "rows": rows, "ms": ms,
                 })).collect::<Vec<_>>(),
             })
-        );
-        return;
+        )?;
+        return Ok(());
     }
-    println!(
+    writeln!(
+        out,
         "MTP overhead: prompt {} tokens, n_draft {}, {} threads, kernels {}, {reps} prefill runs, {rounds} rounds",
         m.prompt_tokens,
         cfg.n_draft,
         cfg.n_threads(),
         dsp::backend::select().name()
-    );
-    println!("| measure | value | vs baseline |\n|---|---:|---:|");
-    println!(
+    )?;
+    writeln!(out, "| measure | value | vs baseline |\n|---|---:|---:|")?;
+    writeln!(
+        out,
         "| prefill, rollback states, no MTP fill | {:.1} tokens/s | 1.000x |",
         n_tok / plain_s
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "| prefill, rollback states + MTP KV fill | {:.1} tokens/s | {:.3}x time |",
         n_tok / fill_s,
         fill_s / plain_s
-    );
-    println!("| decode pass (1 token) | {decode_ms:.2} ms | 1.000x |");
-    println!(
+    )?;
+    writeln!(out, "| decode pass (1 token) | {decode_ms:.2} ms | 1.000x |")?;
+    writeln!(
+        out,
         "| verification pass (1 + {} tokens) | {verify_ms:.2} ms | {:.3}x |",
         cfg.n_draft,
         verify_ms / decode_ms
-    );
+    )?;
     for (name, rows, ms) in draft_ms {
-        println!(
+        writeln!(
+            out,
             "| MTP draft token, {name} ({rows} rows) | {ms:.2} ms | {:.3}x decode |",
             ms / decode_ms
-        );
+        )?;
     }
+    Ok(())
 }

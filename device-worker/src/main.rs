@@ -34,8 +34,10 @@ enum Command {
         /// Prompt text (tokenized as is).
         #[arg(long)]
         text: String,
-        /// Most output tokens to generate (generation also stops at the end-of-generation
-        /// token or a full context; `finish_reason` in the output says which).
+        /// Most output tokens to generate; 0: the worker's default budget (its `serve
+        /// --default-max-tokens`, 256 unless set), cut at the context's end. Generation also
+        /// stops at the end-of-generation token or a full context; `finish_reason` in the
+        /// output says which.
         #[arg(long, default_value_t = 8)]
         max_tokens: u32,
         /// Session id: requests with the same id reuse one slot's KV cache and checkpoints
@@ -108,7 +110,7 @@ fn main() -> std::process::ExitCode {
 
 /// The command line's work; its error is printed once, causes included, by [`main`].
 fn run() -> anyhow::Result<()> {
-    let cli: Cli = tandem_options::parse()?;
+    let cli: Cli = tandem_options::parse();
     let Command::Serve(cfg) = cli.command else {
         let _tracing = tandem_telemetry::otel::init("device-worker", None)?;
         return run_tool(cli.command);
@@ -136,11 +138,7 @@ fn run() -> anyhow::Result<()> {
     };
     let tls = cfg.auth.tls.load()?;
     let auth = cfg.auth.authenticator(cfg.listen.tcp().as_slice())?;
-    match cfg.engine.kernels.install() {
-        Ok(Some(warning)) => tracing::warn!("{warning}"),
-        Ok(None) => {}
-        Err(e) => anyhow::bail!(e),
-    }
+    cfg.engine.kernels.install().map_err(anyhow::Error::msg)?;
     rt.block_on(async move {
         let model = settings.model.clone();
         device_worker::config::check_model_files(&settings, model_given)?;

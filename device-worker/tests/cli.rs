@@ -1,6 +1,6 @@
 //! The `device-worker` binary's start-up choices, run for real: the kernel backend
-//! (`bench --kernels NAME` or `TANDEM_KERNELS` installs it, an unknown name is warned about
-//! and the fastest is used; on the tiny Qwen3.5 fixture) and the bind policy (no token file:
+//! (`bench --kernels NAME` or `TANDEM_KERNELS` installs it, a name this CPU cannot run is a
+//! usage error; on the tiny Qwen3.5 fixture) and the bind policy (no token file:
 //! loopback only; a Unix socket counts as local), TLS files checked at start, `serve --help`.
 
 use std::process::Command;
@@ -40,12 +40,42 @@ fn the_flag_or_the_environment_names_the_backend() {
     assert_eq!(kernels, "scalar");
     assert!(!stderr.contains("warning"), "{stderr}");
 
-    let (kernels, stderr) = bench(Some("avx9000"), &[]);
-    assert_eq!(kernels, best);
-    assert!(
-        stderr.contains("avx9000 names no kernel backend this CPU has") && stderr.contains(best),
-        "{stderr}"
-    );
+}
+
+/// A kernel name this CPU cannot run, by `--kernels` or `TANDEM_KERNELS`, on `serve` or
+/// `bench`, is a usage error (exit code 2) that lists the names and this CPU's backends, or
+/// says which architecture or CPU feature the backend needs; nothing runs with another
+/// backend instead.
+#[test]
+fn a_kernel_name_this_cpu_cannot_run_is_a_usage_error() {
+    let has = dsp::backend::available().iter().map(|b| b.name()).collect::<Vec<_>>().join(", ");
+    let unknown = ["unknown kernel backend \"foo\"", "the names are scalar, avx2, avx512-vnni, neon, neon-dotprod, neon-i8mm", &format!("this CPU has {has}")];
+    for (args, env) in [
+        (&["bench", "--model", TINY, "--kernels", "foo"][..], None),
+        (&["bench", "--model", TINY], Some("foo")),
+        (&["serve", "--model", TINY, "--listen", "127.0.0.1:0", "--kernels", "foo"], None),
+        (&["serve", "--model", TINY, "--listen", "127.0.0.1:0"], Some("foo")),
+    ] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_device-worker"));
+        cmd.args(args).env_remove("TANDEM_KERNELS").env_remove("TANDEM_AUTH_TOKEN_FILE");
+        if let Some(v) = env {
+            cmd.env("TANDEM_KERNELS", v);
+        }
+        // Killed after 60 s: a serve that ran with the default kernels would not end.
+        let out = test_support::cli::output_within(&mut cmd, std::time::Duration::from_secs(60));
+        assert_usage_error(&out, &[&["'--kernels <KERNELS>'"][..], &unknown].concat());
+    }
+    // A known backend this CPU cannot run names what it lacks (on x86_64: the NEON ones).
+    let available: Vec<_> = dsp::backend::available().iter().map(|b| b.name()).collect();
+    for name in ["avx2", "avx512-vnni", "neon", "neon-dotprod", "neon-i8mm"] {
+        if available.contains(&name) {
+            continue;
+        }
+        let out = device_worker(&["bench", "--model", TINY, "--kernels", name]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(" CPUs, this one is ") || stderr.contains("it lacks the CPU feature(s) "), "{stderr}");
+    }
 }
 
 #[test]
@@ -224,6 +254,7 @@ fn request_and_power_send_the_worker_token() {
             threads: Some(1),
             ctx_size: 512,
             slots: 1,
+            default_max_tokens: 3,
             ..Default::default()
         };
         let engine = device_worker::engine::EngineHandle::spawn(cfg.settings().unwrap()).unwrap();
@@ -256,12 +287,62 @@ fn request_and_power_send_the_worker_token() {
     let (ok, stdout, stderr) = run(&["request", "--addr", &addr, "--text", "hi", "--max-tokens", "1"], true);
     assert!(ok, "{stderr}");
     assert_eq!(serde_json::from_str::<serde_json::Value>(stdout.trim()).unwrap()["decode_tokens"], 1, "{stdout}");
+    // `--max-tokens 0` is the worker's default budget (`serve --default-max-tokens`, 3 here),
+    // as `request --help` says.
+    let (ok, stdout, stderr) = run(&["request", "--addr", &addr, "--text", "Once upon a time", "--max-tokens", "0"], true);
+    assert!(ok, "{stderr}");
+    let json = serde_json::from_str::<serde_json::Value>(stdout.trim()).unwrap();
+    assert_eq!((&json["decode_tokens"], &json["finish_reason"]), (&3.into(), &"length".into()), "{stdout}");
     // `request ... | head -0`, `power ... | head -0`: the answer meets a closed pipe and the
     // command ends quietly (exit 0), not with a panic in `println!` (exit code 101).
     for args in [&["request", "--text", "hi", "--max-tokens", "1"][..], &["power"]] {
         test_support::cli::assert_quiet_on_closed_stdout(
             Command::new(env!("CARGO_BIN_EXE_device-worker")).args(args).args(["--addr", &addr, "--worker-token-file", file]),
         );
+    }
+}
+
+/// A token file other users can read (0644: what `echo > file` makes under umask 022) is
+/// used, with a WARN naming the file, its mode and `chmod 600`: on the client side
+/// (`power --worker-token-file`) and the server side (`serve --auth-token-file`); a 0600 file
+/// gets no warning.
+#[test]
+fn a_token_file_others_can_read_is_warned_about() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tokens");
+    std::fs::write(&file, "cli-test-token-0123456789abcdef\n").unwrap();
+    let name = file.to_str().unwrap();
+    let warning = format!("token file {name} has mode 0644: other users of this host can read its tokens; `chmod 600 {name}`");
+    let power = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_device-worker"))
+            .args(["power", "--addr", "127.0.0.1:1", "--worker-token-file", name])
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("device-worker runs");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let stderr = power();
+    assert!(stderr.lines().any(|l| l.contains("WARN") && l.contains(&warning)), "{stderr}");
+    assert!(stderr.contains("127.0.0.1:1"), "the token is still used for the call: {stderr}");
+    let (warned, seen) = serve_until_warn(&["--listen", "127.0.0.1:0", "--auth-token-file", name], &warning);
+    assert!(warned, "no mode warning in:\n{seen}");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let stderr = power();
+    assert!(!stderr.contains("has mode"), "{stderr}");
+}
+
+/// `request --help` says what `--max-tokens 0` does (the worker's default budget, not "no
+/// limit" and not nothing).
+#[test]
+fn request_help_says_what_max_tokens_0_means() {
+    let out = device_worker(&["request", "--help"]);
+    let help = String::from_utf8_lossy(&out.stdout);
+    let para = help.split("--max-tokens <MAX_TOKENS>").nth(1).and_then(|s| s.split("\n      --").next()).unwrap_or_else(|| panic!("{help}"));
+    let para = para.split_whitespace().collect::<Vec<_>>().join(" ");
+    for want in ["0: the worker's default budget", "--default-max-tokens", "256 unless set", "cut at the context's end"] {
+        assert!(para.contains(want), "{want}: {para}");
     }
 }
 
@@ -343,11 +424,16 @@ fn device_worker(args: &[&str]) -> std::process::Output {
 }
 
 /// `request --addr` and `power --addr` take the addresses `agent-gateway serve --worker`
-/// takes: another scheme or a port out of range is a usage error naming `--addr`.
+/// takes: another scheme, a port out of range or a path after the port is a usage error naming
+/// `--addr`.
 #[test]
 fn request_and_power_refuse_bad_addresses_as_usage_errors() {
     for command in [&["request", "--text", "hi"][..], &["power"]] {
-        for (addr, want) in [("ftp://host:1", "ftp:// is not a gRPC scheme"), ("host:99999", "port \"99999\" is not a number from 1 to 65535")] {
+        for (addr, want) in [
+            ("ftp://host:1", "ftp:// is not a gRPC scheme"),
+            ("host:99999", "port \"99999\" is not a number from 1 to 65535"),
+            ("http://127.0.0.1:50051/step?x=1", "\"/step?x=1\" after the port: a gRPC address has no path or query"),
+        ] {
             let out = device_worker(&[command, &["--addr", addr]].concat());
             assert_usage_error(&out, &["'--addr <ADDR>'", addr, want]);
         }
@@ -462,4 +548,36 @@ fn request_to_a_server_without_step_service_says_so() {
     let out = device_worker(&["request", "--addr", &addr, "--text", "hi"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_one_line_error(&stderr, &format!("{addr} does not serve tandem.step.v1.StepService (is it the gateway"));
+}
+
+/// A `--config` file `serve` cannot use (missing, not TOML, an unknown key, a table value, a
+/// value the flag refuses) exits 2 as a bad flag does, not 1.
+#[test]
+fn bad_config_files_are_usage_errors() {
+    test_support::cli::check_bad_config_files_are_usage_errors(env!("CARGO_BIN_EXE_device-worker"));
+}
+
+/// `bench ... | head -0`: the results meet a closed pipe and `bench` ends quietly (exit 0),
+/// as text and as `--json`, not with a panic in `println!` (exit code 101).
+#[test]
+fn bench_into_a_closed_pipe_ends_quietly() {
+    for json in [&[][..], &["--json"]] {
+        test_support::cli::assert_quiet_on_closed_stdout(
+            Command::new(env!("CARGO_BIN_EXE_device-worker"))
+                .args(["bench", "--model", TINY, "--prompt-tokens", "8", "--gen-tokens", "2", "-r", "1", "-t", "1"])
+                .args(json)
+                .env_remove("TANDEM_KERNELS"),
+        );
+    }
+}
+
+/// `serve --listen :99999` and `--metrics-listen :99999` say what is wrong (no host, a port
+/// past 65535) with an example, as a usage error (was "invalid socket address syntax").
+#[test]
+fn bad_listen_addresses_say_what_is_wrong() {
+    for (flag, tail) in [("'--listen <LISTEN>'", "(every interface), or unix:PATH)"), ("'--metrics-listen <ADDR>'", "0.0.0.0:50051 (every interface))")] {
+        let name = flag.split(' ').next().unwrap().trim_start_matches('\'');
+        let out = device_worker(&["serve", "--model", TINY, name, ":99999"]);
+        assert_usage_error(&out, &[flag, "\":99999\": no host before the port, port \"99999\" is not a number from 0 to 65535", tail]);
+    }
 }

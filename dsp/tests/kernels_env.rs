@@ -1,32 +1,42 @@
-//! Choosing a backend by name (`backend::resolve`) and fixing it for the process
-//! (`backend::install`). Its own test binary: the installed backend is process-wide.
+//! Choosing a backend by name (`backend::resolve`; a name this CPU cannot run is an error) and
+//! fixing it for the process (`backend::install`). Its own test binary: the installed backend
+//! is process-wide.
 
 use dsp::backend;
 
 #[test]
-fn names_resolve_to_backends_and_unknown_names_fall_back_to_the_best() {
+fn names_resolve_to_backends_and_names_this_cpu_cannot_run_are_errors() {
     let best = backend::best().name();
     assert_eq!(backend::available().last().expect("scalar at least").name(), best);
     for asked in [None, Some(""), Some("  ")] {
-        let sel = backend::resolve(asked);
-        assert_eq!((sel.backend.name(), sel.unknown.as_deref()), (best, None), "{asked:?}");
+        assert_eq!(backend::resolve(asked).map(|b| b.name()), Ok(best), "{asked:?}");
     }
-    let sel = backend::resolve(Some(" Scalar "));
-    assert_eq!(sel.backend.name(), "scalar", "case- and space-insensitive");
-    assert_eq!(sel.warning("TANDEM_KERNELS"), None);
+    assert_eq!(backend::resolve(Some(" Scalar ")).map(|b| b.name()), Ok("scalar"), "case- and space-insensitive");
 
-    let sel = backend::resolve(Some("avx9000"));
-    assert_eq!(sel.backend.name(), best);
-    // Messages list what this CPU has, never a backend of another architecture.
+    // Messages list what this CPU has, never a backend of another architecture as usable.
     let names: Vec<_> = backend::available().iter().map(|b| b.name()).collect();
     assert_eq!(names[0], "scalar");
+    let err = backend::resolve(Some("avx9000")).map(|b| b.name()).expect_err("an unknown name is an error");
     assert_eq!(
-        sel.warning("TANDEM_KERNELS").expect("an unknown name is reported"),
+        err.to_string(),
         format!(
-            "TANDEM_KERNELS=avx9000 names no kernel backend this CPU has ({}); using {best}",
+            "unknown kernel backend \"avx9000\": the names are scalar, avx2, avx512-vnni, neon, neon-dotprod, neon-i8mm; this CPU has {}",
             names.join(", ")
         )
     );
+    // Every known name this CPU does not have says why: another architecture's, or the
+    // features it lacks.
+    for name in ["avx2", "avx512-vnni", "neon", "neon-dotprod", "neon-i8mm"] {
+        match backend::resolve(Some(name)) {
+            Ok(b) => assert!(names.contains(&b.name()) && b.name() == name),
+            Err(e) => {
+                let text = e.to_string();
+                assert!(!names.contains(&name), "{name} is available: {text}");
+                assert!(text.contains(" CPUs, this one is ") || text.contains("it lacks the CPU feature(s) "), "{text}");
+                assert!(text.ends_with(&format!("has {}", names.join(", "))), "{text}");
+            }
+        }
+    }
 }
 
 #[test]

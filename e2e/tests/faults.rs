@@ -10,6 +10,8 @@
 //!   a status at once (tonic's client reports the broken connection as `Unknown` "h2 protocol
 //!   error"), a new episode stream is refused with `UNAVAILABLE` while the gateway is down,
 //!   and the same client reconnects after the restart and its next step is served;
+//! - a gateway restarted under `agent-gateway replay`: the step whose connection broke is
+//!   retried on a new episode stream once the gateway is back, and the replay goes on;
 //! - a watchdog trip under concurrent requests: the tripped request ends with UNAVAILABLE
 //!   naming the watchdog, every other request is served, and so are the later ones; through the
 //!   gateway every concurrent step gets its action (the tripped one retried on the fresh
@@ -314,6 +316,45 @@ async fn a_restarted_gateway_is_reached_again_by_the_same_client() {
     };
     eprintln!("reconnected after {} refused attempt(s)", attempts.len());
     assert_served(&c.step(1).await, "the step after the gateway restart");
+}
+
+/// `agent-gateway replay` goes on when its gateway restarts mid-episode: the step whose
+/// connection broke is retried (a WARN line says so) on a new `RunEpisode` once the gateway
+/// serves again on its address, and every step of the episode gets its result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_goes_on_when_its_gateway_restarts_mid_episode() {
+    let logs = common::capture_logs(tracing::Level::WARN);
+    let (_engine, worker, _stop) = common::serve_worker(worker_options(None)).await;
+    let addr = free_addr();
+    let w = worker.clone();
+    let a = addr.clone();
+    let mut g = tokio::task::spawn_blocking(move || Child::start("gateway", &a, &w)).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("replay.jsonl");
+    let mut cfg = common::replay_config(&g.url, 4, out.clone());
+    cfg.episodes = vec![EPISODE.into()];
+    cfg.max_tokens = 24;
+    let replay = tokio::spawn(async move { agent_gateway::replay::run(&cfg).await });
+    // Step 0's record written: the replay is on step 1 when the gateway dies.
+    let t = Instant::now();
+    while std::fs::read_to_string(&out).map_or(0, |s| s.lines().count()) < 1 {
+        assert!(t.elapsed() < Duration::from_secs(120), "no step within 120 s");
+        if replay.is_finished() {
+            panic!("the replay ended before its first step: {:?}", replay.await);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    g.kill();
+    let _g = tokio::task::spawn_blocking(move || Child::start("gateway", &addr, &worker)).await.unwrap();
+    let (records, summary) = tokio::time::timeout(Duration::from_secs(300), replay).await.expect("the replay ends").unwrap().expect("the replay goes on after the restart");
+    assert_eq!(records.iter().map(|r| r.step).collect::<Vec<_>>(), [0, 1, 2, 3]);
+    assert_eq!(summary.steps, 4);
+    for r in &records {
+        assert!(r.decode_tokens > 0 && !r.raw_output.is_empty() && !r.error.contains("worker"), "step {}: {r:?}", r.step);
+    }
+    let logs = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+    eprintln!("{logs}");
+    assert!(logs.lines().any(|l| l.contains("WARN") && l.contains("RunEpisode at http://") && l.contains("retry 1 of 3")), "{logs}");
 }
 
 /// A short chat for the watchdog test's direct requests.

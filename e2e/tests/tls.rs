@@ -174,7 +174,7 @@ async fn tls_channel(
     let ep = ep.tls_config(tls.grpc()).unwrap();
     ep.connect()
         .await
-        .map_err(|e| agent_gateway::health::error_chain(&e))
+        .map_err(|e| tandem_options::error_chain(&e))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

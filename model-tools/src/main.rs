@@ -1,5 +1,6 @@
 //! `tandem-tools`: model-file tools (dry-run planner, draft vocabulary).
 
+use std::io::Write;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
@@ -63,7 +64,11 @@ fn run() -> anyhow::Result<()> {
             tandem_options::exit_on_usage_error(c.args.check_usage());
             model_tools::dry_run::run(&c.corpus, &c.episodes, &c.args)?;
         }
-        Command::DraftVocab(args) => println!("{}", model_tools::draft_vocab::run(&args)?),
+        Command::DraftVocab(args) => {
+            let summary = model_tools::draft_vocab::run(&args)?;
+            // A reader that went away (`draft-vocab ... | head -0`) ends the command quietly.
+            tandem_options::write_stdout(|out| writeln!(out, "{summary}"))?;
+        }
     }
     Ok(())
 }

@@ -66,3 +66,25 @@ fn dry_run_errors_name_the_file_they_are_about() {
         assert!(!stderr.contains(stacked), "{stacked:?} in {stderr}");
     }
 }
+
+/// `tandem-tools draft-vocab ... | head -0`: the summary meets a closed pipe and the command
+/// ends quietly (exit 0), not with a panic in `println!` (exit code 101); the file is written.
+#[test]
+fn draft_vocab_into_a_closed_pipe_ends_quietly() {
+    let model = test_support::fixture(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../device-worker/tests/fixtures/qwen35/tiny-qwen35-q8_0.gguf"),
+        "committed in device-worker/tests/fixtures/qwen35 (made by tools/fixtures/, see its README.md)",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("draft.gguf");
+    test_support::cli::assert_quiet_on_closed_stdout(
+        Command::new(env!("CARGO_BIN_EXE_tandem-tools"))
+            .args(["draft-vocab", "--top", "300", "--model"])
+            .arg(&model)
+            .arg("--out")
+            .arg(&out)
+            .arg("--corpus")
+            .arg(test_support::corpus_dir()),
+    );
+    assert!(out.exists(), "the draft vocabulary is written before the summary");
+}

@@ -80,16 +80,20 @@ impl ConfigArgs {
 
 /// Parses the process's command line as `T`, with the values of its subcommand's
 /// `--config FILE` applied below the flags and the environment. Like `T::parse()`, prints
-/// help, version or a usage error and exits for those.
-///
-/// Errors: those of [`with_config_file`].
-pub fn parse<T: clap::Parser>() -> Result<T, OptionsError> {
+/// help, version or a usage error and exits for those; a `--config` file that cannot be read,
+/// is not TOML or has a key or value no flag takes ([`with_config_file`]'s errors) is a usage
+/// error too: `error: ` and the reason on one line, exit code 2, as clap's own (a value of the
+/// file that a flag's parser refuses is reported by clap itself, exit code 2).
+pub fn parse<T: clap::Parser>() -> T {
     let argv: Vec<OsString> = std::env::args_os().collect();
     let command = T::command();
     let matches = command.clone().get_matches_from(argv.clone());
-    let argv = with_config_file(&command, &matches, argv)?;
+    let argv = with_config_file(&command, &matches, argv).unwrap_or_else(|e| {
+        eprintln!("error: {}", error_chain(&e));
+        std::process::exit(2)
+    });
     let matches = command.get_matches_from(argv);
-    Ok(T::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()))
+    T::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
 /// The exit code of a binary's `run()`: success, or 1 after printing `error: ` and the error
@@ -315,6 +319,12 @@ mod tests {
             "loading the model: reading /m.gguf: No such file or directory (os error 2)"
         );
         assert_eq!(error_chain(&Layer { text: "plain".into(), source: None }), "plain");
+        // tonic's transport error: a context line whose cause repeats it before the OS error.
+        let os = Layer { text: "Connection refused (os error 111)".into(), source: None };
+        let connect = Layer { text: "tcp connect error".into(), source: Some(Box::new(os)) };
+        let outer = Layer { text: "tcp connect error".into(), source: Some(Box::new(connect)) };
+        let transport = Layer { text: "transport error".into(), source: Some(Box::new(outer)) };
+        assert_eq!(error_chain(&transport), "transport error: tcp connect error: Connection refused (os error 111)");
     }
 
     #[derive(Parser, Debug)]

@@ -178,23 +178,37 @@ pub struct EngineOptions {
 pub struct KernelArgs {
     /// Kernel backend: `scalar` (the reference), `avx2`, `avx512-vnni` (x86_64) or `neon`,
     /// `neon-dotprod`, `neon-i8mm` (aarch64), among those this CPU has; default: the fastest.
-    /// For ablations and for bisecting numerical differences; a name this CPU has no backend
-    /// for is warned about and the fastest is used.
-    #[arg(long, env = "TANDEM_KERNELS")]
+    /// For ablations and for bisecting numerical differences; a name this CPU cannot run
+    /// (unknown, another architecture's, or missing a CPU feature) is a usage error that
+    /// says why.
+    #[arg(long, env = "TANDEM_KERNELS", value_parser = kernels_name)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernels: Option<String>,
 }
 
+/// `--kernels` (and `TANDEM_KERNELS`): the name of a backend this CPU can run, as dsp spells
+/// it; empty asks for the fastest.
+///
+/// Errors: [`dsp::backend::BackendNameError`]'s message (an unknown name with the known
+/// ones, another architecture's backend, or the CPU features this CPU lacks).
+fn kernels_name(s: &str) -> Result<String, String> {
+    match s.trim() {
+        "" => Ok(String::new()),
+        name => dsp::backend::resolve(Some(name)).map(|b| b.name().to_string()).map_err(|e| e.to_string()),
+    }
+}
+
 impl KernelArgs {
     /// Installs the backend named by `--kernels` (or the fastest) as dsp's backend for the
-    /// process. Returns a warning to log when the name is no backend of this CPU.
+    /// process.
     ///
     /// # Errors
-    /// [`dsp::backend::AlreadySelected`] when a kernel already ran with another backend.
-    pub fn install(&self) -> Result<Option<String>, dsp::backend::AlreadySelected> {
-        let selection = dsp::backend::resolve(self.kernels.as_deref());
-        dsp::backend::install(selection.backend)?;
-        Ok(selection.warning("--kernels (TANDEM_KERNELS)"))
+    /// The name is no backend this CPU can run (clap's parser has refused it already on a
+    /// command line), or a kernel already ran with another backend
+    /// ([`dsp::backend::AlreadySelected`]).
+    pub fn install(&self) -> Result<(), String> {
+        let backend = dsp::backend::resolve(self.kernels.as_deref()).map_err(|e| format!("--kernels (TANDEM_KERNELS): {e}"))?;
+        dsp::backend::install(backend).map_err(|e| e.to_string())
     }
 
     /// Installs the backend `TANDEM_KERNELS` names (unset or empty: the fastest), as
@@ -202,17 +216,9 @@ impl KernelArgs {
     /// line (the integration tests), so a test run can be repeated per backend.
     ///
     /// # Errors
-    /// The name is no backend of this CPU (not silently replaced here), or a kernel already
-    /// ran with another backend.
+    /// As [`KernelArgs::install`].
     pub fn install_env() -> Result<(), String> {
-        let args = KernelArgs {
-            kernels: std::env::var("TANDEM_KERNELS").ok(),
-        };
-        match args.install() {
-            Ok(None) => Ok(()),
-            Ok(Some(warning)) => Err(warning),
-            Err(e) => Err(e.to_string()),
-        }
+        KernelArgs { kernels: std::env::var("TANDEM_KERNELS").ok() }.install()
     }
 }
 

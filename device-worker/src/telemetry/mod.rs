@@ -20,8 +20,9 @@ pub mod request;
 #[derive(clap::Args, Clone, Debug, Default, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct TelemetryArgs {
-    /// Address to serve Prometheus `GET /metrics` on (e.g. `127.0.0.1:9464`); unset: off.
-    #[arg(long, value_name = "ADDR")]
+    /// Address to serve Prometheus `GET /metrics` on, IP:PORT (e.g. `127.0.0.1:9464`); unset:
+    /// off.
+    #[arg(long, value_name = "ADDR", value_parser = tandem_auth::listen::socket_addr)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics_listen: Option<std::net::SocketAddr>,
     #[command(flatten)]

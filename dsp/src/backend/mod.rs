@@ -633,41 +633,126 @@ pub struct AlreadySelected {
     pub wanted: &'static str,
 }
 
-/// A backend chosen by name ([`resolve`]).
-#[derive(Clone, Debug)]
-pub struct Selection {
-    /// The backend to [`install`].
-    pub backend: &'static dyn KernelBackend,
-    /// The requested name when this CPU has no backend of that name (`backend` is then
-    /// [`best`]); see [`Selection::warning`].
-    pub unknown: Option<String>,
-}
+/// Every backend name of every architecture: (name, architecture, the CPU features its
+/// `get` checks), for [`resolve`]'s errors.
+const BACKEND_NAMES: [(&str, &str, &[&str]); 6] = [
+    ("scalar", std::env::consts::ARCH, &[]),
+    ("avx2", "x86_64", &["avx2", "fma", "f16c"]),
+    ("avx512-vnni", "x86_64", &["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512vnni"]),
+    ("neon", "aarch64", &[]),
+    ("neon-dotprod", "aarch64", &["dotprod"]),
+    ("neon-i8mm", "aarch64", &["dotprod", "i8mm"]),
+];
 
-impl Selection {
-    /// For the caller to print or log when the requested name was unknown (a typo would
-    /// otherwise silently benchmark the default backend): the name, the backends this CPU
-    /// has and the one used. `source` says where the name came from (`TANDEM_KERNELS`).
-    pub fn warning(&self, source: &str) -> Option<String> {
-        let requested = self.unknown.as_deref()?;
-        let names: Vec<_> = available().iter().map(|b| b.name()).collect();
-        Some(format!(
-            "{source}={requested} names no kernel backend this CPU has ({}); using {}",
-            names.join(", "),
-            self.backend.name()
-        ))
+/// Whether this CPU has the feature `name` (a name of [`BACKEND_NAMES`]; checked at run time).
+fn cpu_has(name: &str) -> bool {
+    match name {
+        #[cfg(target_arch = "x86_64")]
+        "avx2" => is_x86_feature_detected!("avx2"),
+        #[cfg(target_arch = "x86_64")]
+        "fma" => is_x86_feature_detected!("fma"),
+        #[cfg(target_arch = "x86_64")]
+        "f16c" => is_x86_feature_detected!("f16c"),
+        #[cfg(target_arch = "x86_64")]
+        "avx512f" => is_x86_feature_detected!("avx512f"),
+        #[cfg(target_arch = "x86_64")]
+        "avx512bw" => is_x86_feature_detected!("avx512bw"),
+        #[cfg(target_arch = "x86_64")]
+        "avx512dq" => is_x86_feature_detected!("avx512dq"),
+        #[cfg(target_arch = "x86_64")]
+        "avx512vl" => is_x86_feature_detected!("avx512vl"),
+        #[cfg(target_arch = "x86_64")]
+        "avx512vnni" => is_x86_feature_detected!("avx512vnni"),
+        #[cfg(target_arch = "aarch64")]
+        "dotprod" => std::arch::is_aarch64_feature_detected!("dotprod"),
+        #[cfg(target_arch = "aarch64")]
+        "i8mm" => std::arch::is_aarch64_feature_detected!("i8mm"),
+        _ => false,
     }
 }
 
-/// The available backend called `requested` (case and surrounding spaces ignored; `scalar`,
-/// `avx2`, `avx512-vnni`, `neon`, `neon-dotprod`, `neon-i8mm`), else [`best`] with `unknown` set. `None` or an empty name
-/// asks for the best.
-pub fn resolve(requested: Option<&str>) -> Selection {
+/// A `--kernels` name [`resolve`] cannot install: each message lists the backends this CPU
+/// has.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendNameError {
+    /// No backend of any architecture has this name.
+    #[error("unknown kernel backend {name:?}: the names are {known}; this CPU has {has}")]
+    Unknown { name: String, known: String, has: String },
+    /// A backend of another architecture (`neon` on x86_64).
+    #[error("kernel backend {name} is for {arch} CPUs, this one is {this_arch}; it has {has}")]
+    OtherArchitecture { name: &'static str, arch: &'static str, this_arch: &'static str, has: String },
+    /// A backend of this architecture whose CPU features this CPU lacks.
+    #[error("this CPU cannot run kernel backend {name}: it lacks the CPU feature(s) {missing}; it has {has}")]
+    MissingFeatures { name: &'static str, missing: String, has: String },
+}
+
+/// The backend called `requested` (case and surrounding spaces ignored; `scalar`, `avx2`,
+/// `avx512-vnni`, `neon`, `neon-dotprod`, `neon-i8mm`) if this CPU can run it; `None` or an
+/// empty name asks for [`best`].
+///
+/// # Errors
+/// A name no backend has, a backend of another architecture, or one whose CPU features this
+/// CPU lacks (the message names them): [`BackendNameError`].
+pub fn resolve(requested: Option<&str>) -> Result<&'static dyn KernelBackend, BackendNameError> {
     let wanted = requested.map(str::trim).unwrap_or_default();
-    let named = available()
-        .into_iter()
-        .find(|b| b.name().eq_ignore_ascii_case(wanted));
-    Selection {
-        backend: named.unwrap_or_else(best),
-        unknown: (named.is_none() && !wanted.is_empty()).then(|| wanted.to_string()),
+    if wanted.is_empty() {
+        return Ok(best());
+    }
+    let has = || available().iter().map(|b| b.name()).collect::<Vec<_>>().join(", ");
+    if let Some(b) = available().into_iter().find(|b| b.name().eq_ignore_ascii_case(wanted)) {
+        return Ok(b);
+    }
+    name_error(wanted, std::env::consts::ARCH, cpu_has, has())
+}
+
+/// Why `wanted`, which no available backend is called, cannot be installed on a CPU of
+/// architecture `arch` with the features `cpu_has` says and the backends `has`. Always `Err`.
+fn name_error(
+    wanted: &str,
+    arch: &'static str,
+    cpu_has: impl Fn(&str) -> bool,
+    has: String,
+) -> Result<&'static dyn KernelBackend, BackendNameError> {
+    let Some(&(name, backend_arch, features)) = BACKEND_NAMES.iter().find(|(n, ..)| n.eq_ignore_ascii_case(wanted)) else {
+        let known = BACKEND_NAMES.iter().map(|(n, ..)| *n).collect::<Vec<_>>().join(", ");
+        return Err(BackendNameError::Unknown { name: wanted.to_string(), known, has });
+    };
+    if backend_arch != arch {
+        return Err(BackendNameError::OtherArchitecture { name, arch: backend_arch, this_arch: arch, has });
+    }
+    let missing: Vec<_> = features.iter().copied().filter(|f| !cpu_has(f)).collect();
+    let missing = if missing.is_empty() { features.join(", ") } else { missing.join(", ") };
+    Err(BackendNameError::MissingFeatures { name, missing, has })
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::{name_error, BackendNameError};
+
+    fn error(wanted: &str, arch: &'static str, cpu: &[&str]) -> BackendNameError {
+        name_error(wanted, arch, |f| cpu.contains(&f), "scalar".into()).map(|b| b.name()).unwrap_err()
+    }
+
+    /// An unknown name lists every backend name; another architecture's backend says so; a
+    /// backend of this architecture names the CPU features this CPU lacks.
+    #[test]
+    fn a_name_that_cannot_run_says_why() {
+        assert_eq!(
+            error("foo", "x86_64", &[]).to_string(),
+            "unknown kernel backend \"foo\": the names are scalar, avx2, avx512-vnni, neon, neon-dotprod, neon-i8mm; this CPU has scalar"
+        );
+        assert_eq!(error("NEON", "x86_64", &[]).to_string(), "kernel backend neon is for aarch64 CPUs, this one is x86_64; it has scalar");
+        assert_eq!(
+            error("avx512-vnni", "x86_64", &["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl"]).to_string(),
+            "this CPU cannot run kernel backend avx512-vnni: it lacks the CPU feature(s) avx512vnni; it has scalar"
+        );
+        assert_eq!(
+            error("avx2", "x86_64", &["avx2"]).to_string(),
+            "this CPU cannot run kernel backend avx2: it lacks the CPU feature(s) fma, f16c; it has scalar"
+        );
+        assert_eq!(
+            error("neon-i8mm", "aarch64", &["dotprod"]).to_string(),
+            "this CPU cannot run kernel backend neon-i8mm: it lacks the CPU feature(s) i8mm; it has scalar"
+        );
     }
 }

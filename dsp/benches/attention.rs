@@ -6,7 +6,10 @@
 //! multiply-accumulates (Q·K and P·V).
 //!
 //! `encoder_attention`: the vision encoder's non-causal tile (every query sees every patch)
-//! at a screenshot's patch counts, and the softmax of its rows alone.
+//! at a screenshot's patch counts: `full` the kernel the encoder runs
+//! (`KernelBackend::full_attention`, keys transposed, one FMA chain per lane), the f16
+//! causal-capable tile (`attention_queries`) on the same inputs for comparison, and the
+//! softmax of its rows alone.
 //!
 //! `cargo bench -p tandem-dsp --bench attention -- --quick`
 
@@ -15,7 +18,7 @@ mod support;
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use dsp::backend::{self, attention_queries_by_pairs, AttnTile};
+use dsp::backend::{self, attention_queries_by_pairs, AttnTile, FullAttnTile, FULL_ATTN_KV_ALIGN};
 use half::f16;
 
 fn bench_attention(c: &mut Criterion) {
@@ -71,7 +74,22 @@ fn bench_encoder_attention(c: &mut Criterion) {
         let mut scores = vec![0f32; n_q * n];
         let mut out = vec![0f32; n_q * hd];
         group.throughput(Throughput::Elements((2 * n_q * n * hd) as u64));
+        // The same inputs for the encoder's kernel: f32 queries, keys transposed and padded.
+        let st = n.div_ceil(FULL_ATTN_KV_ALIGN) * FULL_ATTN_KV_ALIGN;
+        let qf: Vec<f32> = q16.iter().map(|x| x.to_f32()).collect();
+        let mut kt = vec![0f32; hd * st];
+        for j in 0..n {
+            for d in 0..hd {
+                kt[d * st + j] = k[j * hd + d].to_f32();
+            }
+        }
+        let vf: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
+        let full = FullAttnTile { q: &qf, kt: &kt, v: &vf, n_kv: n, kv_stride: st, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
+        let mut full_scores = vec![0f32; n_q * st];
         for be in backend::available() {
+            group.bench_function(BenchmarkId::new(format!("{}_full", be.name()), n), |b| {
+                b.iter(|| be.full_attention(black_box(&full), &mut full_scores, &mut out))
+            });
             group.bench_function(BenchmarkId::new(be.name(), n), |b| {
                 b.iter(|| be.attention_queries(black_box(&tile), &mut scores, &mut out))
             });

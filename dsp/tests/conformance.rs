@@ -331,6 +331,35 @@ macro_rules! backend_conformance {
                 }
             }
 
+            /// Full attention with transposed keys (the vision tower's kernel): every query's
+            /// scores and outputs are the bits of the scalar chains
+            /// (`backend::full_attention_by_chains`), for query counts around the register
+            /// blocks (4 and 8), key counts around the vector widths and the key block of the
+            /// value sums (128), and head sizes with and without a column tail.
+            #[test]
+            fn full_attention_equals_chains_bitwise() {
+                let Some(be) = be() else { return };
+                let mut rng = Rng(23);
+                for hd in [64usize, 16, 72, 24, 40, 8, 37] {
+                    for (n_q, n_kv) in [(16usize, 37usize), (5, 201), (7, 7), (13, 16), (1, 3), (9, 1100), (16, 1024), (3, 129), (8, 32), (17, 33)] {
+                        let st = n_kv.div_ceil(backend::FULL_ATTN_KV_ALIGN) * backend::FULL_ATTN_KV_ALIGN;
+                        let q: Vec<f32> = rng.vec(n_q * hd).iter().map(|x| x * 2.0).collect();
+                        // Padding keys hold garbage: their scores are unspecified and unused.
+                        let kt = rng.vec(hd * st);
+                        let v = rng.vec(n_kv * hd);
+                        let tile = backend::FullAttnTile { q: &q, kt: &kt, v: &v, n_kv, kv_stride: st, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
+                        let (mut s_got, mut s_want) = (vec![f32::NAN; n_q * st], vec![0f32; n_q * st]);
+                        let (mut o_got, mut o_want) = (vec![f32::NAN; n_q * hd], vec![f32::NAN; n_q * hd]);
+                        be.full_attention(&tile, &mut s_got, &mut o_got);
+                        backend::full_attention_by_chains(be, &tile, &mut s_want, &mut o_want);
+                        let what = format!("{} full attention hd {hd} n_q {n_q} n_kv {n_kv}", be.name());
+                        test_support::compare::assert_close(&o_got, &o_want, 0.0, &format!("out: {what}"));
+                        let seen = |s: &[f32]| -> Vec<f32> { s.chunks_exact(st).flat_map(|r| r[..n_kv].to_vec()).collect() };
+                        test_support::compare::assert_close(&seen(&s_got), &seen(&s_want), 0.0, &format!("scores: {what}"));
+                    }
+                }
+            }
+
             /// Rows of 1 block and of odd block counts (the one-block tail of the 2-block
             /// NEON single dots) and of 2 and 4 blocks, for every quantized type, fixed rather
             /// than drawn: the single dot matches the scalar reference (the proptest's
@@ -717,6 +746,90 @@ fn neon_levels_are_bit_identical() {
                 .collect();
             for (b, o) in levels.iter().zip(&outs) {
                 assert_eq!(o, &outs[0], "{ty} {rows}x{toks}: {} vs neon", b.name());
+            }
+        }
+    }
+}
+
+/// The scalar full attention with transposed keys is attention: its outputs equal an f64
+/// softmax-weighted sum of the values to f32 rounding, and a tile with too few scores is
+/// refused (a panic before any access).
+#[test]
+fn full_attention_chains_compute_attention() {
+    let be = backend::scalar();
+    let mut rng = Rng(29);
+    let (n_q, n_kv, hd) = (5usize, 70usize, 24usize);
+    let st = n_kv.div_ceil(backend::FULL_ATTN_KV_ALIGN) * backend::FULL_ATTN_KV_ALIGN;
+    let (q, k, v) = (rng.vec(n_q * hd), rng.vec(n_kv * hd), rng.vec(n_kv * hd));
+    let mut kt = vec![f32::NAN; hd * st];
+    for j in 0..n_kv {
+        for d in 0..hd {
+            kt[d * st + j] = k[j * hd + d];
+        }
+    }
+    let scale = 1.0 / (hd as f32).sqrt();
+    let tile = backend::FullAttnTile { q: &q, kt: &kt, v: &v, n_kv, kv_stride: st, head_dim: hd, scale };
+    let (mut scores, mut out) = (vec![0f32; n_q * st], vec![0f32; n_q * hd]);
+    backend::full_attention_by_chains(be, &tile, &mut scores, &mut out);
+    for i in 0..n_q {
+        let s: Vec<f64> = (0..n_kv)
+            .map(|j| (0..hd).map(|d| q[i * hd + d] as f64 * k[j * hd + d] as f64).sum::<f64>() * scale as f64)
+            .collect();
+        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+        let z: f64 = e.iter().sum();
+        for c in 0..hd {
+            let want: f64 = (0..n_kv).map(|j| e[j] / z * v[j * hd + c] as f64).sum();
+            let got = out[i * hd + c] as f64;
+            assert!((got - want).abs() <= 1e-5, "query {i} column {c}: {got} vs {want}");
+        }
+    }
+    let short = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let (mut s, mut o) = (vec![0f32; n_q * st - 1], vec![0f32; n_q * hd]);
+        backend::full_attention_by_chains(be, &tile, &mut s, &mut o);
+    }));
+    assert!(short.is_err(), "a scores buffer one entry short must be refused");
+}
+
+/// The AVX-512 backend's SiLU, GELU (tanh), SwiGLU and softmax are the AVX2 backend's `exp`
+/// and f32 operations on 16 lanes: the same bits for every element, over lengths around both
+/// vector widths, inputs across the clamped range of `exp` (±110), ±0, ±inf, NaN and masked
+/// (`−inf`) softmax entries.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_elementwise_equals_avx2_bitwise() {
+    let (Some(a2), Some(a5)) = (
+        test_support::kernel_backend("avx2", backend::avx2::Avx2::get().map(|b| b as &'static dyn KernelBackend)),
+        test_support::kernel_backend("avx512-vnni", backend::avx512::Avx512::get().map(|b| b as &'static dyn KernelBackend)),
+    ) else {
+        return;
+    };
+    let mut rng = Rng(31);
+    let specials = [0.0f32, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 88.7, -103.9, 120.0, -120.0, 1e-30];
+    for len in [1usize, 7, 8, 15, 16, 17, 31, 33, 100, 1056] {
+        for scale in [1.0f32, 12.0, 110.0] {
+            let mut x: Vec<f32> = rng.vec(len).iter().map(|v| v * scale).collect();
+            for (i, s) in specials.iter().enumerate().filter(|(i, _)| i * 3 < len) {
+                x[i * 3] = *s;
+            }
+            let up = rng.vec(len);
+            let bits = |v: &[f32]| -> Vec<u32> { v.iter().map(|f| f.to_bits()).collect() };
+            let run = |be: &dyn KernelBackend| {
+                let (mut s, mut g, mut w) = (x.clone(), x.clone(), vec![0f32; len]);
+                be.silu_inplace(&mut s);
+                be.gelu_tanh_inplace(&mut g);
+                be.swiglu(&x, &up, &mut w);
+                // Softmax of finite logits with a masked entry (NaN-free: a NaN row is all NaN).
+                let mut sm: Vec<f32> = x.iter().map(|v| if v.is_finite() { v * 0.3 } else { f32::NEG_INFINITY }).collect();
+                if len > 2 {
+                    sm[len / 2] = 5.0;
+                }
+                be.softmax_inplace(&mut sm);
+                [bits(&s), bits(&g), bits(&w), bits(&sm)]
+            };
+            let (want, got) = (run(a2), run(a5));
+            for (k, name) in ["silu", "gelu_tanh", "swiglu", "softmax"].iter().enumerate() {
+                assert_eq!(got[k], want[k], "{name}: len {len} scale {scale}");
             }
         }
     }

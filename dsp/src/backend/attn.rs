@@ -22,27 +22,36 @@ use super::AttnTile;
 /// Queries per register block (AVX2: 8 accumulators + 2 K or V chunks of 16 registers).
 const QB: usize = 4;
 
-/// An 8-lane f32 vector with the operations of the backends' f16 dot and axpy. Every method
-/// is `#[inline(always)]` and must only run where the backend's features are available.
-pub(super) trait Lanes: Copy {
+/// An f32 vector of `WIDTH` lanes with the lane-wise operations every tile kernel uses
+/// ([`Lanes`] here, [`super::attn_full`]). Every method is `#[inline(always)]` and must only
+/// run where the backend's features are available.
+pub(super) trait Vector: Copy {
+    /// Lanes per vector.
+    const WIDTH: usize;
     /// All lanes `+0.0`.
     unsafe fn zero() -> Self;
     /// All lanes `x`.
     unsafe fn splat(x: f32) -> Self;
-    /// 8 f16 at `p` (unaligned) widened to f32, as the backend's `load_f16x8`.
-    unsafe fn load_f16(p: *const f16) -> Self;
-    /// 8 bf16 at `p` (unaligned) widened to f32 (a bf16 is the high half of an f32).
-    unsafe fn load_bf16(p: *const half::bf16) -> Self;
-    /// 8 f32 at `p` (unaligned).
+    /// `WIDTH` f32 at `p` (unaligned).
     unsafe fn load_f32(p: *const f32) -> Self;
-    /// Stores the 8 lanes at `p` (unaligned).
+    /// Stores the lanes at `p` (unaligned).
     unsafe fn store(self, p: *mut f32);
-    /// `acc + w·x`, fused (AVX2 `fmadd(w, x, acc)`, NEON `vfmaq(acc, w, x)`).
+    /// `acc + w·x`, fused (x86 `fmadd(w, x, acc)`, NEON `vfmaq(acc, w, x)`).
     unsafe fn fma(acc: Self, w: Self, x: Self) -> Self;
     /// `a + b` lane-wise.
     unsafe fn add(a: Self, b: Self) -> Self;
     /// `a · b` lane-wise.
     unsafe fn mul(a: Self, b: Self) -> Self;
+}
+
+/// An 8-lane f32 [`Vector`] with the widening loads and reductions of the backends' f16 dot
+/// and axpy. Every method is `#[inline(always)]` and must only run where the backend's
+/// features are available.
+pub(super) trait Lanes: Vector {
+    /// 8 f16 at `p` (unaligned) widened to f32, as the backend's `load_f16x8`.
+    unsafe fn load_f16(p: *const f16) -> Self;
+    /// 8 bf16 at `p` (unaligned) widened to f32 (a bf16 is the high half of an f32).
+    unsafe fn load_bf16(p: *const half::bf16) -> Self;
     /// The backend's horizontal sum (`hsum_ps`: `(s0 + s2) + (s1 + s3)` of `s = lo + hi`).
     unsafe fn hsum(self) -> f32;
     /// `[v[0].hsum(), .., v[3].hsum()]`, bit for bit; a backend may reduce the four together

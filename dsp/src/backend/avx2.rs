@@ -18,10 +18,11 @@ use std::arch::x86_64::*;
 
 use half::{bf16, f16};
 
-use super::attn::{attention_tile, Lanes};
+use super::attn::{attention_tile, Lanes, Vector};
+use super::attn_full::full_attention_tile;
 use super::float_tile::{self, FloatElem};
 use super::avx2_kquants::{dot_kquant, dot_tile_kquant, KQuant};
-use super::{dot_tile_by_pairs, AttnTile, DotTile, KernelBackend, Piece, PieceKernel};
+use super::{dot_tile_by_pairs, AttnTile, DotTile, FullAttnTile, KernelBackend, Piece, PieceKernel};
 use crate::quant::blocks::{
     BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
@@ -452,7 +453,8 @@ unsafe fn axpy_f16(out: &mut [f32], a: f32, v: &[f16]) {
 
 /// The AVX2 vector of the attention tiles: `load_f16x8`, `fmadd`, `hsum_ps` as in
 /// [`dot_float`] and mul-then-add as in [`axpy_f16`] (callers must have avx2, fma, f16c).
-impl Lanes for __m256 {
+impl Vector for __m256 {
+    const WIDTH: usize = 8;
     #[inline(always)]
     unsafe fn zero() -> Self {
         _mm256_setzero_ps()
@@ -460,14 +462,6 @@ impl Lanes for __m256 {
     #[inline(always)]
     unsafe fn splat(x: f32) -> Self {
         _mm256_set1_ps(x)
-    }
-    #[inline(always)]
-    unsafe fn load_f16(p: *const f16) -> Self {
-        load_f16x8(p)
-    }
-    #[inline(always)]
-    unsafe fn load_bf16(p: *const bf16) -> Self {
-        load_bf16x8(p)
     }
     #[inline(always)]
     unsafe fn load_f32(p: *const f32) -> Self {
@@ -488,6 +482,17 @@ impl Lanes for __m256 {
     #[inline(always)]
     unsafe fn mul(a: Self, b: Self) -> Self {
         _mm256_mul_ps(a, b)
+    }
+}
+
+impl Lanes for __m256 {
+    #[inline(always)]
+    unsafe fn load_f16(p: *const f16) -> Self {
+        load_f16x8(p)
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const bf16) -> Self {
+        load_bf16x8(p)
     }
     #[inline(always)]
     unsafe fn hsum(self) -> f32 {
@@ -531,6 +536,19 @@ impl Lanes for __m256 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn attention_queries(tile: &AttnTile<'_>, scores: &mut [f32], out: &mut [f32]) {
     attention_tile::<__m256>(tile, scores, out, |x| unsafe {
+        super::avx2_math::softmax_inplace(x)
+    })
+}
+
+/// [`KernelBackend::full_attention`] with AVX2 vectors, 4 queries × 16 keys (or output
+/// columns) of accumulators ([`super::attn_full`]; reference:
+/// [`super::full_attention_by_chains`] with the AVX2 softmax).
+///
+/// # Safety
+/// Needs avx2, fma, f16c (shapes are checked inside).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn full_attention(tile: &FullAttnTile<'_>, scores: &mut [f32], out: &mut [f32]) {
+    full_attention_tile::<__m256, 4>(tile, scores, out, |x| unsafe {
         super::avx2_math::softmax_inplace(x)
     })
 }
@@ -643,5 +661,10 @@ impl KernelBackend for Avx2 {
     fn attention_queries(&self, tile: &AttnTile<'_>, scores: &mut [f32], out: &mut [f32]) {
         // SAFETY: see the impl comment; the kernel checks the tile's shapes.
         unsafe { attention_queries(tile, scores, out) }
+    }
+
+    fn full_attention(&self, tile: &FullAttnTile<'_>, scores: &mut [f32], out: &mut [f32]) {
+        // SAFETY: see the impl comment; the kernel checks the tile's shapes.
+        unsafe { full_attention(tile, scores, out) }
     }
 }

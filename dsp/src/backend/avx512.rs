@@ -8,17 +8,23 @@
 //! differ from the AVX2 backend's in f32 rounding only. Q4_0, Q4_1 and Q8_0 tiles are the AVX2
 //! kernels with one `vpdpbusd` in place of `maddubs` + `madd`, and float (f16, bf16, f32)
 //! tiles are the AVX2 ones with 4 × 3 pieces in AVX-512VL's 32 registers, both bit-identical to
-//! the AVX2 backend's; every other kernel is the AVX2 backend's. Like every backend it is tested
+//! the AVX2 backend's; SiLU, SwiGLU, GELU and softmax are the AVX2 backend's `exp` on 16 lanes
+//! ([`super::avx512_math`], the same bits), full attention is [`super::attn_full`] on 16 lanes,
+//! and every other kernel is the AVX2 backend's. Like every backend it is tested
 //! against the scalar reference in `tests/conformance.rs`, and its tiles are bit-identical to
 //! its single dot products (so a verification pass equals decode, and prefill batch splits
 //! do not change results).
 
+use std::arch::x86_64::*;
+
 use half::{bf16, f16};
 
+use super::attn::Vector;
+use super::attn_full::full_attention_tile;
 use super::avx2::{dot_q_vnni, dot_tile_float_wide, dot_tile_q_vnni, Avx2, AVX2};
 use super::avx2_kquants::KQuant;
 use super::avx512_kquants::{dot_kquant, dot_tile_kquant};
-use super::{AttnTile, DotTile, KernelBackend};
+use super::{AttnTile, DotTile, FullAttnTile, KernelBackend};
 use crate::quant::blocks::{
     BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
@@ -117,23 +123,81 @@ impl KernelBackend for Avx512 {
     }
 
     fn silu_inplace(&self, x: &mut [f32]) {
-        self.avx2.silu_inplace(x)
+        // SAFETY: the features are proven by `self` (see `full_attention`).
+        unsafe { super::avx512_math::silu_inplace(x) }
     }
 
     fn swiglu(&self, gate: &[f32], up: &[f32], out: &mut [f32]) {
-        self.avx2.swiglu(gate, up, out)
+        debug_assert!(gate.len() == up.len() && gate.len() == out.len());
+        // SAFETY: the features are proven by `self` (see `full_attention`).
+        unsafe { super::avx512_math::swiglu(gate, up, out) }
     }
 
     fn gelu_tanh_inplace(&self, x: &mut [f32]) {
-        self.avx2.gelu_tanh_inplace(x)
+        // SAFETY: the features are proven by `self` (see `full_attention`).
+        unsafe { super::avx512_math::gelu_tanh_inplace(x) }
     }
 
     fn softmax_inplace(&self, x: &mut [f32]) {
-        self.avx2.softmax_inplace(x)
+        // SAFETY: the features are proven by `self` (see `full_attention`).
+        unsafe { super::avx512_math::softmax_inplace(x) }
     }
 
     fn attention_queries(&self, tile: &AttnTile<'_>, scores: &mut [f32], out: &mut [f32]) {
-        // Its f16 dot, axpy and softmax are the AVX2 backend's, hence so is the tile kernel.
+        // Its f16 dot and axpy are the AVX2 backend's and its softmax gives the AVX2 one's
+        // bits (`avx512_math`), hence the AVX2 tile kernel is this backend's.
         self.avx2.attention_queries(tile, scores, out)
     }
+
+    fn full_attention(&self, tile: &FullAttnTile<'_>, scores: &mut [f32], out: &mut [f32]) {
+        // SAFETY: an `Avx512` exists only via `Avx512::get`, which checked the features; the
+        // kernel checks the tile's shapes.
+        unsafe { full_attention(tile, scores, out) }
+    }
+}
+
+/// The 16-lane vector of [`super::attn_full`] (callers must have avx512f).
+impl Vector for __m512 {
+    const WIDTH: usize = 16;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        _mm512_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self {
+        _mm512_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn load_f32(p: *const f32) -> Self {
+        _mm512_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        _mm512_storeu_ps(p, self)
+    }
+    #[inline(always)]
+    unsafe fn fma(acc: Self, w: Self, x: Self) -> Self {
+        _mm512_fmadd_ps(w, x, acc)
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        _mm512_add_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self, b: Self) -> Self {
+        _mm512_mul_ps(a, b)
+    }
+}
+
+/// [`KernelBackend::full_attention`] with 16-lane vectors, 8 queries × 32 keys (or output
+/// columns) of accumulators in 16 of the 32 registers ([`super::attn_full`]; reference:
+/// [`super::full_attention_by_chains`] with this backend's softmax).
+///
+/// # Safety
+/// Needs avx512f, avx2, fma, f16c (shapes are checked inside).
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn full_attention(tile: &FullAttnTile<'_>, scores: &mut [f32], out: &mut [f32]) {
+    full_attention_tile::<__m512, 8>(tile, scores, out, |x| unsafe {
+        super::avx512_math::softmax_inplace(x)
+    })
 }

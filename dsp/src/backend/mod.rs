@@ -116,6 +116,8 @@ mod exp_consts {
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod attn;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod attn_full;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod float_tile;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
@@ -127,6 +129,8 @@ mod avx2_math;
 pub mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_kquants;
+#[cfg(target_arch = "x86_64")]
+mod avx512_math;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
 #[cfg(target_arch = "aarch64")]
@@ -465,6 +469,25 @@ pub trait KernelBackend: Send + Sync + std::fmt::Debug {
         attention_queries_by_pairs(self, tile, scores, out)
     }
 
+    /// Full (non-causal) attention of a tile of queries over all keys of one head, the vision
+    /// tower's ([`FullAttnTile`], keys transposed): for each query `i`,
+    /// `scores[i * kv_stride + j] = s_ij * scale` for `j < n_kv`, where `s_ij` is the chain
+    /// of fused multiply-adds `s ← fma(q_i[d], k_j[d], s)` from `+0.0` in increasing `d`;
+    /// then [`softmax_inplace`](Self::softmax_inplace) of `scores[i * kv_stride..][..n_kv]`;
+    /// then each `out[i * head_dim + c]` is the chain `o ← fma(p_ij, v_j[c], o)` from `+0.0`
+    /// in increasing `j`. Entries `n_kv..kv_stride` of a scores row are unspecified.
+    /// `scores.len() >= n_q * kv_stride`, `out.len() == n_q * head_dim`.
+    ///
+    /// The default is that composition in scalar code ([`full_attention_by_chains`]); SIMD
+    /// backends hold one chain per lane (keys in the lanes for the scores, output columns for
+    /// the values), so every query gets exactly these bits whatever the vector width.
+    ///
+    /// # Panics
+    /// If the slices do not hold the shapes of [`FullAttnTile`] ([`FullAttnTile::assert_shapes`]).
+    fn full_attention(&self, tile: &FullAttnTile<'_>, scores: &mut [f32], out: &mut [f32]) {
+        full_attention_by_chains(self, tile, scores, out)
+    }
+
     /// Every chunk of one value head of the chunked gated delta rule
     /// ([`crate::gdn::gdn_chunked`]): the per-chunk element loops and the `MR × NR` register
     /// tiles of its f32 products (`y += a · x`). The default is the portable build (separate
@@ -529,6 +552,91 @@ impl AttnTile<'_> {
                 && scores_len >= n_q * max_ctx,
             "attention tile: inconsistent shapes"
         );
+    }
+}
+
+/// The key-row alignment of [`FullAttnTile::kt`]: `kv_stride` is a multiple of this, so the
+/// SIMD kernels read whole vectors of keys (up to two 16-lane vectors) with no tail.
+pub const FULL_ATTN_KV_ALIGN: usize = 32;
+
+/// A tile of full (non-causal) attention for [`KernelBackend::full_attention`]: `n_q` queries
+/// of one head against all `n_kv` keys and values of that head, with the keys transposed so
+/// that one vector load takes one element of consecutive keys (the vision tower's layout,
+/// `device-worker`'s `model::vision::encoder`).
+#[derive(Clone, Copy, Debug)]
+pub struct FullAttnTile<'a> {
+    /// `[n_q, head_dim]` row-major queries.
+    pub q: &'a [f32],
+    /// `[head_dim, kv_stride]` row-major: element `d` of key `j` at `d * kv_stride + j`
+    /// (`j < n_kv`; the padding `n_kv..kv_stride` is read but its results unused).
+    pub kt: &'a [f32],
+    /// `[n_kv, head_dim]` row-major values.
+    pub v: &'a [f32],
+    /// Keys (and values) every query sees, ≥ 1.
+    pub n_kv: usize,
+    /// Row stride of `kt` and of the scores: a multiple of [`FULL_ATTN_KV_ALIGN`], ≥ `n_kv`.
+    pub kv_stride: usize,
+    /// Elements per query, key and value.
+    pub head_dim: usize,
+    /// Multiplies every score (`1/sqrt(head_dim)` usually).
+    pub scale: f32,
+}
+
+impl FullAttnTile<'_> {
+    /// Number of queries (`q.len() / head_dim`).
+    pub fn n_q(&self) -> usize {
+        self.q.len() / self.head_dim.max(1)
+    }
+
+    /// Panics unless the slices hold the shapes documented on the fields, with `scores_len`
+    /// and `out_len` as [`KernelBackend::full_attention`] requires (the SIMD kernels read
+    /// through raw pointers after this check).
+    pub fn assert_shapes(&self, scores_len: usize, out_len: usize) {
+        let (n_q, hd, st) = (self.n_q(), self.head_dim, self.kv_stride);
+        assert!(
+            hd > 0
+                && self.n_kv >= 1
+                && st >= self.n_kv
+                && st % FULL_ATTN_KV_ALIGN == 0
+                && self.q.len() == n_q * hd
+                && out_len == n_q * hd
+                && self.kt.len() >= hd * st
+                && self.v.len() >= self.n_kv * hd
+                && scores_len >= n_q * st,
+            "full attention tile: inconsistent shapes"
+        );
+    }
+}
+
+/// [`KernelBackend::full_attention`] in scalar code: one fused multiply-add chain per score
+/// (over the head dimension) and per output element (over the keys), with the backend's
+/// softmax between; the reference every SIMD override equals bit for bit.
+pub fn full_attention_by_chains<B: KernelBackend + ?Sized>(
+    be: &B,
+    tile: &FullAttnTile<'_>,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    tile.assert_shapes(scores.len(), out.len());
+    let (hd, n_kv, st) = (tile.head_dim, tile.n_kv, tile.kv_stride);
+    for (qi, row) in tile.q.chunks_exact(hd).zip(scores.chunks_exact_mut(st)) {
+        for (j, s) in row[..n_kv].iter_mut().enumerate() {
+            let mut acc = 0f32;
+            for (d, &q) in qi.iter().enumerate() {
+                acc = q.mul_add(tile.kt[d * st + j], acc);
+            }
+            *s = acc * tile.scale;
+        }
+        be.softmax_inplace(&mut row[..n_kv]);
+    }
+    for (row, oi) in scores.chunks_exact(st).zip(out.chunks_exact_mut(hd)) {
+        for (c, o) in oi.iter_mut().enumerate() {
+            let mut acc = 0f32;
+            for (j, &p) in row[..n_kv].iter().enumerate() {
+                acc = p.mul_add(tile.v[j * hd + c], acc);
+            }
+            *o = acc;
+        }
     }
 }
 

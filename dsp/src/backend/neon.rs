@@ -39,10 +39,11 @@ use std::arch::aarch64::*;
 
 use half::{bf16, f16};
 
-use super::attn::{attention_tile, Lanes};
+use super::attn::{attention_tile, Lanes, Vector};
+use super::attn_full::full_attention_tile;
 use super::float_tile::{self, FloatElem};
 use super::neon_kquants::{dot_kquant, dot_tile_kquant, KQuant};
-use super::{dot_tile_by_pairs, AttnTile, DotTile, KernelBackend, Piece, PieceKernel};
+use super::{dot_tile_by_pairs, AttnTile, DotTile, FullAttnTile, KernelBackend, Piece, PieceKernel};
 use crate::quant::blocks::{
     BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
@@ -627,7 +628,8 @@ fn axpy_f16(out: &mut [f32], a: f32, v: &[f16]) {
 
 /// The NEON vector of the attention tiles: [`load_f16x8`], [`fma8`], [`hsum8`] as in
 /// [`dot_float`] and mul-then-add on each half as in [`axpy_f16`] (NEON is baseline).
-impl Lanes for F8 {
+impl Vector for F8 {
+    const WIDTH: usize = 8;
     #[inline(always)]
     unsafe fn zero() -> Self {
         [vdupq_n_f32(0.0); 2]
@@ -635,14 +637,6 @@ impl Lanes for F8 {
     #[inline(always)]
     unsafe fn splat(x: f32) -> Self {
         [vdupq_n_f32(x); 2]
-    }
-    #[inline(always)]
-    unsafe fn load_f16(p: *const f16) -> Self {
-        load_f16x8(p)
-    }
-    #[inline(always)]
-    unsafe fn load_bf16(p: *const bf16) -> Self {
-        load_bf16x8(p)
     }
     #[inline(always)]
     unsafe fn load_f32(p: *const f32) -> Self {
@@ -664,6 +658,17 @@ impl Lanes for F8 {
     #[inline(always)]
     unsafe fn mul(a: Self, b: Self) -> Self {
         [vmulq_f32(a[0], b[0]), vmulq_f32(a[1], b[1])]
+    }
+}
+
+impl Lanes for F8 {
+    #[inline(always)]
+    unsafe fn load_f16(p: *const f16) -> Self {
+        load_f16x8(p)
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const bf16) -> Self {
+        load_bf16x8(p)
     }
     #[inline(always)]
     unsafe fn hsum(self) -> f32 {
@@ -791,5 +796,12 @@ impl KernelBackend for Neon {
         // SAFETY: see the impl comment; the kernel checks the tile's shapes. Reference:
         // `attention_queries_by_pairs` with `dot_float` and `axpy_f16`.
         unsafe { attention_tile::<F8>(tile, scores, out, super::neon_math::softmax_inplace) }
+    }
+
+    fn full_attention(&self, tile: &FullAttnTile<'_>, scores: &mut [f32], out: &mut [f32]) {
+        // SAFETY: see the impl comment; the kernel checks the tile's shapes. Reference:
+        // `full_attention_by_chains` with the NEON softmax (4 queries × 16 keys or output
+        // columns of accumulators, 16 of the 32 registers).
+        unsafe { full_attention_tile::<F8, 4>(tile, scores, out, super::neon_math::softmax_inplace) }
     }
 }

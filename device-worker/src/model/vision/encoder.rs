@@ -26,11 +26,11 @@
 //! the GGUF weight kernels ([`dsp::matmul`], activations converted to each weight's
 //! `vec_dot_type` as ggml does); attention is [`AttnPrecision::F16`] by default (Q, K and V
 //! rounded to f16 as llama.cpp's flash-attention path, through the register-blocked tile
-//! [`dsp::backend::KernelBackend::attention_queries`]) or [`AttnPrecision::F32`] (HF's
+//! [`dsp::backend::KernelBackend::full_attention`]) or [`AttnPrecision::F32`] (HF's
 //! precision). GELU is the f32 formula, where ggml's CPU backend reads an f16 table (see
 //! [`dsp::encoder::gelu_tanh`]).
 
-use dsp::backend::AttnTile;
+use dsp::backend::{FullAttnTile, FULL_ATTN_KV_ALIGN};
 use dsp::encoder::{attention_full, layer_norm, Bilinear, Gelu};
 use dsp::matmul::QMatRef;
 use dsp::pool::ThreadPool;
@@ -55,8 +55,9 @@ const ATTN_QUERIES: usize = 16;
 pub enum AttnPrecision {
     /// Queries, keys and values rounded to f16, then tiles of [`ATTN_QUERIES`] queries of one
     /// head against all of its keys through the backend's register-blocked
-    /// [`attention_queries`](dsp::backend::KernelBackend::attention_queries) (each query
-    /// bit-identical to its scalar per-pair composition). These are the inputs of llama.cpp's
+    /// [`full_attention`](dsp::backend::KernelBackend::full_attention) (keys transposed, one
+    /// fused multiply-add chain per score and per output element; each query bit-identical
+    /// to the scalar chains whatever the vector width). These are the inputs of llama.cpp's
     /// flash-attention path (`clip.cpp` `build_attn` casts K and V to f16, and ggml's CPU
     /// `flash_attn_ext` converts Q to K's type); ggml accumulates V in f16 with an online
     /// softmax there, which is not reproduced (f32 sums of an exact softmax here).
@@ -123,16 +124,20 @@ struct Scratch {
 }
 
 /// Scratch of [`AttnPrecision::F16`] attention, allocated once per encode: the block's
-/// queries, keys and values rounded to f16 and laid out head-major, and one scores and one
-/// output tile per task.
+/// queries, keys and values rounded to f16 (held as f32, exactly) and laid out head-major, the
+/// keys transposed for [`dsp::backend::KernelBackend::full_attention`], and one scores and
+/// one output tile per task.
 struct Attn16 {
-    /// `[n_head, n, head_dim]` each.
-    q: Vec<f16>,
-    k: Vec<f16>,
-    v: Vec<f16>,
-    /// `[ATTN_QUERIES]`, every entry `n`: each query sees all keys.
-    n_ctx: Vec<usize>,
-    /// `[tasks, ATTN_QUERIES, n]`.
+    /// `[n_head, n, head_dim]`.
+    q: Vec<f32>,
+    /// `[n_head, head_dim, kv_stride]`: head `h`'s key `j`, element `d` at
+    /// `(h · head_dim + d) · kv_stride + j` (zero padding after `n`).
+    kt: Vec<f32>,
+    /// `[n_head, n, head_dim]`.
+    v: Vec<f32>,
+    /// `n` rounded up to [`FULL_ATTN_KV_ALIGN`].
+    kv_stride: usize,
+    /// `[tasks, ATTN_QUERIES, kv_stride]`.
     scores: Vec<f32>,
     /// `[tasks, ATTN_QUERIES, head_dim]`.
     out: Vec<f32>,
@@ -143,12 +148,14 @@ struct Attn16 {
 impl Attn16 {
     fn new(n: usize, n_embd: usize, head_dim: usize, tasks: usize) -> Self {
         let tile = ATTN_QUERIES.min(n);
+        let kv_stride = n.div_ceil(FULL_ATTN_KV_ALIGN) * FULL_ATTN_KV_ALIGN;
+        let n_head = n_embd / head_dim.max(1);
         Self {
-            q: vec![f16::ZERO; n * n_embd],
-            k: vec![f16::ZERO; n * n_embd],
-            v: vec![f16::ZERO; n * n_embd],
-            n_ctx: vec![n; tile],
-            scores: vec![0.0; tasks * tile * n],
+            q: vec![0.0; n * n_embd],
+            kt: vec![0.0; n_head * head_dim * kv_stride],
+            v: vec![0.0; n * n_embd],
+            kv_stride,
+            scores: vec![0.0; tasks * tile * kv_stride],
             out: vec![0.0; tasks * tile * head_dim],
             tasks,
         }
@@ -157,9 +164,9 @@ impl Attn16 {
     fn empty() -> Self {
         Self {
             q: Vec::new(),
-            k: Vec::new(),
+            kt: Vec::new(),
             v: Vec::new(),
-            n_ctx: Vec::new(),
+            kv_stride: 0,
             scores: Vec::new(),
             out: Vec::new(),
             tasks: 0,
@@ -167,26 +174,41 @@ impl Attn16 {
     }
 
     /// Full attention of every head over all `n` patches with f16 inputs
-    /// ([`AttnPrecision::F16`]); shapes as [`attention`]. Rounds `qkv` into the head-major
-    /// f16 buffers (one task per head), then runs the `n_head · ⌈n / ATTN_QUERIES⌉` tiles
-    /// (head-major, so one task's consecutive tiles reuse a head's keys and values from
-    /// cache) as at most `tasks` contiguous ranges, task `t` in scratch slot `t` (as the text
-    /// model's `causal_attention`, one tile of queries per kernel call). Each query's bits do
-    /// not depend on its tile (the kernel's contract), so neither do they on the thread count.
+    /// ([`AttnPrecision::F16`]); shapes as [`attention`]. Rounds `qkv` to f16 into the
+    /// head-major buffers (one task per head; the keys transposed), then runs the
+    /// `n_head · ⌈n / ATTN_QUERIES⌉` tiles (head-major, so one task's consecutive tiles reuse
+    /// a head's keys and values from cache) as at most `tasks` contiguous ranges, task `t` in
+    /// scratch slot `t` (as the text model's `causal_attention`, one tile of queries per
+    /// kernel call). Each query's bits do not depend on its tile (the kernel's contract), so
+    /// neither do they on the thread count.
     fn attend(&mut self, pool: &ThreadPool, qkv: &[f32], shape: PatchHeads, out: &mut [f32]) {
         let PatchHeads { n, n_head, head_dim: hd } = shape;
-        let e = n_head * hd;
+        let (e, st) = (n_head * hd, self.kv_stride);
         let head_len = n * hd;
         {
-            let parts =
-                [&mut self.q, &mut self.k, &mut self.v].map(|b| DisjointMut::new(&mut b[..]));
+            let (q, kt, v) = (
+                DisjointMut::new(&mut self.q[..]),
+                DisjointMut::new(&mut self.kt[..]),
+                DisjointMut::new(&mut self.v[..]),
+            );
             pool.run(n_head, &|h| {
-                for (p, part) in parts.iter().enumerate() {
-                    // SAFETY: task `h` writes head `h`'s rows only.
-                    let dst = unsafe { part.chunk(h * head_len, head_len) };
-                    for (i, row) in dst.chunks_exact_mut(hd).enumerate() {
+                // SAFETY: task `h` writes head `h`'s rows only.
+                let (qh, kth, vh) = unsafe {
+                    (q.chunk(h * head_len, head_len), kt.chunk(h * hd * st, hd * st), v.chunk(h * head_len, head_len))
+                };
+                let mut r16 = vec![f16::ZERO; hd];
+                let mut row = vec![0f32; hd];
+                for i in 0..n {
+                    let at = i * 3 * e + h * hd;
+                    for (p, dst) in [(0, &mut qh[i * hd..(i + 1) * hd]), (2, &mut vh[i * hd..(i + 1) * hd])] {
                         // Vector F16C / fp16 rounding where the CPU has it (nearest-even).
-                        row.convert_from_f32_slice(&qkv[i * 3 * e + p * e + h * hd..][..hd]);
+                        r16.convert_from_f32_slice(&qkv[at + p * e..][..hd]);
+                        r16.convert_to_f32_slice(dst);
+                    }
+                    r16.convert_from_f32_slice(&qkv[at + e..][..hd]);
+                    r16.convert_to_f32_slice(&mut row);
+                    for (d, &x) in row.iter().enumerate() {
+                        kth[d * st + i] = x;
                     }
                 }
             });
@@ -194,8 +216,8 @@ impl Attn16 {
         let tiles = n.div_ceil(ATTN_QUERIES);
         let units = n_head * tiles;
         let per = units.div_ceil(self.tasks.min(units).max(1));
-        let cap = self.n_ctx.len();
-        let (q, k, v, n_ctx) = (&self.q, &self.k, &self.v, &self.n_ctx);
+        let cap = ATTN_QUERIES.min(n);
+        let (q, kt, v) = (&self.q, &self.kt, &self.v);
         let scores = DisjointMut::new(&mut self.scores);
         let tile_out = DisjointMut::new(&mut self.out);
         let out = DisjointMut::new(out);
@@ -204,22 +226,23 @@ impl Attn16 {
         pool.run(units.div_ceil(per), &|t| {
             // SAFETY: slot `t` is task `t`'s alone.
             let (sc, o) = unsafe {
-                (scores.chunk(t * cap * n, cap * n), tile_out.chunk(t * cap * hd, cap * hd))
+                (scores.chunk(t * cap * st, cap * st), tile_out.chunk(t * cap * hd, cap * hd))
             };
             for u in t * per..((t + 1) * per).min(units) {
                 let (h, q0) = (u / tiles, (u % tiles) * ATTN_QUERIES);
                 let nq = ATTN_QUERIES.min(n - q0);
                 let head = h * head_len..(h + 1) * head_len;
-                let tile = AttnTile {
-                    q16: &q[head.start + q0 * hd..head.start + (q0 + nq) * hd],
-                    n_ctx: &n_ctx[..nq],
-                    head_dim: hd,
-                    k: &k[head.clone()],
+                let tile = FullAttnTile {
+                    q: &q[head.start + q0 * hd..head.start + (q0 + nq) * hd],
+                    kt: &kt[h * hd * st..(h + 1) * hd * st],
                     v: &v[head],
+                    n_kv: n,
+                    kv_stride: st,
+                    head_dim: hd,
                     scale,
                 };
                 let o = &mut o[..nq * hd];
-                be.attention_queries(&tile, sc, o);
+                be.full_attention(&tile, sc, o);
                 for (i, row) in o.chunks_exact(hd).enumerate() {
                     // SAFETY: the (patch, head) segment of unit `u`'s queries is its alone.
                     unsafe { out.chunk((q0 + i) * e + h * hd, hd) }.copy_from_slice(row);

@@ -450,8 +450,17 @@ async fn grpc_calls_past_the_stream_limit_wait() {
         max_tokens: 200,
         ..Default::default()
     };
+    // The first stream must outlast the check below on any machine: its schema forbids an end
+    // before 400 array items (≥ 800 tokens, seconds of decode; a plain prompt of 200 tokens
+    // once ended within the check's wait on a fast CPU, freeing the stream before it).
+    let long = pb::GenerateRequest {
+        max_tokens: (N_CTX - 24) as u32,
+        json_schema: r#"{"type":"array","items":{"type":"integer"},"minItems":400}"#.into(),
+        ..request()
+    };
     let mut client = pb::step_service_client::StepServiceClient::new(channel.clone());
-    let first = client.generate(request()).await.expect("the first call runs").into_inner();
+    let started = Instant::now();
+    let mut first = client.generate(long).await.expect("the first call runs").into_inner();
     let mut second_client = pb::step_service_client::StepServiceClient::new(channel);
     let answered = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let answered_2 = answered.clone();
@@ -465,8 +474,19 @@ async fn grpc_calls_past_the_stream_limit_wait() {
     });
     // While the first stream is open the second is not even answered (unlimited, its response
     // head would come after admission, within milliseconds, as the first's did).
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(!answered.load(std::sync::atomic::Ordering::SeqCst), "the second call ran beside the first");
+    // And the first stream was still open at the check: its events go on arriving for a while
+    // after it (had it ended before, they would all be buffered and read at once).
+    let checked = Instant::now();
+    while let Some(ev) = tokio_stream::StreamExt::next(&mut first).await {
+        ev.expect("event");
+    }
+    assert!(
+        checked.elapsed() > Duration::from_millis(100),
+        "the first stream ended {:?} after its start, before the check: the check proved nothing",
+        checked - started
+    );
     drop(first);
     second.await.expect("the second call finishes once the first stream is dropped");
     assert!(answered.load(std::sync::atomic::Ordering::SeqCst));

@@ -401,14 +401,14 @@ macro_rules! backend_conformance {
             /// Float tiles (f16, bf16, f32) have no blocks: every row length is legal, and
             /// the 16- and 8-element vector steps and the scalar tail must each give a tile
             /// the single dot's bits, on tile shapes that exercise every piece and edge of
-            /// the backends' float tiles (AVX2 2 × 3, AVX-512VL 4 × 3, NEON 2 × 2).
+            /// the backends' float tiles (AVX2 2 × 3, AVX-512 3 × 8 of 16 lanes, NEON 2 × 2).
             #[test]
             fn float_tiles_of_any_length_equal_single_dots() {
                 let Some(be) = be() else { return };
                 let mut rng = Rng(29);
                 for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
                     for cols in [1usize, 7, 8, 9, 15, 16, 17, 24, 31, 40, 769] {
-                        for (rows, toks) in [(1, 1), (2, 3), (4, 3), (5, 7), (9, 4)] {
+                        for (rows, toks) in [(1, 1), (2, 3), (4, 3), (5, 7), (9, 4), (3, 8), (7, 17)] {
                             assert_random_tile_equals_single_dots(be, ty, &mut rng, (rows, toks, cols), &format!("{ty} cols={cols}"));
                         }
                     }

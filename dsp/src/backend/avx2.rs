@@ -20,7 +20,7 @@ use half::{bf16, f16};
 
 use super::attn::{attention_tile, Lanes, Vector};
 use super::attn_full::full_attention_tile;
-use super::float_tile::{self, FloatElem};
+use super::float_tile::{self, ByLanes, FloatElem};
 use super::avx2_kquants::{dot_kquant, dot_tile_kquant, KQuant};
 use super::{dot_tile_by_pairs, AttnTile, DotTile, FullAttnTile, KernelBackend, Piece, PieceKernel};
 use crate::quant::blocks::{
@@ -368,18 +368,7 @@ unsafe fn dot_float<E: FloatElem>(w: &[E], x: &[E]) -> f32 {
 /// A float [`DotTile`] in 2 × 3 pieces (12 accumulators in the 16 AVX2 registers).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_tile_float<E: FloatElem>(tile: &DotTile<'_>, out: &mut [f32]) {
-    float_tile::dot_tile_float::<__m256, E, 2, 3>(tile, out)
-}
-
-/// A float [`DotTile`] in 4 × 3 pieces with AVX-512VL's 32 vector registers (24 accumulators),
-/// for the AVX-512 backend; bit-identical to [`Avx2`]'s tiles and dots (the same operations on
-/// the same 8-lane vectors, only more of them in flight).
-///
-/// # Safety
-/// Needs avx2, fma, f16c, avx512f, avx512vl; the [`DotTile`] contract with the tile's type `E`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
-pub(super) unsafe fn dot_tile_float_wide<E: FloatElem>(tile: &DotTile<'_>, out: &mut [f32]) {
-    float_tile::dot_tile_float::<__m256, E, 4, 3>(tile, out)
+    float_tile::dot_tile_float::<ByLanes<__m256>, E, 2, 3>(tile, out)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

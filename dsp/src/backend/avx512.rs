@@ -7,8 +7,8 @@
 //! their exact integer sums are spread over other lanes than the AVX2 kernel's, so results
 //! differ from the AVX2 backend's in f32 rounding only. Q4_0, Q4_1 and Q8_0 tiles are the AVX2
 //! kernels with one `vpdpbusd` in place of `maddubs` + `madd`, and float (f16, bf16, f32)
-//! tiles are the AVX2 ones with 4 × 3 pieces in AVX-512VL's 32 registers, both bit-identical to
-//! the AVX2 backend's; SiLU, SwiGLU, GELU and softmax are the AVX2 backend's `exp` on 16 lanes
+//! tiles are [`super::float_tile`]'s on 16 lanes (3 × 8 pieces, one 16-lane chain per pair in
+//! place of two 8-lane ones), both bit-identical to the AVX2 backend's; SiLU, SwiGLU, GELU and softmax are the AVX2 backend's `exp` on 16 lanes
 //! ([`super::avx512_math`], the same bits), full attention is [`super::attn_full`] on 16 lanes,
 //! and every other kernel is the AVX2 backend's. Like every backend it is tested
 //! against the scalar reference in `tests/conformance.rs`, and its tiles are bit-identical to
@@ -21,7 +21,8 @@ use half::{bf16, f16};
 
 use super::attn::Vector;
 use super::attn_full::full_attention_tile;
-use super::avx2::{dot_q_vnni, dot_tile_float_wide, dot_tile_q_vnni, Avx2, AVX2};
+use super::float_tile::{self, ByLanes16, FloatElem, Lanes16};
+use super::avx2::{dot_q_vnni, dot_tile_q_vnni, Avx2, AVX2};
 use super::avx2_kquants::KQuant;
 use super::avx512_kquants::{dot_kquant, dot_tile_kquant};
 use super::{AttnTile, DotTile, FullAttnTile, KernelBackend};
@@ -102,9 +103,9 @@ impl KernelBackend for Avx512 {
                 GgmlType::Q4_K => dot_tile_kquant(KQuant::Q4K, tile, out),
                 GgmlType::Q6_K => dot_tile_kquant(KQuant::Q6K, tile, out),
                 GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => dot_tile_q_vnni(tile, out),
-                GgmlType::F16 => dot_tile_float_wide::<f16>(tile, out),
-                GgmlType::BF16 => dot_tile_float_wide::<bf16>(tile, out),
-                GgmlType::F32 => dot_tile_float_wide::<f32>(tile, out),
+                GgmlType::F16 => dot_tile_float_x16::<f16>(tile, out),
+                GgmlType::BF16 => dot_tile_float_x16::<bf16>(tile, out),
+                GgmlType::F32 => dot_tile_float_x16::<f32>(tile, out),
                 _ => self.avx2.dot_tile(tile, out),
             }
         }
@@ -200,4 +201,53 @@ unsafe fn full_attention(tile: &FullAttnTile<'_>, scores: &mut [f32], out: &mut 
     full_attention_tile::<__m512, 8>(tile, scores, out, |x| unsafe {
         super::avx512_math::softmax_inplace(x)
     })
+}
+
+/// The 16-lane vector of [`super::float_tile`]'s AVX-512 pieces (callers must have avx512f,
+/// avx512vl, avx512dq, avx2, fma, f16c); its `Half` is the AVX2 backend's `__m256`, so the
+/// folded chains reduce with the AVX2 `hsum`.
+impl Lanes16 for __m512 {
+    type Half = __m256;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        _mm512_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn load16_f16(p: *const f16) -> Self {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+    }
+    #[inline(always)]
+    unsafe fn load16_bf16(p: *const bf16) -> Self {
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()))))
+    }
+    #[inline(always)]
+    unsafe fn load16_f32(p: *const f32) -> Self {
+        _mm512_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn fma(acc: Self, w: Self, x: Self) -> Self {
+        _mm512_fmadd_ps(w, x, acc)
+    }
+    #[inline(always)]
+    unsafe fn fma_low(acc: Self, w: __m256, x: __m256) -> Self {
+        // Masked-off lanes are taken from `acc` unchanged (the undefined high halves of the
+        // widened operands are never computed with).
+        _mm512_mask3_fmadd_ps(_mm512_castps256_ps512(w), _mm512_castps256_ps512(x), acc, 0x00ff)
+    }
+    #[inline(always)]
+    unsafe fn fold(self) -> __m256 {
+        _mm256_add_ps(_mm512_castps512_ps256(self), _mm512_extractf32x8_ps::<1>(self))
+    }
+}
+
+/// A float [`DotTile`] in 3 × 8 pieces of 16-lane chains (24 accumulators, 3 widened weight
+/// chunks and one activation chunk in the 32 registers), bit-identical to the AVX2 backend's
+/// tiles and dots ([`super::float_tile`]: the same two chains, side by side in one vector).
+///
+/// # Safety
+/// Needs avx512f, avx512vl, avx512dq, avx2, fma, f16c; the [`DotTile`] contract with the
+/// tile's type `E`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512dq")]
+unsafe fn dot_tile_float_x16<E: FloatElem>(tile: &DotTile<'_>, out: &mut [f32]) {
+    float_tile::dot_tile_float::<ByLanes16<__m512>, E, 3, 8>(tile, out)
 }

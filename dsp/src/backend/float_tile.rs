@@ -14,7 +14,9 @@
 //! as llama.cpp's tiled f16 GEMM (`llamafile_sgemm`, tinyBLAS) does.
 //!
 //! Registers: `2·R·T` accumulators, `R` widened weight chunks and one activation chunk live at
-//! once (AVX2 2 × 3 in 16 registers, AVX-512VL 4 × 3 in 32, NEON 2 × 2 in 32 of half width).
+//! once (AVX2 2 × 3 in 16 registers, NEON 2 × 2 in 32 of half width). A backend with 16-lane
+//! vectors brings its own pieces ([`FloatPieces`]; AVX-512: one 16-lane accumulator holds both
+//! chains, `a0` in the low and `a1` in the high 8 lanes, so the bits are the same).
 
 use half::{bf16, f16};
 
@@ -28,6 +30,11 @@ pub(super) trait FloatElem: Copy {
     /// # Safety
     /// 8 readable elements at `p`; the CPU has `L`'s features.
     unsafe fn load8<L: Lanes>(p: *const Self) -> L;
+    /// 16 elements at `p` (unaligned) widened to 16 f32 lanes.
+    ///
+    /// # Safety
+    /// 16 readable elements at `p`; the CPU has `V`'s features.
+    unsafe fn load16<V: Lanes16>(p: *const Self) -> V;
     /// One element widened to f32.
     fn widen(self) -> f32;
     /// `dst[i] = src[i].widen()` (exact; F16C / fp16 vector conversions where the CPU has
@@ -39,6 +46,10 @@ impl FloatElem for f16 {
     #[inline(always)]
     unsafe fn load8<L: Lanes>(p: *const Self) -> L {
         L::load_f16(p)
+    }
+    #[inline(always)]
+    unsafe fn load16<V: Lanes16>(p: *const Self) -> V {
+        V::load16_f16(p)
     }
     #[inline(always)]
     fn widen(self) -> f32 {
@@ -55,6 +66,10 @@ impl FloatElem for bf16 {
         L::load_bf16(p)
     }
     #[inline(always)]
+    unsafe fn load16<V: Lanes16>(p: *const Self) -> V {
+        V::load16_bf16(p)
+    }
+    #[inline(always)]
     fn widen(self) -> f32 {
         self.to_f32()
     }
@@ -69,11 +84,68 @@ impl FloatElem for f32 {
         L::load_f32(p)
     }
     #[inline(always)]
+    unsafe fn load16<V: Lanes16>(p: *const Self) -> V {
+        V::load16_f32(p)
+    }
+    #[inline(always)]
     fn widen(self) -> f32 {
         self
     }
     fn widen_row(src: &[Self], dst: &mut [f32]) {
         dst.copy_from_slice(src)
+    }
+}
+
+/// A 16-lane f32 vector (AVX-512's `__m512`) for [`tile_float16`]: widening loads, and the
+/// operations that make one 16-lane chain equal [`tile_float`]'s two 8-lane chains (`a0` in
+/// the low lanes, `a1` in the high ones). Every method is `#[inline(always)]` and must only
+/// run where the backend's features are available.
+pub(super) trait Lanes16: Copy {
+    /// The backend's 8-lane vector, whose `hsum` reduces the folded chains.
+    type Half: Lanes;
+    /// All lanes `+0.0`.
+    unsafe fn zero() -> Self;
+    /// 16 f16 at `p` (unaligned) widened to f32.
+    unsafe fn load16_f16(p: *const f16) -> Self;
+    /// 16 bf16 at `p` (unaligned) widened to f32.
+    unsafe fn load16_bf16(p: *const bf16) -> Self;
+    /// 16 f32 at `p` (unaligned).
+    unsafe fn load16_f32(p: *const f32) -> Self;
+    /// `acc + w·x` in every lane, one rounding (fused multiply-add).
+    unsafe fn fma(acc: Self, w: Self, x: Self) -> Self;
+    /// `acc + w·x` in the low 8 lanes (fused), the high 8 lanes of `acc` unchanged.
+    unsafe fn fma_low(acc: Self, w: Self::Half, x: Self::Half) -> Self;
+    /// The low 8 lanes plus the high 8 lanes (`a0 + a1`).
+    unsafe fn fold(self) -> Self::Half;
+}
+
+/// How a backend computes one `R × T` piece of float products (weights `W`, activations `X`)
+/// with [`tile_float`]'s bits: [`ByLanes`] for 8-lane vectors, a backend's own type otherwise.
+pub(super) trait FloatPieces {
+    /// The piece's products, as [`tile_float`].
+    ///
+    /// # Safety
+    /// As [`tile_float`].
+    unsafe fn piece<W: FloatElem, X: FloatElem, const R: usize, const T: usize>(p: Piece);
+}
+
+/// The pieces of this module ([`tile_float`]) on 8-lane vectors `L`.
+pub(super) struct ByLanes<L>(std::marker::PhantomData<L>);
+
+impl<L: Lanes> FloatPieces for ByLanes<L> {
+    #[inline(always)]
+    unsafe fn piece<W: FloatElem, X: FloatElem, const R: usize, const T: usize>(p: Piece) {
+        tile_float::<L, W, X, R, T>(p)
+    }
+}
+
+/// The pieces of [`tile_float16`] on 16-lane vectors `V`.
+pub(super) struct ByLanes16<V>(std::marker::PhantomData<V>);
+
+impl<V: Lanes16> FloatPieces for ByLanes16<V> {
+    #[inline(always)]
+    unsafe fn piece<W: FloatElem, X: FloatElem, const R: usize, const T: usize>(p: Piece) {
+        tile_float16::<V, W, X, R, T>(p)
     }
 }
 
@@ -136,6 +208,54 @@ unsafe fn tile_float<L: Lanes, W: FloatElem, X: FloatElem, const R: usize, const
     }
 }
 
+/// [`tile_float`] on 16-lane vectors: each 16-element step is one FMA per pair (lanes 0–7 are
+/// `a0`'s step at `i`, lanes 8–15 `a1`'s at `i + 8`), the 8-element step goes into the low
+/// lanes only, and `fold` gives `a0 + a1` before the same `hsum` and tail. Half the FMAs and
+/// accumulators of two 8-lane chains, the same bits.
+///
+/// # Safety
+/// As [`tile_float`], with `V`'s features.
+#[inline(always)]
+unsafe fn tile_float16<V: Lanes16, W: FloatElem, X: FloatElem, const R: usize, const T: usize>(p: Piece) {
+    let n = p.nb;
+    let w_row = |r: usize| p.w.add(r * p.w_stride).cast::<W>();
+    let x_row = |t: usize| p.x.add(t * p.x_stride).cast::<X>();
+    let mut acc = [[V::zero(); T]; R];
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY (this and the next step): rows hold `nb >= i + 16` (`i + 8`) elements.
+        let wv: [V; R] = std::array::from_fn(|r| unsafe { W::load16(w_row(r).add(i)) });
+        for t in 0..T {
+            let xv: V = X::load16(x_row(t).add(i));
+            for r in 0..R {
+                acc[r][t] = V::fma(acc[r][t], wv[r], xv);
+            }
+        }
+        i += 16;
+    }
+    if i + 8 <= n {
+        let wv: [V::Half; R] = std::array::from_fn(|r| unsafe { W::load8(w_row(r).add(i)) });
+        for t in 0..T {
+            let xv: V::Half = X::load8(x_row(t).add(i));
+            for r in 0..R {
+                acc[r][t] = V::fma_low(acc[r][t], wv[r], xv);
+            }
+        }
+        i += 8;
+    }
+    for r in 0..R {
+        let w = w_row(r);
+        for t in 0..T {
+            let x = x_row(t);
+            let mut sum = acc[r][t].fold().hsum();
+            for j in i..n {
+                sum += w.add(j).read_unaligned().widen() * x.add(j).read_unaligned().widen();
+            }
+            *p.out.add(t * p.out_stride + r) = sum;
+        }
+    }
+}
+
 /// `Σ w[j]·x[j]` over `min(len)` elements: the 1 × 1 tile (module docs).
 ///
 /// # Safety
@@ -148,13 +268,13 @@ pub(super) unsafe fn dot_float<L: Lanes, E: FloatElem>(w: &[E], x: &[E]) -> f32 
     out
 }
 
-/// The float tile kernel as a [`PieceKernel`] (vectors `L`, weights `W`, activations `X`).
-struct FloatKernel<L, W, X>(std::marker::PhantomData<(L, W, X)>);
+/// The float tile kernel as a [`PieceKernel`] (pieces `F`, weights `W`, activations `X`).
+struct FloatKernel<F, W, X>(std::marker::PhantomData<(F, W, X)>);
 
-impl<L: Lanes, W: FloatElem, X: FloatElem> PieceKernel for FloatKernel<L, W, X> {
+impl<F: FloatPieces, W: FloatElem, X: FloatElem> PieceKernel for FloatKernel<F, W, X> {
     #[inline(always)]
     unsafe fn piece<const R: usize, const T: usize>(p: Piece) {
-        tile_float::<L, W, X, R, T>(p)
+        F::piece::<W, X, R, T>(p)
     }
 }
 
@@ -164,21 +284,21 @@ thread_local! {
     static WIDENED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// A whole [`DotTile`] of float rows (`E` is the tile's type: f16, bf16 or f32) in `R × T`
-/// pieces and their edges ([`super::RawTile::cover`]).
+/// A whole [`DotTile`] of float rows (`E` is the tile's type: f16, bf16 or f32) in `F`'s
+/// `R × T` pieces and their edges ([`super::RawTile::cover`]).
 ///
 /// # Safety
-/// The CPU has `L`'s features; the tile's type is `E`'s (the geometry is checked by
+/// The CPU has `F`'s features; the tile's type is `E`'s (the geometry is checked by
 /// [`DotTile::raw`], panicking).
 #[inline(always)]
-pub(super) unsafe fn dot_tile_float<L: Lanes, E: FloatElem, const R: usize, const T: usize>(
+pub(super) unsafe fn dot_tile_float<F: FloatPieces, E: FloatElem, const R: usize, const T: usize>(
     tile: &DotTile<'_>,
     out: &mut [f32],
 ) {
     let es = std::mem::size_of::<E>();
     let raw = tile.raw(es, es, out);
     if raw.n_tok < 2 || std::mem::size_of::<E>() == 4 {
-        raw.cover::<FloatKernel<L, E, E>, R, T>();
+        raw.cover::<FloatKernel<F, E, E>, R, T>();
         return;
     }
     // Several tokens: every activation row is read once per R weight rows, so widen the
@@ -199,6 +319,6 @@ pub(super) unsafe fn dot_tile_float<L: Lanes, E: FloatElem, const R: usize, cons
     let wide = super::RawTile { xs: nb * 4, x: buf.as_ptr().cast(), ..raw };
     // Tokens outer: `T` widened rows (f32, twice the weights' bytes) stay in L1 while the
     // pieces sweep the weight rows, which come from L2 at half the bytes.
-    wide.cover_tokens_outer::<FloatKernel<L, E, f32>, R, T>();
+    wide.cover_tokens_outer::<FloatKernel<F, E, f32>, R, T>();
     WIDENED.set(buf);
 }

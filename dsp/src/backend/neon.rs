@@ -41,7 +41,7 @@ use half::{bf16, f16};
 
 use super::attn::{attention_tile, Lanes, Vector};
 use super::attn_full::full_attention_tile;
-use super::float_tile::{self, FloatElem};
+use super::float_tile::{self, ByLanes, FloatElem};
 use super::neon_kquants::{dot_kquant, dot_tile_kquant, KQuant};
 use super::{dot_tile_by_pairs, AttnTile, DotTile, FullAttnTile, KernelBackend, Piece, PieceKernel};
 use crate::quant::blocks::{
@@ -752,9 +752,9 @@ impl KernelBackend for Neon {
                 }
                 (GgmlType::Q4_K, dot) => dot_tile_kquant(dot, KQuant::Q4K, tile, out),
                 (GgmlType::Q6_K, dot) => dot_tile_kquant(dot, KQuant::Q6K, tile, out),
-                (GgmlType::F16, _) => float_tile::dot_tile_float::<F8, f16, 2, 2>(tile, out),
-                (GgmlType::BF16, _) => float_tile::dot_tile_float::<F8, bf16, 2, 2>(tile, out),
-                (GgmlType::F32, _) => float_tile::dot_tile_float::<F8, f32, 2, 2>(tile, out),
+                (GgmlType::F16, _) => float_tile::dot_tile_float::<ByLanes<F8>, f16, 2, 2>(tile, out),
+                (GgmlType::BF16, _) => float_tile::dot_tile_float::<ByLanes<F8>, bf16, 2, 2>(tile, out),
+                (GgmlType::F32, _) => float_tile::dot_tile_float::<ByLanes<F8>, f32, 2, 2>(tile, out),
                 _ => dot_tile_by_pairs(self, tile, out),
             }
         }

@@ -25,6 +25,24 @@ use super::FullAttnTile;
 /// block of 64-wide f32 keys or values is 32 KiB).
 const KV_BLOCK: usize = 128;
 
+/// `$f::<V, N>(args)` for the query-block size `N = $n` (1 to 8; more is 8). A match, not a
+/// closure: a closure would not be inlined into the feature-enabled caller, and every vector
+/// operation would become a call.
+macro_rules! with_queries {
+    ($n:expr, $f:ident::<$v:ty>($($arg:expr),*)) => {
+        match $n {
+            1 => $f::<$v, 1>($($arg),*),
+            2 => $f::<$v, 2>($($arg),*),
+            3 => $f::<$v, 3>($($arg),*),
+            4 => $f::<$v, 4>($($arg),*),
+            5 => $f::<$v, 5>($($arg),*),
+            6 => $f::<$v, 6>($($arg),*),
+            7 => $f::<$v, 7>($($arg),*),
+            _ => $f::<$v, 8>($($arg),*),
+        }
+    };
+}
+
 /// [`KernelBackend::full_attention`](super::KernelBackend::full_attention) with vectors `V`,
 /// `QB` queries per register block, and the backend's own `softmax` (applied to each query's
 /// `n_kv` scores).
@@ -50,18 +68,7 @@ pub(super) unsafe fn full_attention_tile<V: Vector, const QB: usize>(
         let mut q0 = 0;
         while q0 < n_q {
             let n = QB.min(n_q - q0);
-            // (A match, not a closure: a closure would not be inlined into the
-            // feature-enabled caller, and every vector operation would become a call.)
-            match n {
-                1 => scores_block::<V, 1>(tile, q0, keys.clone(), scores),
-                2 => scores_block::<V, 2>(tile, q0, keys.clone(), scores),
-                3 => scores_block::<V, 3>(tile, q0, keys.clone(), scores),
-                4 => scores_block::<V, 4>(tile, q0, keys.clone(), scores),
-                5 => scores_block::<V, 5>(tile, q0, keys.clone(), scores),
-                6 => scores_block::<V, 6>(tile, q0, keys.clone(), scores),
-                7 => scores_block::<V, 7>(tile, q0, keys.clone(), scores),
-                _ => scores_block::<V, 8>(tile, q0, keys.clone(), scores),
-            }
+            with_queries!(n, scores_block::<V>(tile, q0, keys.clone(), scores));
             q0 += n;
         }
         j0 = keys.end;
@@ -75,16 +82,7 @@ pub(super) unsafe fn full_attention_tile<V: Vector, const QB: usize>(
         let mut q0 = 0;
         while q0 < n_q {
             let n = QB.min(n_q - q0);
-            match n {
-                1 => values_block::<V, 1>(tile, q0, keys.clone(), scores, out),
-                2 => values_block::<V, 2>(tile, q0, keys.clone(), scores, out),
-                3 => values_block::<V, 3>(tile, q0, keys.clone(), scores, out),
-                4 => values_block::<V, 4>(tile, q0, keys.clone(), scores, out),
-                5 => values_block::<V, 5>(tile, q0, keys.clone(), scores, out),
-                6 => values_block::<V, 6>(tile, q0, keys.clone(), scores, out),
-                7 => values_block::<V, 7>(tile, q0, keys.clone(), scores, out),
-                _ => values_block::<V, 8>(tile, q0, keys.clone(), scores, out),
-            }
+            with_queries!(n, values_block::<V>(tile, q0, keys.clone(), scores, out));
             q0 += n;
         }
         j0 = keys.end;

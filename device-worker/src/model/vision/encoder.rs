@@ -198,15 +198,17 @@ impl Attn16 {
                 };
                 let mut r16 = vec![f16::ZERO; hd];
                 let mut row = vec![0f32; hd];
+                // `dst = f16(src)` widened back (vector F16C / fp16 rounding where the CPU
+                // has it, nearest-even).
+                let mut round_f16 = |src: &[f32], dst: &mut [f32]| {
+                    r16.convert_from_f32_slice(src);
+                    r16.convert_to_f32_slice(dst);
+                };
                 for i in 0..n {
                     let at = i * 3 * e + h * hd;
-                    for (p, dst) in [(0, &mut qh[i * hd..(i + 1) * hd]), (2, &mut vh[i * hd..(i + 1) * hd])] {
-                        // Vector F16C / fp16 rounding where the CPU has it (nearest-even).
-                        r16.convert_from_f32_slice(&qkv[at + p * e..][..hd]);
-                        r16.convert_to_f32_slice(dst);
-                    }
-                    r16.convert_from_f32_slice(&qkv[at + e..][..hd]);
-                    r16.convert_to_f32_slice(&mut row);
+                    round_f16(&qkv[at..][..hd], &mut qh[i * hd..(i + 1) * hd]);
+                    round_f16(&qkv[at + 2 * e..][..hd], &mut vh[i * hd..(i + 1) * hd]);
+                    round_f16(&qkv[at + e..][..hd], &mut row);
                     for (d, &x) in row.iter().enumerate() {
                         kth[d * st + i] = x;
                     }

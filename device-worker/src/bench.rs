@@ -13,6 +13,7 @@ use dsp::pool::ThreadPool;
 use crate::config::defaults as d;
 use crate::speculative::pass_tokens;
 use crate::config::at_least_one;
+use crate::model::op_profile::OpProfile;
 use gguf::reader::GgufFile;
 use crate::model::Model;
 use crate::state::sequence::SequenceState;
@@ -127,6 +128,8 @@ pub struct BenchOptions {
     /// `decode_profile` arrays. With --depth, the runs at that depth are profiled (and decode
     /// at depth 0 as well, `decode_profile_depth0`). The decode table adds the token choice
     /// (`sampling (argmax)`) and the time outside the passes and the choice (`between passes`).
+    /// With --mtp-overhead: one table for the decode passes and one for the verification
+    /// passes (`pass_profiles` with --json), timed in extra rounds after the timed ones.
     #[arg(long)]
     pub profile: bool,
     /// Instead of pp/tg: prefill the prompt plain (chunked GDN, no rollback states), with a
@@ -632,6 +635,29 @@ fn mtp_overhead(b: &mut Bench, cfg: &BenchOptions, seq: &mut SequenceState, prom
         verify_s += t.elapsed().as_secs_f64();
         model.rollback(seq, len + 1)?;
     }
+    // With --profile, the same alternation again from the prompt, with per-op timing, one
+    // table per kind of pass (not in the timed figures above: the timing adds a clock read
+    // per op).
+    let mut pass_profiles = Vec::new();
+    if cfg.profile {
+        prefill(model, true, &mut cache, seq)?;
+        let (mut dec, mut ver) = (OpProfile::default(), OpProfile::default());
+        for _ in 0..rounds {
+            if !model.set_profiling(true) {
+                eprintln!("bench: --profile: this architecture has no per-op timing; ignored");
+                break;
+            }
+            model.forward(pool, seq, &toks[..1], true)?;
+            dec.merge(model.profile().expect("profiling on"));
+            let len = seq.len();
+            model.set_profiling(true);
+            model.verify(pool, seq, &toks)?;
+            ver.merge(model.profile().expect("profiling on"));
+            model.rollback(seq, len + 1)?;
+        }
+        model.set_profiling(false);
+        pass_profiles = vec![("decode pass (1 token)", dec.table()), ("verification pass", ver.table())];
+    }
     // (c) Drafting n_draft tokens after the prompt, on a copy of the filled cache each time.
     prefill(model, true, &mut cache, seq)?;
     let mut heads = vec![("full vocabulary", MtpHead::Full, model.n_vocab())];
@@ -664,6 +690,7 @@ fn mtp_overhead(b: &mut Bench, cfg: &BenchOptions, seq: &mut SequenceState, prom
         decode_ms: decode_s * 1e3 / rounds as f64,
         verify_ms: verify_s * 1e3 / rounds as f64,
         draft_ms,
+        pass_profiles,
     };
     tandem_options::write_stdout(|out| print_mtp_overhead(out, cfg, &m, reps, rounds))?;
     Ok(())
@@ -682,6 +709,8 @@ struct MtpOverheadRun {
     verify_ms: f64,
     /// Per MTP head: (name, rows, ms per drafted token).
     draft_ms: Vec<(&'static str, usize, f64)>,
+    /// With --profile: the per-op tables of the decode and the verification passes.
+    pass_profiles: Vec<(&'static str, Vec<(&'static str, f64, f64)>)>,
 }
 
 /// Writes `--mtp-overhead`'s measurements as JSON or as a table.
@@ -699,6 +728,9 @@ fn print_mtp_overhead(out: &mut impl Write, cfg: &BenchOptions, m: &MtpOverheadR
                 "decode_pass_ms": decode_ms, "verify_pass_ms": verify_ms,
                 "mtp_draft_ms_per_token": draft_ms.iter().map(|(name, rows, ms)| serde_json::json!({
                     "head": name, "rows": rows, "ms": ms,
+                })).collect::<Vec<_>>(),
+                "pass_profiles": m.pass_profiles.iter().map(|(name, table)| serde_json::json!({
+                    "pass": name, "ops": profile_json(table, rounds),
                 })).collect::<Vec<_>>(),
             })
         )?;
@@ -737,6 +769,9 @@ fn print_mtp_overhead(out: &mut impl Write, cfg: &BenchOptions, m: &MtpOverheadR
             "| MTP draft token, {name} ({rows} rows) | {ms:.2} ms | {:.3}x decode |",
             ms / decode_ms
         )?;
+    }
+    for (name, table) in &m.pass_profiles {
+        print_profile(out, name, table, rounds)?;
     }
     Ok(())
 }

@@ -415,6 +415,39 @@ macro_rules! backend_conformance {
                 }
             }
 
+            /// The per-token gated delta rule with this backend's build of the head loop
+            /// gives the scalar build's bits: outputs, final state and every snapshot (the
+            /// loops are element-wise and unfused in every build; the snapshots are exact
+            /// copies, streamed on x86_64). Shapes with `d_v` not a multiple of 16 reach the
+            /// vector loops' tails.
+            #[test]
+            fn gdn_recurrent_equals_scalar_bitwise() {
+                use dsp::gdn::{gdn_recurrent_with, GdnInputs, GdnShape};
+                let Some(be) = be() else { return };
+                let pool = pool2();
+                let mut rng = Rng(41);
+                for (n_k_heads, n_v_heads, d_k, d_v, n, m) in [(2, 4, 128, 128, 4, 4), (1, 2, 24, 40, 6, 3), (2, 2, 16, 17, 1, 1)] {
+                    let shape = GdnShape { n_k_heads, n_v_heads, d_k, d_v };
+                    let mut vec = |len: usize, f: &dyn Fn(f32) -> f32| -> Vec<f32> { (0..len).map(|_| f(rng.unit())).collect() };
+                    let (q, k) = (vec(n * n_k_heads * d_k, &|x| 0.2 * x), vec(n * n_k_heads * d_k, &|x| 0.2 * x));
+                    let v = vec(n * n_v_heads * d_v, &|x| x);
+                    let (gate, beta) = (vec(n * n_v_heads, &|x| -0.5 * (x + 1.0)), vec(n * n_v_heads, &|x| 0.5 * (x + 1.0)));
+                    let state0 = vec(n_v_heads * d_k * d_v, &|x| 0.1 * x);
+                    let x = GdnInputs { shape, q: &q, k: &k, v: &v, gate: &gate, beta: &beta };
+                    let run = |b: &dyn KernelBackend| {
+                        let mut state = state0.clone();
+                        let mut out = vec![0f32; n * n_v_heads * d_v];
+                        let mut snaps = vec![0f32; m * state0.len()];
+                        gdn_recurrent_with(b, &pool, x, &mut state, &mut out, Some(&mut snaps)).expect("gdn_recurrent");
+                        [out, state, snaps].map(|v| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>())
+                    };
+                    let (got, want) = (run(be), run(backend::scalar()));
+                    for (part, (g, w)) in ["out", "state", "snapshots"].iter().zip(got.iter().zip(&want)) {
+                        assert!(g == w, "{part} differs from the scalar build (d_k {d_k}, d_v {d_v}, n {n}, m {m})");
+                    }
+                }
+            }
+
             #[test]
             fn matmul_matches_f32_reference() {
                 let Some(be) = be() else { return };

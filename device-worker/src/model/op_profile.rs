@@ -22,6 +22,13 @@ impl OpProfile {
         }
     }
 
+    /// Adds every operation's time of `other` (new operations after this one's).
+    pub fn merge(&mut self, other: &OpProfile) {
+        for &(op, d) in &other.ops {
+            self.add(op, d);
+        }
+    }
+
     /// The time of all operations together.
     pub fn total(&self) -> Duration {
         self.ops.iter().map(|(_, d)| *d).sum()

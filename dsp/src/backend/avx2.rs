@@ -574,6 +574,11 @@ impl KernelBackend for Avx2 {
         unsafe { crate::gdn::chunked::head_avx2(head) }
     }
 
+    fn gdn_recurrent_head(&self, head: &mut crate::gdn::recurrent::RecurrentHead<'_, '_>) {
+        // SAFETY: see the impl comment (AVX2 is among the features checked).
+        unsafe { crate::gdn::recurrent::head_avx2(head) }
+    }
+
     quant_dot_methods!();
 
     fn vec_dot_f16(&self, w: &[f16], x: &[f16]) -> f32 {

@@ -82,6 +82,11 @@ impl KernelBackend for Avx512 {
         self.avx2.gdn_chunked_head(head)
     }
 
+    fn gdn_recurrent_head(&self, head: &mut crate::gdn::recurrent::RecurrentHead<'_, '_>) {
+        // SAFETY: the features are proven by `self` (avx512f and avx2 among them).
+        unsafe { crate::gdn::recurrent::head_avx512(head) }
+    }
+
     quant_dot_methods!();
 
     fn vec_dot_f16(&self, w: &[f16], x: &[f16]) -> f32 {

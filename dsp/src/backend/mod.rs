@@ -496,6 +496,14 @@ pub trait KernelBackend: Send + Sync + std::fmt::Debug {
     fn gdn_chunked_head(&self, head: &mut crate::gdn::chunked::ChunkedHead<'_, '_>) {
         crate::gdn::chunked::head_portable(head)
     }
+
+    /// Every token of one value head of the per-token gated delta rule
+    /// ([`crate::gdn::gdn_recurrent`]: decode and verification). The default is the portable
+    /// build; x86 backends run the same element-wise, unfused loops compiled with their vector
+    /// width, so every build gives the portable one's bits (tested in `dsp/tests/gdn.rs`).
+    fn gdn_recurrent_head(&self, head: &mut crate::gdn::recurrent::RecurrentHead<'_, '_>) {
+        crate::gdn::recurrent::head_portable(head)
+    }
 }
 
 /// [`KernelBackend::dot_tile`] as one [`KernelBackend::vec_dot_bytes`] per (row, token) pair.

@@ -35,7 +35,7 @@ pub use chunked::gdn_chunked as gdn_chunked_pooled;
 pub use conv::{conv1d_silu, conv1d_silu_step};
 /// [`conv1d_silu`] under the name the pooled callers use (it takes the pool itself).
 pub use conv::conv1d_silu as conv1d_silu_pooled;
-pub use recurrent::gdn_recurrent;
+pub use recurrent::{gdn_recurrent, gdn_recurrent_with};
 /// [`gdn_recurrent`] under the name the pooled callers use (it takes the pool itself).
 pub use recurrent::gdn_recurrent as gdn_recurrent_pooled;
 pub use shape::{GdnInputs, GdnShape};

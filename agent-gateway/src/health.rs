@@ -43,7 +43,7 @@ pub async fn run(args: &HealthArgs) -> Result<(), GatewayError> {
             Ok(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
             Ok(s) => return Err(GatewayError::Health(format!("{} is {}{}", args.addr, s.as_str_name(), waited(args.wait)))),
             Err(e) => {
-                let hint = not_grpc_hint(&args.addr, "whose health is GET /health; gRPC health is on its --listen port, default 127.0.0.1:50052, or a worker's, default 127.0.0.1:50051").await;
+                let hint = tandem_auth::client::not_grpc_hint(&args.addr, HEALTH_AT_GATEWAY_HTTP, GRPC_HEALTH_IS).await;
                 if hint.is_empty() && Instant::now() < deadline {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
@@ -58,35 +58,12 @@ pub async fn run(args: &HealthArgs) -> Result<(), GatewayError> {
     }
 }
 
-/// What to add to a failed gRPC call's error when `addr` answers plain HTTP/1.1
-/// ([`answers_http1`]): ` (this address answers plain HTTP/1.1, not gRPC: it looks like the
-/// gateway's --http-listen port, {where_grpc_is})`; empty otherwise. `where_grpc_is` says
-/// where the caller's gRPC service is. Used by `health`, `replay` and `load`.
-pub(crate) async fn not_grpc_hint(addr: &str, where_grpc_is: &str) -> String {
-    match answers_http1(addr).await {
-        true => format!(" (this address answers plain HTTP/1.1, not gRPC: it looks like the gateway's --http-listen port, {where_grpc_is})"),
-        false => String::new(),
-    }
-}
-
-/// Whether the plain `http://` (or bare `HOST:PORT`) address `addr` answers an HTTP/1.1
-/// request with an HTTP/1.1 status line: the gateway's OpenAI endpoint, say, where a gRPC
-/// client only sees "transport error". False for `https://`, `unix:` and anything that does
-/// not answer so within a second.
-async fn answers_http1(addr: &str) -> bool {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(uri) = tandem_auth::client::uri(addr) else { return false };
-    let Some(authority) = uri.strip_prefix("http://").map(|r| r.split('/').next().unwrap_or(r)) else { return false };
-    let probe = async {
-        let mut s = tokio::net::TcpStream::connect(authority).await.ok()?;
-        let request = format!("GET /health HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n");
-        s.write_all(request.as_bytes()).await.ok()?;
-        let mut head = [0u8; 8];
-        s.read_exact(&mut head).await.ok()?;
-        Some(head.starts_with(b"HTTP/1."))
-    };
-    tokio::time::timeout(Duration::from_secs(1), probe).await.ok().flatten().unwrap_or(false)
-}
+/// Where gRPC health is, for the hint after a failure at an address that answers HTTP/1.1
+/// ([`tandem_auth::client::not_grpc_hint`]): after "the gateway's --http-listen port, ", and
+/// for another HTTP server.
+const HEALTH_AT_GATEWAY_HTTP: &str =
+    "whose health is GET /health; gRPC health is on its --listen port, default 127.0.0.1:50052, or a worker's, default 127.0.0.1:50051";
+const GRPC_HEALTH_IS: &str = "gRPC health is on a gateway's --listen port, default 127.0.0.1:50052, or a worker's, default 127.0.0.1:50051";
 
 /// `" after waiting Ns"` when `--wait` was given, so a timeout says it waited.
 fn waited(wait: u64) -> String {
@@ -104,29 +81,42 @@ async fn check(addr: &str, service: &str, tls: Option<&tandem_auth::ClientTls>) 
     let resp = client
         .check(HealthCheckRequest { service: service.to_string() })
         .await
-        .map_err(|s| format!("health check failed: {}", status_text(&s)))?;
+        .map_err(|s| format!("health check failed: {}", tandem_auth::client::status_text(&s)))?;
     Ok(ServingStatus::try_from(resp.into_inner().status).unwrap_or(ServingStatus::Unknown))
 }
 
-/// A gRPC status as `Code: message` and the causes of its source, each once: the source's
-/// chain ([`tandem_options::error_chain`]) when it holds the message (a connection refused is
-/// `Unavailable: transport error: tcp connect error: Connection refused (os error 111)`, not a
-/// bare "tcp connect error"), else the message and each cause it does not already say.
-pub(crate) fn status_text(s: &tonic::Status) -> String {
-    let code = s.code();
-    let source = std::error::Error::source(s);
-    if let Some(chain) = source.map(tandem_options::error_chain).filter(|c| c.contains(s.message())) {
-        return format!("{code:?}: {chain}");
-    }
-    let mut text = format!("{code:?}: {}", s.message());
-    let mut cause = source;
-    while let Some(c) = cause {
-        let t = c.to_string();
-        if !text.contains(&t) {
-            text.push_str(": ");
-            text.push_str(&t);
+/// A tandem gRPC server, told by the services its gRPC health knows ([`grpc_server`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GrpcServer {
+    /// Its health knows `tandem.step.v1.StepService`.
+    Worker,
+    /// Its health knows `tandem.agent.v1.AgentService`.
+    Gateway,
+}
+
+impl GrpcServer {
+    /// What it is, for a message.
+    pub fn what(self) -> &'static str {
+        match self {
+            GrpcServer::Worker => "a device-worker's gRPC port (its `serve --listen`)",
+            GrpcServer::Gateway => "an agent-gateway's gRPC port (its --listen)",
         }
-        cause = c.source();
     }
-    text
+}
+
+/// Which tandem server answers gRPC on `channel` (a call there said UNIMPLEMENTED): a
+/// device-worker or an agent-gateway, by the service its gRPC health knows (health needs no
+/// token unless `--health-requires-auth`); `None` for another server, or no answer within a
+/// second.
+pub async fn grpc_server(channel: tonic::transport::Channel) -> Option<GrpcServer> {
+    use tandem_proto::agent::v1::agent_service_server::SERVICE_NAME as AGENT;
+    use tandem_proto::step::v1::step_service_server::SERVICE_NAME as STEP;
+    let mut client = HealthClient::new(channel);
+    for (service, server) in [(STEP, GrpcServer::Worker), (AGENT, GrpcServer::Gateway)] {
+        let check = client.check(HealthCheckRequest { service: service.to_string() });
+        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(1), check).await {
+            return Some(server);
+        }
+    }
+    None
 }

@@ -322,7 +322,7 @@ pub async fn run(cfg: &LoadConfig) -> Result<Vec<PhaseReport>, GatewayError> {
     let channel = match connected {
         Ok(c) => c,
         Err(e) => {
-            let hint = crate::health::not_grpc_hint(&cfg.gateway, crate::replay::AGENT_SERVICE_IS).await;
+            let hint = tandem_auth::client::not_grpc_hint(&cfg.gateway, crate::replay::AGENT_SERVICE_IS, crate::replay::AGENT_SERVICE_ELSEWHERE).await;
             return Err(GatewayError::Gateway(format!("cannot connect to {}: {}{hint}", cfg.gateway, tandem_options::error_chain(&e))));
         }
     };

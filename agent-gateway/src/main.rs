@@ -90,6 +90,8 @@ fn run() -> anyhow::Result<()> {
                 worker_token.reload_on_sighup();
                 let metrics = agent_gateway::metrics::install()?;
                 let router = agent_gateway::worker::Router::connect(&cfg.workers, worker_token, worker_tls.as_ref())?;
+                // Refuse an address that answers but is no worker; an unreachable one may start later.
+                router.check_workers_answer().await?;
                 let screenshots = cfg.screenshot_policy();
                 // Refuse at start-up what would fail every screenshot step.
                 agent_gateway::screenshot::check_workers(&router, &screenshots).await?;

@@ -36,7 +36,8 @@ pub struct ReplayConfig {
     /// Replay at most this many steps per episode (0: all).
     #[arg(long, default_value_t = 0)]
     pub max_steps: usize,
-    /// Output budget per step (0: the gateway's default).
+    /// Output budget per step (0: the gateway's default). One that the first step cannot fit
+    /// in the worker's context stops the replay, saying so.
     #[arg(long, default_value_t = 0)]
     pub max_tokens: u32,
     /// Send the corpus screenshots (`N.png` of the LlamaTouch traces) in the observations:
@@ -161,11 +162,11 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
     let channel = match connected {
         Ok(c) => c,
         Err(e) => {
-            let hint = crate::health::not_grpc_hint(&cfg.gateway, AGENT_SERVICE_IS).await;
+            let hint = tandem_auth::client::not_grpc_hint(&cfg.gateway, AGENT_SERVICE_IS, AGENT_SERVICE_ELSEWHERE).await;
             return Err(GatewayError::Gateway(format!("cannot connect to {}: {}{hint}", cfg.gateway, tandem_options::error_chain(&e))));
         }
     };
-    let mut client = AgentServiceClient::with_interceptor(channel, token);
+    let mut client = AgentServiceClient::with_interceptor(channel.clone(), token);
     if let Some(dir) = cfg.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|source| GatewayError::Io {
             path: dir.to_path_buf(),
@@ -203,7 +204,14 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
                 st.to_observation_with_screenshot()?
             };
             let at = format!("episode {}, step {i}", ep.id);
-            let (result, first_token_ms) = step_with_retries(&mut client, &mut stream, &start, obs, &cfg.gateway, &at).await?;
+            let (result, first_token_ms) = step_with_retries(&mut client, &channel, &mut stream, &start, obs, &cfg.gateway, &at).await?;
+            // A budget the first step cannot fit would fail (nearly) every step alike.
+            if let Some(why) = budget_refused(&result.error, cfg.max_tokens).filter(|_| done == 0) {
+                return Err(GatewayError::Gateway(format!(
+                    "--max-tokens {} does not fit the first step ({at}): {why}; pass a smaller --max-tokens, or 0 for the gateway's default",
+                    cfg.max_tokens
+                )));
+            }
             let s = result.stats.clone().unwrap_or_default();
             let rec = StepRecord {
                 episode: ep.id.clone(),
@@ -261,8 +269,34 @@ pub async fn run(cfg: &ReplayConfig) -> Result<(Vec<StepRecord>, ReplaySummary),
     Ok((records, summary))
 }
 
-/// Where AgentService is, for the hint after a failure at an address that answers HTTP/1.1.
+/// The worker's refusal of `--max-tokens` `max_tokens` in a step's error (`worker ADDR:
+/// max_tokens N does not fit: the context holds ...; expected max_tokens at most M
+/// (InvalidArgument)`): its text from "the context holds" on, without the worker's address
+/// and code. `None` for any other error, and without `--max-tokens`.
+fn budget_refused(error: &str, max_tokens: u32) -> Option<&str> {
+    let refusal = format!("max_tokens {max_tokens} does not fit: ");
+    let at = error.find(&refusal).filter(|_| max_tokens > 0)?;
+    let why = &error[at + refusal.len()..];
+    Some(why.strip_suffix(" (InvalidArgument)").unwrap_or(why))
+}
+
+/// Where AgentService is, for the hint after a failure at an address that answers HTTP/1.1
+/// ([`tandem_auth::client::not_grpc_hint`]): after "the gateway's --http-listen port, ", and
+/// for another HTTP server.
 pub(crate) const AGENT_SERVICE_IS: &str = "its OpenAI endpoint; AgentService (gRPC) is on its --listen port, default 127.0.0.1:50052";
+pub(crate) const AGENT_SERVICE_ELSEWHERE: &str = "AgentService (gRPC) is on the gateway's --listen port, default 127.0.0.1:50052";
+
+/// What to add to a call's UNIMPLEMENTED at `channel`: that the server is a device-worker (or
+/// another gRPC server), not the agent-gateway.
+async fn not_agent_service_hint(channel: &tonic::transport::Channel) -> String {
+    use tandem_proto::agent::v1::agent_service_server::SERVICE_NAME;
+    match crate::health::grpc_server(channel.clone()).await {
+        Some(crate::health::GrpcServer::Worker) => {
+            " (this is a device-worker; replay talks to the agent-gateway's gRPC port, its --listen, default 127.0.0.1:50052)".into()
+        }
+        _ => format!(" (this server does not serve {SERVICE_NAME}; {AGENT_SERVICE_ELSEWHERE})"),
+    }
+}
 
 /// The waits before each retry of a step whose connection to the gateway failed
 /// ([`is_connection_error`]): three retries, the last 7 s after the failure.
@@ -335,10 +369,12 @@ pub fn is_connection_error(s: &tonic::Status) -> bool {
 /// plain HTTP/1.1 is not retried (it will not start speaking gRPC). `at` names the step for
 /// the messages.
 ///
-/// Errors: [`GatewayError::Gateway`] with the last status (and the HTTP/1.1 hint) when the
+/// Errors: [`GatewayError::Gateway`] with the last status (and the HTTP/1.1 hint, or for
+/// UNIMPLEMENTED what `channel` serves instead, e.g. a device-worker) when the
 /// step failed with any other status or after the last retry.
 async fn step_with_retries(
     client: &mut Client,
+    channel: &tonic::transport::Channel,
     stream: &mut Option<EpisodeStream>,
     start: &apb::EpisodeStart,
     obs: apb::Observation,
@@ -359,8 +395,11 @@ async fn step_with_retries(
             Err(s) => s,
         };
         *stream = None;
-        let hint = crate::health::not_grpc_hint(gateway, AGENT_SERVICE_IS).await;
-        let error = format!("RunEpisode at {gateway} ({at}): {}", crate::health::status_text(&status));
+        let mut hint = tandem_auth::client::not_grpc_hint(gateway, AGENT_SERVICE_IS, AGENT_SERVICE_ELSEWHERE).await;
+        if hint.is_empty() && status.code() == tonic::Code::Unimplemented {
+            hint = not_agent_service_hint(channel).await;
+        }
+        let error = format!("RunEpisode at {gateway} ({at}): {}", tandem_auth::client::status_text(&status));
         match RECONNECT_BACKOFF.get(retry) {
             Some(wait) if is_connection_error(&status) && hint.is_empty() => {
                 retry += 1;

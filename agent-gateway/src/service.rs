@@ -72,6 +72,12 @@ impl AgentService for AgentServiceImpl {
                         if start.episode_id.is_empty() {
                             start.episode_id = new_episode_id();
                         }
+                        // A budget no step can fit ends the stream now, not every step later.
+                        if let Err(status) = runner.check_max_tokens(&start.episode_id, start.max_tokens).await {
+                            tracing::warn!(episode = %start.episode_id, error = %status.message(), "episode refused");
+                            let _ = tx.send(Err(status)).await;
+                            break;
+                        }
                         tracing::info!(episode = %start.episode_id, task = %brief(&start.task), "episode started");
                         episode = Some(start);
                     }
@@ -131,6 +137,7 @@ impl AgentService for AgentServiceImpl {
             Status::invalid_argument(format!("observation rejected: {e}"))
         })?;
         let episode_id = if req.episode_id.is_empty() { new_episode_id() } else { req.episode_id };
+        self.runner.check_max_tokens(&episode_id, req.max_tokens).await?;
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let runner = self.runner.clone();
         tokio::spawn(async move {

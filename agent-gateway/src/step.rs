@@ -105,6 +105,26 @@ impl StepRunner {
         }
     }
 
+    /// Refuses a controller's `max_tokens` that no step can fit: one at least the context of
+    /// the worker `episode_id` routes to (its Status' `context_length`) leaves no room for the
+    /// prompt, so every step of the episode would fail with the same worker error. Checked once
+    /// per episode (RunEpisode's start) or call (Step); a worker whose context is unknown (it
+    /// does not answer) leaves the check to the worker's own, per request.
+    ///
+    /// Errors: INVALID_ARGUMENT naming `max_tokens`, the context and what to ask for instead.
+    pub async fn check_max_tokens(&self, episode_id: &str, max_tokens: u32) -> Result<(), Status> {
+        if max_tokens == 0 {
+            return Ok(());
+        }
+        let n_ctx = self.router.route(episode_id).model(false).await.map_or(0, |m| m.context_length);
+        if n_ctx == 0 || max_tokens < n_ctx {
+            return Ok(());
+        }
+        Err(Status::invalid_argument(format!(
+            "max_tokens {max_tokens} does not fit: the model's context holds {n_ctx} tokens, the prompt included; expected max_tokens below {n_ctx} (0: the gateway's default, {DEFAULT_MAX_TOKENS})"
+        )))
+    }
+
     /// The runner with the screenshot policy `screenshots`.
     pub fn with_screenshots(mut self, screenshots: ScreenshotPolicy) -> Self {
         self.screenshots = screenshots;
@@ -527,7 +547,7 @@ enum Attempt {
 /// error as its source) is `Unavailable`, like a worker that cannot be reached; a status the
 /// worker sent (no source) keeps its code. (The controller's own cancellation never reaches
 /// here: the gateway drops the call instead of reading its status.)
-fn effective_code(s: &Status) -> tonic::Code {
+pub(crate) fn effective_code(s: &Status) -> tonic::Code {
     let local = std::error::Error::source(s).is_some();
     match s.code() {
         tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Cancelled if local => tonic::Code::Unavailable,

@@ -27,6 +27,8 @@ pub struct Worker {
     pub client: WorkerClient,
     /// Its model as its Status last reported it ([`Worker::model`]).
     model: Arc<Mutex<Option<(ModelInfo, Instant)>>>,
+    /// The client's channel without the token (gRPC health, [`Worker::not_a_worker`]).
+    channel: Channel,
 }
 
 /// How long a worker's reported model (its id, its image support) is trusted before
@@ -65,6 +67,28 @@ impl Worker {
         let model = model?;
         *self.model.lock().unwrap_or_else(PoisonError::into_inner) = Some((model.clone(), Instant::now()));
         Some(model)
+    }
+
+    /// What answers at the worker's address instead of a device-worker, after a call there
+    /// failed with `s`: a plain HTTP/1.1 server (after a status that may come from one,
+    /// [`tandem_auth::client::maybe_not_grpc`]; [`tandem_auth::client::http1_server`]), or a
+    /// gRPC server without StepService (UNIMPLEMENTED; an agent-gateway when its health knows
+    /// AgentService, [`crate::health::grpc_server`]). `None` when nothing says it is no worker
+    /// (unreachable, still loading, an error the worker sent).
+    pub async fn not_a_worker(&self, s: &tonic::Status) -> Option<String> {
+        use tandem_proto::step::v1::step_service_server::SERVICE_NAME;
+        if tandem_auth::client::maybe_not_grpc(s) {
+            if let Some(server) = tandem_auth::client::http1_server(&self.addr).await {
+                return Some(format!("it answers plain HTTP/1.1, not gRPC{}", server.looks_like()));
+            }
+        }
+        match s.code() {
+            tonic::Code::Unimplemented => Some(match crate::health::grpc_server(self.channel.clone()).await {
+                Some(server) => format!("it is {}", server.what()),
+                None => format!("it answers gRPC but does not serve {SERVICE_NAME}"),
+            }),
+            _ => None,
+        }
     }
 
     /// Whether the worker takes images: its `StatusResponse.model.vision` (a vision projector,
@@ -134,13 +158,64 @@ impl Router {
                 let (addr, channel) = channel(a, tls)?;
                 Ok(Worker {
                     addr,
-                    client: StepServiceClient::with_interceptor(channel, token.clone()),
+                    client: StepServiceClient::with_interceptor(channel.clone(), token.clone()),
                     model: Arc::default(),
+                    channel,
                 })
             })
             .collect::<Result<Vec<_>, GatewayError>>()?;
         let down_until_ms = Arc::new(workers.iter().map(|_| AtomicU64::new(0)).collect());
         Ok(Self { workers, down_until_ms })
+    }
+
+    /// Asks every worker for its Status at start (at once, each within [`STATUS_TIMEOUT`]): an
+    /// address that answers but is no device-worker ([`Worker::not_a_worker`]: the gateway's
+    /// own ports, a worker's metrics port, another server) is a configuration error; a worker
+    /// that does not answer (not started yet, loading, down) is logged and the gateway starts
+    /// anyway, routing to it once it answers. Answers are cached as [`Worker::model`]'s.
+    ///
+    /// Errors: [`GatewayError::Config`] naming the first such `--worker` and what it seems to be.
+    pub async fn check_workers_answer(&self) -> Result<(), GatewayError> {
+        let mut probes = tokio::task::JoinSet::new();
+        for (i, w) in self.workers.iter().enumerate() {
+            let w = w.clone();
+            probes.spawn(async move {
+                let mut client = w.client.clone();
+                let problem = match tokio::time::timeout(STATUS_TIMEOUT, client.status(StatusRequest {})).await {
+                    Ok(Ok(r)) => {
+                        if let Some(m) = r.into_inner().model {
+                            *w.model.lock().unwrap_or_else(PoisonError::into_inner) = Some((m, Instant::now()));
+                        }
+                        None
+                    }
+                    Ok(Err(s)) => match w.not_a_worker(&s).await {
+                        Some(why) => Some(Err(why)),
+                        None => Some(Ok(tandem_auth::client::status_text(&s))),
+                    },
+                    Err(_) => Some(Ok(format!("no answer within {} s", STATUS_TIMEOUT.as_secs()))),
+                };
+                (i, problem)
+            });
+        }
+        let mut found: Vec<(usize, Result<String, String>)> = vec![];
+        while let Some(done) = probes.join_next().await {
+            if let Ok((i, Some(problem))) = done {
+                found.push((i, problem));
+            }
+        }
+        found.sort_by_key(|(i, _)| *i);
+        for (i, problem) in found {
+            let addr = &self.workers[i].addr;
+            match problem {
+                Err(why) => {
+                    return Err(GatewayError::Config(format!(
+                        "--worker {addr} is not a device-worker: {why}; pass a worker's gRPC address, its `device-worker serve --listen` (default 127.0.0.1:50051)"
+                    )))
+                }
+                Ok(why) => tracing::warn!(worker = %addr, error = %why, "worker does not answer (yet); starting anyway"),
+            }
+        }
+        Ok(())
     }
 
     /// The worker for `episode_id`: FNV-1a hash modulo the number of workers, or the next one

@@ -232,6 +232,63 @@ fn health_and_replay_at_the_http_port_say_it_is_not_grpc() {
     assert!(!stderr.contains("retry"), "a protocol mismatch is not retried: {stderr}");
 }
 
+/// `serve --worker ADDR` at an address that answers but is no device-worker stops the start
+/// (exit 1, one line naming the address and what it seems to be) instead of starting and
+/// answering every chat with a 502: the gateway's HTTP port, an agent-gateway's gRPC port,
+/// another HTTP server (all served here in this process). A worker address where nothing
+/// listens still starts, with a warning (the worker may start later).
+#[test]
+fn serve_refuses_a_worker_address_that_is_no_worker() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let bind = || rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let (http, grpc, other) = (bind(), bind(), bind());
+    let addrs = [&http, &grpc, &other].map(|l| format!("http://{}", l.local_addr().unwrap()));
+    rt.block_on(async {
+        let router = agent_gateway::worker::Router::new(&["http://127.0.0.1:1".to_string()]).unwrap();
+        tokio::spawn(agent_gateway::http::serve(agent_gateway::http::HttpState { router: router.clone(), metrics: None }, http, std::future::pending()));
+        let runner = std::sync::Arc::new(agent_gateway::step::StepRunner::new(router));
+        tokio::spawn(agent_gateway::service::serve(runner, grpc, std::future::pending()));
+        // Any request: a 404 without a body.
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            while let Ok((mut s, _)) = other.accept().await {
+                tokio::spawn(async move {
+                    let _ = s.read(&mut [0u8; 1024]).await;
+                    let _ = s.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").await;
+                });
+            }
+        });
+    });
+    let serve = |worker: &str, limit: u64| {
+        test_support::cli::output_within(
+            Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
+                .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off", "--worker", worker])
+                .env_remove("TANDEM_AUTH_TOKEN_FILE")
+                .env_remove("RUST_BACKTRACE")
+                .env_remove("RUST_LIB_BACKTRACE"),
+            std::time::Duration::from_secs(limit),
+        )
+    };
+    let pass = "; pass a worker's gRPC address, its `device-worker serve --listen` (default 127.0.0.1:50051)";
+    for (addr, what) in [
+        (&addrs[0], "it answers plain HTTP/1.1, not gRPC: it looks like the gateway's --http-listen port"),
+        (&addrs[1], "it is an agent-gateway's gRPC port (its --listen)"),
+        (&addrs[2], "it answers plain HTTP/1.1, not gRPC"),
+    ] {
+        let out = serve(addr, 30);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert_one_line_error(&stderr, &format!("--worker {addr} is not a device-worker: {what}{pass}"));
+        assert!(!stderr.contains("listening"), "{stderr}");
+    }
+    // Nothing listens there: the gateway serves (killed after 3 s), warning once.
+    let out = serve("127.0.0.1:1", 3);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), None, "killed while serving: {stderr}");
+    assert!(stderr.contains("AgentService listening"), "{stderr}");
+    assert_eq!(stderr.matches("worker does not answer (yet); starting anyway").count(), 1, "{stderr}");
+}
+
 /// A connection refused is said once, with its cause: tonic's "tcp connect error" appears
 /// once (it was printed twice, its source repeating it) and the OS error follows.
 #[test]

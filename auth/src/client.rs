@@ -191,6 +191,126 @@ pub fn address(addr: &str) -> Result<String, String> {
     address_uri(addr).map(|_| addr.to_string())
 }
 
+/// A gRPC status as `Code: message` and the causes of its source, each once: the source's
+/// chain ([`tandem_options::error_chain`]) when it holds the message (a connection refused is
+/// `Unavailable: transport error: tcp connect error: Connection refused (os error 111)`, not a
+/// bare "tcp connect error"), else the message and each cause it does not already say.
+pub fn status_text(s: &tonic::Status) -> String {
+    let code = s.code();
+    let source = std::error::Error::source(s);
+    if let Some(chain) = source.map(tandem_options::error_chain).filter(|c| c.contains(s.message())) {
+        return format!("{code:?}: {chain}");
+    }
+    let mut text = format!("{code:?}: {}", s.message());
+    let mut cause = source;
+    while let Some(c) = cause {
+        let t = c.to_string();
+        if !text.contains(&t) {
+            text.push_str(": ");
+            text.push_str(&t);
+        }
+        cause = c.source();
+    }
+    text
+}
+
+/// Whether a failed call's `s` may come from a server that is no gRPC server, so that
+/// [`http1_server`] is worth asking: a status tonic made here (a failed connection or HTTP/2
+/// handshake, e.g. with an HTTP/1.1-only server; it carries the transport error as its
+/// source), or one tonic mapped from an HTTP answer without `grpc-status` (an HTTP/2-capable
+/// server such as a worker's metrics port answers the call's path with a 404, which tonic
+/// reports as UNIMPLEMENTED "grpc-status header missing, mapped from HTTP status code 404").
+pub fn maybe_not_grpc(s: &tonic::Status) -> bool {
+    std::error::Error::source(s).is_some()
+        || s.message().starts_with("grpc-status header missing")
+        || s.message().contains("missing grpc-status trailer")
+}
+
+/// What a server that answers plain HTTP/1.1 (no gRPC) at a client's address seems to be
+/// ([`http1_server`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Http1Server {
+    /// `GET /health` answers the gateway's JSON (a `workers` list): an agent-gateway's
+    /// `--http-listen` port (its OpenAI endpoint).
+    GatewayHttp,
+    /// `GET /metrics` answers Prometheus text: a metrics endpoint, such as a worker's
+    /// `--metrics-listen`.
+    Metrics,
+    /// Another HTTP/1.1 server.
+    Other,
+}
+
+impl Http1Server {
+    /// What it seems to be, for a message after "answers plain HTTP/1.1, not gRPC": ": it
+    /// looks like the gateway's --http-listen port", ": it looks like a Prometheus metrics
+    /// endpoint (GET /metrics), such as a worker's --metrics-listen", or "" for another server.
+    pub fn looks_like(self) -> &'static str {
+        match self {
+            Http1Server::GatewayHttp => ": it looks like the gateway's --http-listen port",
+            Http1Server::Metrics => ": it looks like a Prometheus metrics endpoint (GET /metrics), such as a worker's --metrics-listen",
+            Http1Server::Other => "",
+        }
+    }
+}
+
+/// How long [`http1_server`] waits for each answer.
+const HTTP1_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// What answers at the plain `http://` (or bare `HOST:PORT`) address `addr` when it answers
+/// an HTTP/1.1 request with an HTTP/1.1 status line (where a gRPC client only sees "transport
+/// error" or "h2 protocol error"): `GET /health`, then `GET /metrics` tell the gateway's
+/// OpenAI endpoint from a Prometheus metrics server and other servers. `None` for
+/// `https://`, `unix:` and anything that does not answer so within a second.
+pub async fn http1_server(addr: &str) -> Option<Http1Server> {
+    let (_, body) = http1_get(addr, "/health").await?;
+    if body.contains("\"workers\"") {
+        return Some(Http1Server::GatewayHttp);
+    }
+    match http1_get(addr, "/metrics").await {
+        Some((200, body)) if body.contains("# TYPE ") || body.contains("# HELP ") => Some(Http1Server::Metrics),
+        _ => Some(Http1Server::Other),
+    }
+}
+
+/// What to add to a failed gRPC call's error when `addr` answers plain HTTP/1.1
+/// ([`http1_server`]): ` (this address answers plain HTTP/1.1, not gRPC: it looks like the
+/// gateway's --http-listen port, {at_gateway_http})` for the gateway's OpenAI endpoint, else
+/// ` (this address answers plain HTTP/1.1, not gRPC{what it looks like}; {grpc_is})`; empty
+/// otherwise. `at_gateway_http` goes on about the gateway ("whose health is GET /health; ...");
+/// `grpc_is` says where the caller's gRPC service is. Used by `agent-gateway health`,
+/// `replay`, `load` and `device-worker request`, `power`.
+pub async fn not_grpc_hint(addr: &str, at_gateway_http: &str, grpc_is: &str) -> String {
+    let answers = "this address answers plain HTTP/1.1, not gRPC";
+    match http1_server(addr).await {
+        Some(s @ Http1Server::GatewayHttp) => format!(" ({answers}{}, {at_gateway_http})", s.looks_like()),
+        Some(s) => format!(" ({answers}{}; {grpc_is})", s.looks_like()),
+        None => String::new(),
+    }
+}
+
+/// `GET path` over HTTP/1.1 at the plain address `addr` (`Connection: close`): the status code
+/// and up to 64 KiB of the body, or `None` when nothing answers with an HTTP/1.x status line
+/// within [`HTTP1_PROBE_TIMEOUT`] (the body read within another one).
+async fn http1_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let uri = uri(addr).ok()?;
+    let authority = uri.strip_prefix("http://").map(|r| r.split('/').next().unwrap_or(r))?;
+    let answer = async {
+        let mut s = tokio::net::TcpStream::connect(authority).await.ok()?;
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n");
+        s.write_all(request.as_bytes()).await.ok()?;
+        // "HTTP/1.1 200"
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).await.ok()?;
+        head.starts_with(b"HTTP/1.").then_some((s, head))
+    };
+    let (s, head) = tokio::time::timeout(HTTP1_PROBE_TIMEOUT, answer).await.ok()??;
+    let code = std::str::from_utf8(&head[9..]).ok().and_then(|c| c.parse().ok()).unwrap_or(0);
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(HTTP1_PROBE_TIMEOUT, s.take(64 * 1024).read_to_end(&mut rest)).await;
+    Some((code, String::from_utf8_lossy(&rest).into_owned()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::{address, BearerInterceptor};

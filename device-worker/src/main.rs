@@ -309,21 +309,27 @@ async fn request(
     use tokio_stream::StreamExt;
     let mut client = worker.client()?;
     let t0 = std::time::Instant::now();
-    let mut stream = client
+    let stream = client
         .generate(pb::GenerateRequest {
             session_id: session,
             prompt: Some(pb::generate_request::Prompt::Text(text)),
             max_tokens,
             ..Default::default()
         })
-        .await
-        .map_err(|s| worker_error(&worker.addr, &s))?
-        .into_inner();
+        .await;
+    let mut stream = match stream {
+        Ok(r) => r.into_inner(),
+        Err(s) => return Err(worker_error(&worker.addr, &s).await),
+    };
     let mut first_token_ms = None;
     let mut done = None;
     let (mut tokens, mut out_text) = (Vec::new(), String::new());
     while let Some(ev) = stream.next().await {
-        match ev.map_err(|s| worker_error(&worker.addr, &s))?.event {
+        let ev = match ev {
+            Ok(ev) => ev,
+            Err(s) => return Err(worker_error(&worker.addr, &s).await),
+        };
+        match ev.event {
             Some(pb::generate_event::Event::Token(t)) => {
                 first_token_ms.get_or_insert(t0.elapsed().as_secs_f64() * 1e3);
                 tokens.push(t.id);
@@ -352,19 +358,33 @@ async fn request(
     Ok(())
 }
 
-/// A gRPC error from the worker at `addr`, with a hint when it could not be reached.
-fn worker_error(addr: &str, status: &tonic::Status) -> anyhow::Error {
+/// Where a worker's gRPC port is, for the hint after a failure at an address that answers
+/// HTTP/1.1 ([`tandem_auth::client::not_grpc_hint`]): after "the gateway's --http-listen port, ",
+/// and for another HTTP server.
+const WORKER_AT_GATEWAY_HTTP: &str = "its OpenAI endpoint; the worker's gRPC port is its `serve --listen`, default 127.0.0.1:50051 (the gateway's --worker)";
+const WORKER_GRPC_IS: &str = "the worker's gRPC port is its `serve --listen`, default 127.0.0.1:50051";
+
+/// A gRPC error from the worker at `addr`, saying what to do: a plain HTTP/1.1 server (the
+/// gateway's OpenAI endpoint, a metrics port) or another gRPC server (the gateway's) at `addr`
+/// is named as such; a worker that cannot be reached is said so, with the cause.
+async fn worker_error(addr: &str, status: &tonic::Status) -> anyhow::Error {
     use tandem_proto::step::v1::step_service_server::SERVICE_NAME;
+    if tandem_auth::client::maybe_not_grpc(status) {
+        let hint = tandem_auth::client::not_grpc_hint(addr, WORKER_AT_GATEWAY_HTTP, WORKER_GRPC_IS).await;
+        if !hint.is_empty() {
+            return anyhow::anyhow!("{addr} is not a worker's gRPC port{hint}");
+        }
+    }
+    let text = tandem_auth::client::status_text(status);
     match status.code() {
         tonic::Code::Unimplemented => anyhow::anyhow!(
             "{addr} does not serve {SERVICE_NAME} (is it the gateway, or another server? pass a worker's address, its `serve --listen`, as --addr)"
         ),
-        tonic::Code::Unavailable => anyhow::anyhow!(
-            "worker {addr}: {:?}: {} (is a worker running there? start one with `device-worker serve`, or pass --addr)",
-            status.code(),
-            status.message()
+        // A status tonic made here (a failed connection), not the worker's.
+        _ if std::error::Error::source(status).is_some() => anyhow::anyhow!(
+            "cannot reach a worker at {addr}: {text} (is a worker running there? start one with `device-worker serve`, or pass --addr)"
         ),
-        code => anyhow::anyhow!("worker {addr}: {code:?}: {}", status.message()),
+        _ => anyhow::anyhow!("worker {addr}: {text}"),
     }
 }
 
@@ -382,11 +402,10 @@ fn finish_reason(value: i32) -> String {
 async fn power(worker: WorkerClientArgs) -> anyhow::Result<()> {
     use tandem_proto::step::v1 as pb;
     let mut client = worker.client()?;
-    let s = client
-        .status(pb::StatusRequest {})
-        .await
-        .map_err(|s| worker_error(&worker.addr, &s))?
-        .into_inner();
+    let s = match client.status(pb::StatusRequest {}).await {
+        Ok(r) => r.into_inner(),
+        Err(s) => return Err(worker_error(&worker.addr, &s).await),
+    };
     let p = s.power.unwrap_or_default();
     let wl = p.wake_latency.unwrap_or_default();
     let json = serde_json::json!({

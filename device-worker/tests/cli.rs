@@ -532,6 +532,35 @@ fn bench_usage_errors_exit_2() {
     assert_usage_error(&out, &["--prompt-tokens", "999999", "context size"]);
 }
 
+/// `request` and `power` at a worker's Prometheus port (`serve --metrics-listen`, served here
+/// for an engine of the tiny model) say that it answers plain HTTP/1.1 and where the worker's
+/// gRPC port is, instead of a bare transport error; where nothing listens they say which
+/// address could not be reached, and why (not a bare "tcp connect error").
+#[test]
+fn request_and_power_at_a_metrics_port_or_nothing_say_so() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let metrics = rt.block_on(async {
+        let cfg = device_worker::config::EngineOptions { model: Some(TINY.into()), threads: Some(1), ctx_size: 256, slots: 1, ..Default::default() };
+        let engine = device_worker::engine::EngineHandle::spawn(cfg.settings().unwrap()).unwrap();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        tokio::spawn(device_worker::service::metrics::serve(engine, l, std::future::pending()));
+        addr
+    });
+    for command in [&["power"][..], &["request", "--text", "hi"]] {
+        let out = device_worker(&[command, &["--addr", &metrics]].concat());
+        assert_eq!(out.status.code(), Some(1));
+        assert_one_line_error(
+            &String::from_utf8_lossy(&out.stderr),
+            &format!("{metrics} is not a worker's gRPC port (this address answers plain HTTP/1.1, not gRPC: it looks like a Prometheus metrics endpoint (GET /metrics), such as a worker's --metrics-listen; the worker's gRPC port is its `serve --listen`, default 127.0.0.1:50051)"),
+        );
+        let out = device_worker(&[command, &["--addr", "127.0.0.1:1"]].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1));
+        assert_one_line_error(&stderr, "cannot reach a worker at 127.0.0.1:1: Unavailable: transport error: tcp connect error: Connection refused (os error 111) (is a worker running there?");
+    }
+}
+
 /// `request` against a server without StepService (here one serving only gRPC health, as
 /// the gateway's address would answer) says so instead of a bare `Unimplemented: `.
 #[test]

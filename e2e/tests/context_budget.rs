@@ -227,3 +227,32 @@ async fn an_agent_step_without_max_tokens_is_cut_at_the_context_end() {
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
     assert!(err.message().contains(&format!("max_tokens 96 does not fit: the context holds {n_ctx} tokens")), "{}", err.message());
 }
+
+/// A `replay --max-tokens` that no step can fit stops the replay at once with one message
+/// without the worker's address (it failed every step alike, each error naming the worker): a
+/// budget of the whole context or more is refused at the episode's start (the gateway knows
+/// the worker's context from its Status; a unary `Step` is refused the same way), and one the
+/// first step's prompt leaves no room for ends the replay after that step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_budget_no_step_fits_stops_with_one_message() {
+    let servers = common::start_with(device_worker::config::EngineOptions { ctx_size: 4096, ..worker_options() }).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = common::replay_config(&servers.gateway, 3, dir.path().join("replay.jsonl"));
+    cfg.max_tokens = 100_000;
+    let err = agent_gateway::replay::run(&cfg).await.expect_err("100000 tokens never fit").to_string();
+    eprintln!("{err}");
+    let refusal = "max_tokens 100000 does not fit: the model's context holds 4096 tokens, the prompt included; expected max_tokens below 4096";
+    assert!(err.contains(&format!("step 0): InvalidArgument: {refusal}")) && !err.contains(&servers.worker), "{err}");
+
+    let episode = agent_gateway::corpus::load_episodes(&corpus()).unwrap().remove(0);
+    let mut client = apb::agent_service_client::AgentServiceClient::connect(servers.gateway.clone()).await.unwrap();
+    let status = agent_step(&mut client, "budget", &episode, 100_000).await.expect_err("refused");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().starts_with(refusal), "{}", status.message());
+
+    cfg.max_tokens = 4000;
+    let err = agent_gateway::replay::run(&cfg).await.expect_err("the prompt leaves less than 4000").to_string();
+    eprintln!("{err}");
+    assert!(err.contains("--max-tokens 4000 does not fit the first step (episode ") && err.contains(", step 0): the context holds 4096 tokens"), "{err}");
+    assert!(err.contains("pass a smaller --max-tokens, or 0 for the gateway's default") && !err.contains(&servers.worker), "{err}");
+}

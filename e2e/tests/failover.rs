@@ -94,3 +94,54 @@ async fn gateway_health_follows_its_worker() {
     let (_stop, _task) = serve_on(tokio::net::TcpListener::bind(addr).await.unwrap());
     wait_health(&gateway, ServingStatus::Serving).await;
 }
+
+/// Addresses that answer but are no device-worker, with a real worker's ports beside: the
+/// gateway's start-up check refuses each as `--worker`, naming what it seems to be (the
+/// worker's Prometheus port, the gateway's HTTP port, the gateway's gRPC port) while the real
+/// worker and an address where nothing listens (yet) pass; `GET /health` says in words why
+/// such a worker is down (was `" (Unimplemented)"`); `agent-gateway health` at the metrics
+/// port says it is a metrics endpoint (it said "the gateway's --http-listen port"); `replay
+/// --gateway` at the worker says it is a device-worker (it said a bare `Unimplemented: `).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn addresses_that_are_no_worker_are_named_as_such() {
+    let mut servers = common::start(common::model_path()).await;
+    let metrics = format!("http://{}", common::start_worker_metrics(&mut servers).await);
+    let http = format!("http://{}", common::start_http(&mut servers).await);
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let check = |addr: &str| {
+        let router = agent_gateway::worker::Router::new(&[servers.worker.clone(), addr.to_string()]).unwrap();
+        async move { router.check_workers_answer().await.map_err(|e| e.to_string()) }
+    };
+    check(&dead).await.expect("a worker that does not answer (yet) is no configuration error");
+    for (addr, what) in [
+        (&metrics, "it answers plain HTTP/1.1, not gRPC: it looks like a Prometheus metrics endpoint (GET /metrics), such as a worker's --metrics-listen"),
+        (&http, "it answers plain HTTP/1.1, not gRPC: it looks like the gateway's --http-listen port"),
+        (&servers.gateway, "it is an agent-gateway's gRPC port (its --listen)"),
+    ] {
+        let err = check(addr).await.expect_err(addr);
+        assert!(err.contains(&format!("--worker {addr} is not a device-worker: {what}; pass a worker's gRPC address")), "{err}");
+    }
+
+    // GET /health of a gateway routed to the worker and to the gateway's own gRPC port.
+    let router = agent_gateway::worker::Router::new(&[servers.worker.clone(), servers.gateway.clone()]).unwrap();
+    let (health_http, _stop) = common::serve_http_over(router).await;
+    let (status, body) = common::http_get(&health_http, "/health").await;
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((status, &json["status"]), (200, &"degraded".into()), "{body}");
+    assert_eq!(json["workers"][1]["error"], "not a device-worker: it is an agent-gateway's gRPC port (its --listen)", "{body}");
+
+    let args = agent_gateway::health::HealthArgs { addr: metrics.clone(), service: String::new(), wait: 0, tls: Default::default() };
+    let err = agent_gateway::health::run(&args).await.expect_err("metrics is no gRPC server").to_string();
+    assert!(
+        err.contains("(this address answers plain HTTP/1.1, not gRPC: it looks like a Prometheus metrics endpoint (GET /metrics), such as a worker's --metrics-listen; gRPC health is on a gateway's --listen port"),
+        "{err}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = common::replay_config(&servers.worker, 1, dir.path().join("replay.jsonl"));
+    let err = agent_gateway::replay::run(&cfg).await.expect_err("a worker serves no AgentService").to_string();
+    assert!(err.contains("Unimplemented") && err.contains("(this is a device-worker; replay talks to the agent-gateway's gRPC port, its --listen, default 127.0.0.1:50052)"), "{err}");
+}

@@ -256,6 +256,52 @@ async fn a_worker_killed_mid_stream_with_no_other_ends_the_step_as_unavailable()
     assert!(r.action_json.is_empty());
 }
 
+/// A worker killed in the middle of an OpenAI chat request: the client is told to retry, as
+/// the README promises ("an unreachable or failing worker is a 503 or 502 saying whether to
+/// retry"), like for a worker killed before the request. Before any byte of the answer: 503
+/// with `Retry-After: 5` (was a 502 without); in a stream (killed after its first content
+/// chunk): an error event saying "retry in 5 s". The worker hangs in its third batch (its
+/// second decode step) until killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_chat_request_says_to_retry() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut a = Child::start("worker", &free_addr(), "3");
+    let (http, _stop) = common::serve_http_over(agent_gateway::worker::Router::new(std::slice::from_ref(&a.url)).unwrap()).await;
+    let chat = |stream: bool| format!(r#"{{"messages":[{{"role":"user","content":"Count from one to fifty."}}],"max_tokens":64,"stream":{stream}}}"#);
+
+    // Streaming: read to the first content chunk, then kill the worker.
+    let body = chat(true);
+    let mut s = tokio::net::TcpStream::connect(&http).await.unwrap();
+    s.write_all(common::post_head(&http, "/v1/chat/completions", "", &body).as_bytes()).await.unwrap();
+    s.write_all(body.as_bytes()).await.unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains(r#""delta":{"content":""#) {
+        let n = tokio::time::timeout(Duration::from_secs(120), s.read(&mut buf)).await.expect("a content chunk within 120 s").unwrap();
+        assert!(n > 0, "the stream ended before a content chunk: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    a.kill();
+    tokio::time::timeout(PROMPT_END, s.read_to_end(&mut seen)).await.expect("the stream ends after the kill").unwrap();
+    let text = String::from_utf8_lossy(&seen);
+    let error = text.lines().find(|l| l.contains(r#""error""#)).unwrap_or_else(|| panic!("no error event: {text}"));
+    assert!(error.contains("retry in 5 s") && error.contains(r#""type":"server_error""#), "{error}");
+    assert!(!text.contains("[DONE]"), "{text}");
+
+    // Non-streaming: the worker restarted (hanging again in its third batch), killed while
+    // the gateway waits for the whole answer (it is hung from well before the kill).
+    let mut a = Child::start("worker", a.url.trim_start_matches("http://"), "3");
+    let request = tokio::spawn(async move { common::http_post_with_head(&http, "/v1/chat/completions", &chat(false)).await });
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(!request.is_finished(), "the request ended before the kill");
+    a.kill();
+    let (status, head, body) = tokio::time::timeout(PROMPT_END, request).await.expect("an answer after the kill").unwrap();
+    eprintln!("{head}\n\n{body}");
+    assert_eq!(status, 503, "{head}\n{body}");
+    assert!(head.lines().any(|l| l.eq_ignore_ascii_case("retry-after: 5")), "{head}");
+    assert!(body.contains("retry in 5 s"), "{body}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_restarted_on_its_address_serves_the_episode_cold() {
     let addr = free_addr();

@@ -77,13 +77,15 @@ struct Terms {
     max_tokens_param: &'static str,
 }
 
-/// A worker status as the endpoint's error, its text in the request's terms ([`Terms`]).
+/// A worker status as the endpoint's error, its text in the request's terms ([`Terms`]). A
+/// broken connection (the worker died mid-request) counts as UNAVAILABLE, as an unreachable
+/// worker does ([`crate::step::effective_code`]): 503 with `Retry-After`.
 fn worker_error(worker: &str, s: tonic::Status, terms: &Terms) -> ApiError {
     let mut message = terms.origins.to_openai(s.message());
     if terms.max_tokens_param != "max_tokens" {
         message = message.replace("max_tokens", terms.max_tokens_param);
     }
-    ApiError::Worker { worker: worker.to_string(), code: s.code(), message }
+    ApiError::Worker { worker: worker.to_string(), code: crate::step::effective_code(&s), message }
 }
 
 struct Reply {
@@ -118,7 +120,7 @@ async fn run(state: HttpState, headers: HeaderMap, body: Bytes) -> Result<Respon
     let mut stream = match worker.client.clone().generate(generate.clone()).await {
         Ok(s) => s.into_inner(),
         // An unreachable or restarting worker: route around it and try once more.
-        Err(s) if s.code() == tonic::Code::Unavailable => {
+        Err(s) if crate::step::effective_code(&s) == tonic::Code::Unavailable => {
             state.router.mark_down(&worker.addr);
             worker = state.router.route(&route_key).clone();
             worker.client.clone().generate(generate).await.map_err(|s| worker_error(&worker.addr, s, &terms))?.into_inner()

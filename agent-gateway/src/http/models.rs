@@ -15,12 +15,16 @@ use crate::error::ApiError;
 pub const STATUS_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// One worker's status, or why it gave none (also the gateway's gRPC health,
-/// [`crate::service::serve_secured`]).
+/// [`crate::service::serve_secured`]): an address that is no device-worker says what it is
+/// ([`crate::worker::Worker::not_a_worker`]).
 pub(crate) async fn status_of(worker: &crate::worker::Worker) -> Result<spb::StatusResponse, String> {
     let mut client = worker.client.clone();
     match tokio::time::timeout(STATUS_TIMEOUT, client.status(spb::StatusRequest {})).await {
         Ok(Ok(r)) => Ok(r.into_inner()),
-        Ok(Err(s)) => Err(format!("{} ({:?})", s.message(), s.code())),
+        Ok(Err(s)) => match worker.not_a_worker(&s).await {
+            Some(why) => Err(format!("not a device-worker: {why}")),
+            None => Err(format!("{} ({:?})", s.message(), s.code())),
+        },
         Err(_) => Err(format!("no answer within {} s", STATUS_TIMEOUT.as_secs())),
     }
 }

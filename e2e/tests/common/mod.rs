@@ -193,6 +193,12 @@ pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
 /// server closes; returns the status code and the body (undecoded). A read error after the
 /// response (a reset as the server drops a request body it did not read) keeps what came.
 pub async fn http_exchange(addr: &str, head: String, body: &str) -> (u16, String) {
+    let (status, _, body) = http_exchange_with_head(addr, head, body).await;
+    (status, body)
+}
+
+/// [`http_exchange`], returning the response's head (status line and header lines) too.
+pub async fn http_exchange_with_head(addr: &str, head: String, body: &str) -> (u16, String, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect to the HTTP endpoint");
     s.write_all(head.as_bytes()).await.unwrap();
@@ -202,7 +208,7 @@ pub async fn http_exchange(addr: &str, head: String, body: &str) -> (u16, String
     let text = String::from_utf8_lossy(&raw).into_owned();
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no HTTP head in {text:?}"));
     let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).expect("a status code");
-    (status, body.to_string())
+    (status, head.to_string(), body.to_string())
 }
 
 /// The value of the sample `series` (`name{labels}` exactly as rendered, or a bare name) in a
@@ -221,11 +227,20 @@ pub async fn http_post(addr: &str, path: &str, body: &str) -> (u16, String) {
 
 /// [`http_post`] with `extra_headers`: whole header lines, each ending in `\r\n` (or "").
 pub async fn http_post_with_headers(addr: &str, path: &str, extra_headers: &str, body: &str) -> (u16, String) {
-    let head = format!(
+    http_exchange(addr, post_head(addr, path, extra_headers, body), body).await
+}
+
+/// [`http_post`], returning the response's head (status line and header lines) too.
+pub async fn http_post_with_head(addr: &str, path: &str, body: &str) -> (u16, String, String) {
+    http_exchange_with_head(addr, post_head(addr, path, "", body), body).await
+}
+
+/// The head of a `POST path` with the JSON `body` and `extra_headers` ([`http_post_with_headers`]).
+pub fn post_head(addr: &str, path: &str, extra_headers: &str, body: &str) -> String {
+    format!(
         "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra_headers}Connection: close\r\n\r\n",
         body.len()
-    );
-    http_exchange(addr, head, body).await
+    )
 }
 
 /// A log sink: every line written by the `tracing` subscriber [`capture_logs`] installs.

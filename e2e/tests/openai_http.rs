@@ -13,7 +13,11 @@
 //! - errors speak the request's terms: a wrong type says what the field takes (not serde's
 //!   "expected u32"), a budget sent as `max_completion_tokens` is named so, a request over the
 //!   context is `context_length_exceeded`; no error carries the worker's address or a gRPC
-//!   code, also when the only worker is unreachable (503).
+//!   code, also when the only worker is unreachable (503);
+//! - messages are checked as the request is: an unknown or unimplemented message key is a 400
+//!   `unsupported_parameter` naming `messages[i].KEY`, a missing or null `content` a 400 naming
+//!   `messages[i].content` (but an assistant's `refusal` stands for its content), `max_tokens`
+//!   beside a different `max_completion_tokens` a 400, a lone surrogate escape a 400 saying so.
 //!
 //! After each refused request the next valid one is served.
 
@@ -212,4 +216,57 @@ async fn errors_name_the_clients_fields_and_no_internals() {
     let (status, text) = common::http_get(&down, "/v1/models").await;
     assert_eq!(status, 503, "{text}");
     assert_no_internals(&text, &dead);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_are_checked_as_the_request_is() {
+    let mut servers = common::start_with(worker_options()).await;
+    let http = common::start_http(&mut servers).await;
+    let worker = servers.worker.clone();
+    let user = json!({"role": "user", "content": "Say hi."});
+    let two = |second: Value| json!({"messages": [user, second], "max_tokens": 2});
+
+    // No content, or a null one: named, not served as an empty turn.
+    for (body, param) in [
+        (json!({"messages": [{"role": "user"}], "max_tokens": 2}), "messages[0].content"),
+        (json!({"messages": [{"role": "user", "content": null}], "max_tokens": 2}), "messages[0].content"),
+        (two(json!({"role": "assistant", "content": null})), "messages[1].content"),
+    ] {
+        let message = assert_refused(&http, &worker, &body, 400, "invalid_value", Some(param)).await;
+        assert!(message.starts_with(&format!("{param}: expected a string or a list of text and image_url parts")), "{message}");
+    }
+    // Unknown or unimplemented message keys: unsupported, named as messages[i].KEY.
+    for (body, param) in [
+        (two(json!({"role": "user", "content": "x", "frobnicate": 1})), "messages[1].frobnicate"),
+        (two(json!({"role": "assistant", "content": "x", "tool_calls": [{"id": "c1", "type": "function"}]})), "messages[1].tool_calls"),
+        (two(json!({"role": "user", "content": "x", "tool_call_id": "c1"})), "messages[1].tool_call_id"),
+    ] {
+        let message = assert_refused(&http, &worker, &body, 400, "unsupported_parameter", Some(param)).await;
+        assert!(message.starts_with(&format!("{param}: unsupported: ")), "{message}");
+    }
+    // Both budgets, different: refused; equal: served.
+    let mut both = ask("Say hi.");
+    both["max_completion_tokens"] = json!(3);
+    let message = assert_refused(&http, &worker, &both, 400, "invalid_value", Some("max_tokens")).await;
+    assert_eq!(message, "max_tokens: expected the same value as max_completion_tokens, or no max_tokens (the older name of the same budget), found 2 beside max_completion_tokens 3");
+    both["max_completion_tokens"] = json!(2);
+    // Served: equal budgets, `name`, an assistant message copied back from a response (null
+    // and empty keys), and an assistant's refusal in place of its content.
+    for body in [
+        both,
+        json!({"messages": [{"role": "user", "content": "Say hi.", "name": "ana"}], "max_tokens": 2}),
+        two(json!({"role": "assistant", "content": "Hi.", "refusal": null, "tool_calls": [], "function_call": null, "audio": null, "annotations": []})),
+        two(json!({"role": "assistant", "content": null, "refusal": "I can't help with that."})),
+    ] {
+        let (status, v) = post(&http, &body).await;
+        assert_eq!(status, 200, "{body}: {v}");
+    }
+    // A lone surrogate escape: said so, with its place.
+    let (status, text) = common::http_post(&http, "/v1/chat/completions", r#"{"messages": [{"role": "user", "content": "a\ud800"}]}"#).await;
+    assert_eq!(status, 400, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["error"]["code"], "invalid_json", "{text}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("a JSON string holds an invalid unicode escape at line 1 column "), "{message}");
+    assert_serves(&http, "a lone surrogate").await;
 }

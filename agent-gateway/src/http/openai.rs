@@ -7,8 +7,11 @@
 //! `messages` (roles `system`/`developer`/`user`/`assistant`;
 //! content a string or a list of `{"type":"text","text":...}` and `{"type":"image_url",
 //! "image_url":{"url":"data:image/png;base64,..."}}` parts, media type image/png or image/jpeg;
-//! remote image URLs are refused; errors name a part as `messages[i].content[j]`), `max_completion_tokens`
-//! or `max_tokens`, `temperature` (absent or 0: greedy), `top_p`, `top_k` (extension), `seed`,
+//! remote image URLs are refused; errors name a part as `messages[i].content[j]`; `content`
+//! is required, and may be null or absent only in an assistant message with a `refusal`, whose
+//! text is then the turn's content; a message's other keys are checked as the request's are,
+//! [`check_message_fields`]), `max_completion_tokens` or `max_tokens` (both only with the same
+//! value), `temperature` (absent or 0: greedy), `top_p`, `top_k` (extension), `seed`,
 //! `stop` (a string or up to 4 strings), `stream`, `stream_options.include_usage`,
 //! `response_format` (`text`, `json_object`, `json_schema`), `user` (episode affinity), `n`
 //! (only 1). Fields that do not change the answer are accepted and ignored
@@ -166,6 +169,84 @@ pub fn check_fields(fields: &serde_json::Map<String, Value>) -> Result<(), ApiEr
     Ok(())
 }
 
+/// The keys of a message the endpoint reads: `refusal` only in an assistant message (the
+/// turn's text when its `content` is null).
+pub const MESSAGE_READ_FIELDS: &[&str] = &["role", "content", "refusal"];
+
+/// Message keys accepted and ignored: a participant's `name` (the chat template has no place
+/// for it) and `annotations` (citations a client copies back with an earlier answer).
+pub const MESSAGE_IGNORED_FIELDS: &[&str] = &["name", "annotations"];
+
+/// Message keys the endpoint does not implement, accepted only with their neutral value, as
+/// [`NEUTRAL_ONLY`] (an assistant message copied back from a response carries them as null or
+/// `[]`).
+const MESSAGE_NEUTRAL_ONLY: &[(&str, Option<fn(&Value) -> bool>, &str)] = &[
+    ("tool_calls", Some(is_empty_list), NO_TOOLS),
+    ("function_call", None, NO_TOOLS),
+    ("tool_call_id", None, NO_TOOLS),
+    ("audio", None, "this server takes no audio (an earlier answer's audio cannot be sent back)"),
+];
+
+/// What `content` must be, as error text.
+const CONTENT_RULE: &str = "a string or a list of text and image_url parts (null or absent only in an assistant message with a refusal)";
+
+/// Refuses a message key the endpoint would otherwise ignore (as [`check_fields`] does for
+/// the request's): one neither read ([`MESSAGE_READ_FIELDS`]) nor harmless
+/// ([`MESSAGE_IGNORED_FIELDS`]), a [`MESSAGE_NEUTRAL_ONLY`] key with a value that asks for
+/// something, and `refusal` outside an assistant message; and a message without `content`
+/// (or with a null one) unless it is an assistant's refusal. `null` counts as absent. A
+/// message that is no object is left to deserialization ([`bad_field`]).
+///
+/// Errors: [`ApiError::Unsupported`] naming `messages[i].KEY`; [`ApiError::BadField`] naming
+/// `messages[i].content` (or `messages[i].refusal` beside a content).
+pub fn check_message_fields(messages: &[Value]) -> Result<(), ApiError> {
+    for (i, m) in messages.iter().enumerate() {
+        let Some(fields) = m.as_object() else { continue };
+        let assistant = fields.get("role").and_then(Value::as_str) == Some("assistant");
+        for (key, v) in fields {
+            if v.is_null() {
+                continue;
+            }
+            let unsupported = |why: String| Err(ApiError::Unsupported { param: format!("messages[{i}].{key}"), why });
+            if key == "refusal" && !assistant {
+                return unsupported("only an assistant message has a refusal".into());
+            }
+            if MESSAGE_READ_FIELDS.contains(&key.as_str()) || MESSAGE_IGNORED_FIELDS.contains(&key.as_str()) {
+                continue;
+            }
+            match MESSAGE_NEUTRAL_ONLY.iter().find(|(name, _, _)| name == key) {
+                Some((_, Some(neutral), _)) if neutral(v) => {}
+                Some((_, _, why)) => return unsupported(format!("{why}, found {}", brief(v))),
+                None => {
+                    return unsupported(format!(
+                        "unknown message field; a message takes {} and ignores {}",
+                        MESSAGE_READ_FIELDS.join(", "),
+                        MESSAGE_IGNORED_FIELDS.join(", ")
+                    ))
+                }
+            }
+        }
+        let content = fields.get("content").filter(|c| !c.is_null());
+        let refusal = fields.get("refusal").filter(|r| !r.is_null());
+        match (content, refusal) {
+            (None, Some(_)) if assistant => {}
+            (None, _) => {
+                let found = if fields.contains_key("content") { "null" } else { "no content field" };
+                return Err(ApiError::BadField { param: format!("messages[{i}].content"), expected: CONTENT_RULE, found: found.into() });
+            }
+            (Some(_), Some(r)) => {
+                return Err(ApiError::BadField {
+                    param: format!("messages[{i}].refusal"),
+                    expected: "null or no refusal in a message with a content (a refusal stands for the content)",
+                    found: brief(r),
+                })
+            }
+            (Some(_), None) => {}
+        }
+    }
+    Ok(())
+}
+
 /// What a request field takes, in the client's terms (for a value that does not deserialize).
 fn expected_of(field: &str) -> &'static str {
     match field {
@@ -206,27 +287,35 @@ fn bad_field(fields: &serde_json::Map<String, Value>) -> ApiError {
     }
 }
 
-/// One input message; `content` is a string, a list of content parts, or null.
+/// One input message; `content` is a string, a list of content parts, or null (an assistant's
+/// `refusal` then stands for it: [`check_message_fields`]).
 #[derive(Debug, Clone, Deserialize)]
 pub struct InMessage {
     pub role: String,
     #[serde(default)]
     pub content: Value,
+    #[serde(default)]
+    pub refusal: Option<String>,
 }
 
 impl ChatCompletionRequest {
     /// Parses a request body.
     ///
-    /// Errors: [`ApiError::BadJson`] when the body is not JSON or not a JSON object;
-    /// [`ApiError::Unsupported`] for a field the endpoint does not implement ([`check_fields`]);
-    /// [`ApiError::BadField`] naming the field for valid JSON with a field of the wrong type
-    /// or range (`"max_tokens": -5`, `"temperature": "hot"`) or without `messages`.
+    /// Errors: [`ApiError::BadJson`] when the body is not JSON (a string with a lone UTF-16
+    /// surrogate escape is named as such, [`json_syntax_error`]) or not a JSON object;
+    /// [`ApiError::Unsupported`] for a field the endpoint does not implement ([`check_fields`],
+    /// in a message [`check_message_fields`]); [`ApiError::BadField`] naming the field for
+    /// valid JSON with a field of the wrong type or range (`"max_tokens": -5`, `"temperature":
+    /// "hot"`), without `messages`, or a message without `content`.
     pub fn from_body(body: &[u8]) -> Result<Self, ApiError> {
-        let value: Value = serde_json::from_slice(body).map_err(|e| ApiError::BadJson(e.to_string()))?;
+        let value: Value = serde_json::from_slice(body).map_err(|e| ApiError::BadJson(json_syntax_error(&e)))?;
         let Value::Object(fields) = &value else {
             return Err(ApiError::BadJson(format!("expected a JSON object, found {}", json_kind(&value))));
         };
         check_fields(fields)?;
+        if let Some(Value::Array(messages)) = fields.get("messages") {
+            check_message_fields(messages)?;
+        }
         serde_json::from_value(value.clone()).map_err(|_| bad_field(fields))
     }
 
@@ -241,7 +330,7 @@ impl ChatCompletionRequest {
     }
 
     /// The field that set the output budget, for errors about it: `max_completion_tokens` when
-    /// given (it wins over `max_tokens`), else `max_tokens`.
+    /// given (a `max_tokens` beside it must be equal), else `max_tokens`.
     pub fn max_tokens_param(&self) -> &'static str {
         if self.max_completion_tokens.is_some() {
             "max_completion_tokens"
@@ -325,7 +414,9 @@ impl ChatCompletionRequest {
                     other => return Err(bad("role system, developer, user or assistant", format!("messages[{i}]: role {other:?}"))),
                 };
                 let (content, parts, from) = match &m.content {
-                    Value::Null => (String::new(), vec![], vec![]),
+                    // An assistant's refusal (check_message_fields refused a null content
+                    // elsewhere; a request built in code gets an empty turn).
+                    Value::Null => (m.refusal.clone().unwrap_or_default(), vec![], vec![]),
                     Value::String(s) => (s.clone(), vec![], vec![]),
                     Value::Array(list) => content_parts(i, list)?,
                     other => return Err(bad("content as a string or a list of text and image_url parts", format!("messages[{i}]: {}", brief(other)))),
@@ -370,8 +461,9 @@ impl ChatCompletionRequest {
     /// The worker request for this chat completion on session `session_id` (`""`: no slot
     /// affinity).
     ///
-    /// Errors: [`ApiError::InvalidParam`] as the accessors above, and for `n` 0 or a
-    /// `max_tokens` / `max_completion_tokens` of 0 (named as the client sent it);
+    /// Errors: [`ApiError::InvalidParam`] as the accessors above, and for `n` 0, a
+    /// `max_tokens` / `max_completion_tokens` of 0 (named as the client sent it), or both
+    /// given with different values (`max_tokens`: the older name of the same budget);
     /// [`ApiError::Unsupported`] for `n` above 1.
     pub fn to_generate_request(&self, session_id: &str, fallback_seed: u64) -> Result<spb::GenerateRequest, ApiError> {
         Ok(self.to_generate_request_indexed(session_id, fallback_seed)?.0)
@@ -393,6 +485,15 @@ impl ChatCompletionRequest {
         let max_tokens = self.max_completion_tokens.or(self.max_tokens);
         if max_tokens == Some(0) {
             return Err(ApiError::InvalidParam { param: self.max_tokens_param(), expected: expected_of("max_tokens"), found: "0".into() });
+        }
+        if let (Some(old), Some(new)) = (self.max_tokens, self.max_completion_tokens) {
+            if old != new {
+                return Err(ApiError::InvalidParam {
+                    param: "max_tokens",
+                    expected: "the same value as max_completion_tokens, or no max_tokens (the older name of the same budget)",
+                    found: format!("{old} beside max_completion_tokens {new}"),
+                });
+            }
         }
         let (messages, origins) = self.chat_messages_indexed()?;
         let req = spb::GenerateRequest {
@@ -631,6 +732,21 @@ pub fn data_uri_bytes(url: &str) -> Result<Vec<u8>, String> {
         .map_err(|e| format!("invalid base64 in the data: URI: {e}"))
 }
 
+/// The text of a body that is not JSON: serde_json's, except for a lone UTF-16 surrogate
+/// escape (`"\ud800"`), which it calls "unexpected end of hex escape" or "lone leading
+/// surrogate" (for a trailing one) although the escape is complete.
+pub fn json_syntax_error(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    if text.starts_with("unexpected end of hex escape") || text.starts_with("lone leading surrogate") {
+        return format!(
+            "a JSON string holds an invalid unicode escape at line {} column {}: a \\uD800-\\uDFFF escape (a UTF-16 surrogate) must be a high one directly followed by a low one",
+            e.line(),
+            e.column()
+        );
+    }
+    text
+}
+
 /// The first 64 characters of `s` for an error message.
 fn brief_str(s: &str) -> String {
     match s.char_indices().nth(64) {
@@ -677,7 +793,7 @@ mod tests {
                 {"role": "developer", "content": "be brief"},
                 {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]},
             ],
-            "max_completion_tokens": 12, "max_tokens": 99,
+            "max_completion_tokens": 12, "max_tokens": 12,
             "temperature": 0.7, "top_p": 0.9, "seed": 5,
             "stop": ["\n", "END"],
             "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object", "properties": {"x": {"type": "integer"}}}}},
@@ -686,7 +802,7 @@ mod tests {
         .unwrap();
         let g = r.to_generate_request("ep-1", 1).unwrap();
         assert_eq!(g.session_id, "ep-1");
-        assert_eq!(g.max_tokens, 12, "max_completion_tokens wins over max_tokens");
+        assert_eq!(g.max_tokens, 12, "max_tokens equal to max_completion_tokens is accepted");
         assert_eq!(g.stop, vec!["\n".to_string(), "END".to_string()]);
         let Some(spb::generate_request::Prompt::Chat(chat)) = g.prompt else { panic!("chat prompt") };
         assert_eq!(chat.messages[0].role, "system");
@@ -836,6 +952,7 @@ mod tests {
             (json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}), "max_tokens"),
             (json!({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}), "max_completion_tokens"),
             (json!({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0, "max_tokens": 5}), "max_completion_tokens"),
+            (json!({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 7, "max_tokens": 5}), "max_tokens"),
             (json!({"messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]}), "stop"),
             (json!({"messages": [{"role": "user", "content": "x"}], "stop": 3}), "stop"),
             (json!({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}), "response_format"),
@@ -934,6 +1051,56 @@ mod tests {
             let r = with(field, v.clone()).unwrap_or_else(|e| panic!("{field}: {v}: {e}"));
             r.to_generate_request("", 0).unwrap_or_else(|e| panic!("{field}: {v}: {e}"));
         }
+    }
+
+    /// Inside a message as at the top level: an unknown key or one that asks for something
+    /// the endpoint does not do is `unsupported_parameter` naming `messages[i].KEY`; a missing
+    /// or null `content` is a bad `messages[i].content`, except in an assistant message with a
+    /// `refusal`, whose text becomes the turn's content. `name`, `annotations` and the null or
+    /// empty keys of an assistant message copied back from a response are accepted.
+    #[test]
+    fn message_keys_and_missing_content_are_checked() {
+        let user = json!({"role": "user", "content": "hi"});
+        for (message, param, code) in [
+            (json!({"role": "user", "content": "x", "tool_call_id": "c1"}), "messages[1].tool_call_id", "unsupported_parameter"),
+            (json!({"role": "user", "content": "x", "frobnicate": 1}), "messages[1].frobnicate", "unsupported_parameter"),
+            (json!({"role": "assistant", "content": "x", "tool_calls": [{"id": "c1"}]}), "messages[1].tool_calls", "unsupported_parameter"),
+            (json!({"role": "user", "content": "x", "refusal": "no"}), "messages[1].refusal", "unsupported_parameter"),
+            (json!({"role": "user"}), "messages[1].content", "invalid_value"),
+            (json!({"role": "user", "content": null}), "messages[1].content", "invalid_value"),
+            (json!({"role": "system", "content": null, "name": "a"}), "messages[1].content", "invalid_value"),
+            (json!({"role": "assistant", "content": null}), "messages[1].content", "invalid_value"),
+            (json!({"role": "assistant", "content": "x", "refusal": "no"}), "messages[1].refusal", "invalid_value"),
+        ] {
+            let e = req(json!({"messages": [user, message]})).expect_err(&message.to_string());
+            let j = e.to_json();
+            assert_eq!(e.http_status(), 400, "{message}");
+            assert_eq!((j["error"]["param"].as_str(), j["error"]["code"].as_str()), (Some(param), Some(code)), "{message}: {j}");
+            assert_eq!(j["error"]["type"], "invalid_request_error");
+            assert!(j["error"]["message"].as_str().unwrap().starts_with(&format!("{param}: ")), "{j}");
+        }
+        let copied_back = json!({"role": "assistant", "content": "ok", "refusal": null, "tool_calls": [], "function_call": null,
+            "audio": null, "annotations": [], "name": "bot"});
+        let r = req(json!({"messages": [user, copied_back, {"role": "user", "content": "x", "name": "me"}]})).unwrap();
+        assert_eq!(r.chat_messages().unwrap()[1].content, "ok");
+        let r = req(json!({"messages": [user, {"role": "assistant", "content": null, "refusal": "I can't help with that."}]})).unwrap();
+        let m = r.chat_messages().unwrap();
+        assert_eq!((m[1].role.as_str(), m[1].content.as_str()), ("assistant", "I can't help with that."));
+    }
+
+    /// A lone UTF-16 surrogate escape is named as an invalid unicode escape with its place
+    /// (serde_json says "unexpected end of hex escape" or "lone leading surrogate").
+    #[test]
+    fn a_lone_surrogate_is_an_invalid_unicode_escape() {
+        for body in [r#"{"messages": [{"role": "user", "content": "a\ud800"}]}"#, r#"{"messages": [{"role": "user", "content": "\udc00"}]}"#] {
+            let e = ChatCompletionRequest::from_body(body.as_bytes()).unwrap_err().to_json();
+            let message = e["error"]["message"].as_str().unwrap();
+            assert!(message.contains("a JSON string holds an invalid unicode escape at line 1 column "), "{body}: {message}");
+            assert!(!message.contains("end of hex escape") && !message.contains("leading"), "{body}: {message}");
+            assert_eq!(e["error"]["code"], "invalid_json");
+        }
+        let r = ChatCompletionRequest::from_body(r#"{"messages": [{"role": "user", "content": "\ud83d\ude00"}]}"#.as_bytes()).unwrap();
+        assert_eq!(r.chat_messages().unwrap()[0].content, "\u{1F600}");
     }
 
     #[test]

@@ -23,7 +23,8 @@
 //!   `step_records[i].state.ui_elements` with `step_records[i].action` (T3A text
 //!   `"Reason: ...\nAction: {...}"`), or `observations[i].ui_elements` with `actions[i]`
 //!   (JSON objects). A file that is not valid JSON (the `TRUNCATED_INVALID_*` one) is skipped
-//!   with its reason; a step whose action text holds no valid action is kept with
+//!   with its reason (logged at debug level for a file named as invalid on purpose,
+//!   [`DELIBERATELY_INVALID`]; any other at warn level); a step whose action text holds no valid action is kept with
 //!   `recorded_action: None` (the Markor log's LLM-API error text ends in a fallback
 //!   `Action: {"action_type": "status", "goal_status": "infeasible"}`, which is recorded).
 //!
@@ -168,12 +169,14 @@ pub fn load_episodes(corpus_root: &Path) -> Result<Vec<Episode>, CorpusError> {
     Ok(load.episodes)
 }
 
-/// Logs a skipped entry: a folder known to hold no episodes ([`NOT_EPISODES`]) at debug
-/// level (it is no problem), any other once per process at warn level (every load of the
-/// corpus would repeat it).
+/// Logs a skipped entry: a folder known to hold no episodes ([`NOT_EPISODES`]) or a file
+/// invalid on purpose ([`DELIBERATELY_INVALID`]) at debug level (they are no problem, and a
+/// warning on every run of every command would only teach users to ignore warnings), any
+/// other once per process at warn level (every load of the corpus would repeat it).
 fn log_skipped(s: &SkippedEpisode) {
     static WARNED: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
-    if NOT_EPISODES.iter().any(|(dir, _)| *dir == s.source) {
+    let name = s.source.rsplit('/').next().unwrap_or(&s.source);
+    if NOT_EPISODES.iter().any(|(dir, _)| *dir == s.source) || name.starts_with(DELIBERATELY_INVALID) {
         tracing::debug!(source = %s.source, reason = %s.reason, "corpus entry skipped");
         return;
     }
@@ -184,6 +187,10 @@ fn log_skipped(s: &SkippedEpisode) {
         warned.push(key);
     }
 }
+
+/// The name prefix of corpus files invalid on purpose: the corpus's SOURCES.md lists
+/// `TRUNCATED_INVALID_*.json`, a log cut off mid-file, kept to exercise the loader.
+pub const DELIBERATELY_INVALID: &str = "TRUNCATED_INVALID_";
 
 /// Corpus folders that hold no episodes, and why (skipped, logged at debug level only).
 const NOT_EPISODES: [(&str, &str); 2] = [

@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "agent-gateway", version, about = "tandem agent-gateway: turns screen observations into agent prompts, streams action tokens from device-workers and validates the JSON actions.")]
+#[command(name = "agent-gateway", version, about = "tandem agent-gateway: turns screen observations into agent prompts, streams action tokens from device-workers and validates the JSON actions.", after_help = tandem_options::EXIT_CODES)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -38,6 +38,16 @@ enum Command {
         #[arg(allow_hyphen_values = true, trailing_var_arg = true)]
         _args: Vec<String>,
     },
+}
+
+/// A client command's result, with [`agent_gateway::error::GatewayError::Config`] (a bad option
+/// or a file the command line names that cannot be used: `--token-file`, `--tls-ca`,
+/// `--gateway`, `--count 0`) a usage error: exit code 2, as clap's own.
+fn usage_on_config<T>(result: Result<T, agent_gateway::error::GatewayError>) -> Result<T, agent_gateway::error::GatewayError> {
+    match result {
+        Err(e @ agent_gateway::error::GatewayError::Config(_)) => Ok(tandem_options::or_usage_error(Err(e))),
+        other => other,
+    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -76,15 +86,16 @@ fn run() -> anyhow::Result<()> {
                     let _ = stop_tx.send(true);
                 });
                 let listens: Vec<_> = std::iter::once(cfg.listen).chain(cfg.http_listen.0).collect();
-                let tls = cfg.auth.tls.load()?;
-                let worker_tls = cfg.worker_tls.load()?;
-                let auth = cfg.auth.authenticator(&listens)?;
+                // Files the command line names that cannot be used are usage errors (exit 2).
+                let tls = tandem_options::or_usage_error(cfg.auth.tls.load());
+                let worker_tls = tandem_options::or_usage_error(cfg.worker_tls.load());
+                let auth = tandem_options::or_usage_error(cfg.auth.authenticator(&listens));
                 if let Some(a) = &auth {
                     a.reload_on_sighup();
                     tracing::info!(file = %a.path().display(), "AgentService and the HTTP endpoint require a bearer token");
                 }
                 let worker_token = match &cfg.worker_token_file {
-                    Some(p) => tandem_auth::BearerInterceptor::from_file(p)?,
+                    Some(p) => tandem_options::or_usage_error(tandem_auth::BearerInterceptor::from_file(p)),
                     None => tandem_auth::BearerInterceptor::none(),
                 };
                 worker_token.reload_on_sighup();
@@ -133,10 +144,10 @@ fn run() -> anyhow::Result<()> {
                 }
             }
             Command::Load(cfg) => {
-                let reports = agent_gateway::load::run(&cfg).await?;
+                let reports = usage_on_config(agent_gateway::load::run(&cfg).await)?;
                 agent_gateway::load::verdict(&reports).map_err(|e| anyhow::anyhow!(e))?;
             }
-            Command::Health(args) => agent_gateway::health::run(&args).await?,
+            Command::Health(args) => usage_on_config(agent_gateway::health::run(&args).await)?,
             Command::Prompt(args) => {
                 let json = agent_gateway::prompt_dump::messages_json(&args)?;
                 tandem_options::write_stdout(|out| writeln!(out, "{json}"))?;
@@ -148,7 +159,7 @@ fn run() -> anyhow::Result<()> {
                 anyhow::bail!("the dry run moved to `tandem-tools dry-run` (same options; --episode, --corpus, --model, --format, --per-step, ...)")
             }
             Command::Replay(cfg) => {
-                let (_records, summary) = agent_gateway::replay::run(&cfg).await?;
+                let (_records, summary) = usage_on_config(agent_gateway::replay::run(&cfg).await)?;
                 if summary.steps > 0 && summary.valid_actions == 0 {
                     anyhow::bail!("no step produced a valid action");
                 }

@@ -338,28 +338,93 @@ fn prompt_into_a_closed_pipe_ends_quietly() {
     );
 }
 
-/// Loading the corpus warns once per problem: the folders known to hold no episodes are no
-/// problem (debug level), the one unreadable episode file is one WARN line.
+/// Loading the corpus warns once per problem, and not about what is no problem: the folders
+/// known to hold no episodes and the file the corpus keeps invalid on purpose
+/// (`TRUNCATED_INVALID_*`) are logged at debug level only (they were warned about on every
+/// run); another unreadable episode file is one WARN line.
 #[test]
 fn corpus_warnings_are_one_per_problem() {
-    let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
-        .args(["replay", "--list", "--corpus"])
-        .arg(test_support::corpus_dir())
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("agent-gateway runs");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    let list = |corpus: &std::path::Path, log: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_agent-gateway"));
+        cmd.args(["replay", "--list", "--corpus"]).arg(corpus).env_remove("RUST_LOG");
+        if let Some(level) = log {
+            cmd.env("RUST_LOG", level);
+        }
+        let out = cmd.output().expect("agent-gateway runs");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        stderr
+    };
+    let stderr = list(&test_support::corpus_dir(), None);
+    assert!(!stderr.contains("WARN"), "{stderr}");
+    let stderr = list(&test_support::corpus_dir(), Some("agent_gateway=debug"));
+    assert!(
+        stderr.lines().any(|l| l.contains("DEBUG") && l.contains("TRUNCATED_INVALID") && l.contains("not valid JSON")),
+        "{stderr}"
+    );
+    // A copy of one episode log beside a broken log and one invalid on purpose.
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("androidworld_episodes_t3a");
+    std::fs::create_dir(&logs).unwrap();
+    std::fs::copy(test_support::corpus_dir().join("androidworld_episodes_t3a/demo.json"), logs.join("demo.json")).unwrap();
+    std::fs::write(logs.join("broken.json"), "{\"goal\": ").unwrap();
+    std::fs::write(logs.join("TRUNCATED_INVALID_cut.json"), "{\"goal\": ").unwrap();
+    let stderr = list(dir.path(), None);
     let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("WARN")).collect();
     assert_eq!(warnings.len(), 1, "{stderr}");
-    assert!(warnings[0].contains("TRUNCATED_INVALID") && warnings[0].contains("not valid JSON"), "{stderr}");
+    assert!(warnings[0].contains("broken.json") && warnings[0].contains("not valid JSON"), "{stderr}");
+}
+
+/// A file the command line names that cannot be read or used is a usage error (exit code 2,
+/// as a bad flag and a bad `--config` file; it was 1), on one line naming it: serve's token
+/// and TLS files, replay's and load's `--token-file`. `--help` says what the exit codes mean.
+#[test]
+fn unreadable_files_on_the_command_line_are_usage_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing");
+    let missing = missing.to_str().unwrap();
+    let empty = dir.path().join("empty-tokens");
+    std::fs::write(&empty, "\n").unwrap();
+    let empty = empty.to_str().unwrap();
+    let corpus = test_support::corpus_dir();
+    let corpus = corpus.to_str().unwrap();
+    for (args, want) in [
+        (vec!["serve", "--auth-token-file", missing], format!("cannot read the token file {missing}")),
+        (vec!["serve", "--worker-token-file", empty], format!("token file {empty}: ")),
+        (vec!["serve", "--worker-tls-ca", missing], format!("cannot read --worker-tls-ca {missing}")),
+        (vec!["replay", "--corpus", corpus, "--token-file", missing], format!("cannot read the token file {missing}")),
+        (vec!["load", "--corpus", corpus, "--token-file", empty], format!("token file {empty}: ")),
+    ] {
+        let out = test_support::cli::output_within(
+            Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
+                .args(&args)
+                .args(if args[0] == "serve" { &["--listen", "127.0.0.1:0", "--http-listen", "off"][..] } else { &[] })
+                .env_remove("TANDEM_AUTH_TOKEN_FILE")
+                .env_remove("TANDEM_WORKER_TOKEN_FILE")
+                .env_remove("TANDEM_TOKEN_FILE")
+                .env_remove("RUST_BACKTRACE"),
+            std::time::Duration::from_secs(30),
+        );
+        test_support::cli::assert_usage_error(&out, &[]);
+        assert_one_line_error(&String::from_utf8_lossy(&out.stderr), &want);
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_agent-gateway")).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout).split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(help.contains("Exit codes: 0 done; 1 failed while running") && help.contains("2 usage error: "), "{help}");
 }
 
 /// A `--config` file `serve` cannot use (missing, not TOML, an unknown key, a table value, a
-/// value the flag refuses) exits 2 as a bad flag does, not 1.
+/// value of the wrong kind or one the flag refuses) exits 2 as a bad flag does, not 1, with an
+/// error naming the file and the key.
 #[test]
 fn bad_config_files_are_usage_errors() {
-    test_support::cli::check_bad_config_files_are_usage_errors(env!("CARGO_BIN_EXE_agent-gateway"));
+    test_support::cli::check_bad_config_files_are_usage_errors(
+        env!("CARGO_BIN_EXE_agent-gateway"),
+        &[
+            ("max-controls = \"abc\"\n", "key \"max-controls\": expected a positive integer, got \"abc\""),
+            ("worker = [5]\n", "key \"worker\": expected a string (in quotes), got 5"),
+        ],
+    );
 }
 
 /// Values a user may well type get a usage error that says what is wrong (exit code 2): a

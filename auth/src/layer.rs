@@ -33,6 +33,16 @@ impl Rejection {
             Rejection::Wrong => "invalid bearer token",
         }
     }
+
+    /// The message a gRPC client gets: [`Rejection::message`], and for a missing token the
+    /// flags of tandem's own clients that send one (a gRPC client is more often one of them
+    /// than an HTTP client is).
+    pub fn grpc_message(self) -> &'static str {
+        match self {
+            Rejection::Missing => "missing bearer token: give the token file with --token-file (to a worker: --worker-token-file), or send `authorization: Bearer <token>`",
+            other => other.message(),
+        }
+    }
 }
 
 type Reject<B> = Arc<dyn Fn(Rejection) -> http::Response<B> + Send + Sync>;
@@ -123,7 +133,7 @@ impl AuthLayer<tonic::body::Body> {
             &[GRPC_HEALTH_PREFIX]
         };
         Self::new(auth, open, |r| {
-            tonic::Status::unauthenticated(r.message()).into_http()
+            tonic::Status::unauthenticated(r.grpc_message()).into_http()
         })
     }
 }

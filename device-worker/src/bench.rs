@@ -206,6 +206,9 @@ pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
         .model
         .clone()
         .unwrap_or_else(crate::config::default_model_path);
+    let mut inputs = vec![("--model", path.as_path())];
+    inputs.extend(cfg.mmproj.as_deref().map(|p| ("--mmproj", p)));
+    tandem_options::exit_on_usage_error(tandem_options::check_readable(&inputs));
     let file = Arc::new(GgufFile::open(&path)?);
     let header = crate::config::ModelHeader::read(&file)?;
     tandem_options::exit_on_usage_error(cfg.check_context(header.n_ctx_train));

@@ -10,7 +10,8 @@ use device_worker::config::ServeOptions;
 #[command(
     name = "device-worker",
     version,
-    about = "tandem device-worker: runs a GGUF model on this device and serves StepService (gRPC)."
+    about = "tandem device-worker: runs a GGUF model on this device and serves StepService (gRPC).",
+    after_help = tandem_options::EXIT_CODES
 )]
 struct Cli {
     #[command(subcommand)]
@@ -38,7 +39,7 @@ enum Command {
         /// --default-max-tokens`, 256 unless set), cut at the context's end. Generation also
         /// stops at the end-of-generation token or a full context; `finish_reason` in the
         /// output says which.
-        #[arg(long, default_value_t = 8)]
+        #[arg(long, default_value_t = 8, allow_hyphen_values = true, value_parser = max_tokens)]
         max_tokens: u32,
         /// Session id: requests with the same id reuse one slot's KV cache and checkpoints
         /// (empty: no session, the worker picks a slot by the longest cached prefix).
@@ -95,13 +96,19 @@ impl WorkerClientArgs {
     /// the token, if any.
     fn client(&self) -> anyhow::Result<WorkerClient> {
         let token = match &self.worker_token_file {
-            Some(p) => tandem_auth::BearerInterceptor::from_file(p)?,
+            Some(p) => tandem_options::or_usage_error(tandem_auth::BearerInterceptor::from_file(p)),
             None => tandem_auth::BearerInterceptor::none(),
         };
         let (_, channel) = tandem_auth::client::channel(&self.addr, None, "--tls-ca (not available here: use http:// or unix:)")
             .map_err(anyhow::Error::msg)?;
         Ok(tandem_proto::step::v1::step_service_client::StepServiceClient::with_interceptor(channel, token))
     }
+}
+
+/// `request --max-tokens`: a whole number from 0 (`-1` reaches this parser, not clap's
+/// "unexpected argument"). Errors: a message naming the value.
+fn max_tokens(s: &str) -> Result<u32, String> {
+    s.trim().parse().map_err(|_| format!("expected a whole number of output tokens from 0 to 4294967295 (0: the worker's default budget), found {s:?}"))
 }
 
 fn main() -> std::process::ExitCode {
@@ -123,6 +130,8 @@ fn run() -> anyhow::Result<()> {
     }
     let settings = cfg.engine.settings()?;
     let model_given = cfg.engine.model.is_some();
+    // Files the command line names that cannot be used are usage errors (exit code 2).
+    tandem_options::exit_on_usage_error(device_worker::config::check_model_paths(&settings, model_given));
     let telemetry = cfg.telemetry.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -136,8 +145,8 @@ fn run() -> anyhow::Result<()> {
             telemetry.otel.otlp_endpoint.as_deref(),
         )?
     };
-    let tls = cfg.auth.tls.load()?;
-    let auth = cfg.auth.authenticator(cfg.listen.tcp().as_slice())?;
+    let tls = tandem_options::or_usage_error(cfg.auth.tls.load());
+    let auth = tandem_options::or_usage_error(cfg.auth.authenticator(cfg.listen.tcp().as_slice()));
     cfg.engine.kernels.install().map_err(anyhow::Error::msg)?;
     rt.block_on(async move {
         let model = settings.model.clone();
@@ -274,6 +283,7 @@ fn run_tool(command: Command) -> anyhow::Result<()> {
         Command::Render { model } => {
             use std::io::Read;
             let path = model.unwrap_or_else(device_worker::config::default_model_path);
+            tandem_options::exit_on_usage_error(tandem_options::check_readable(&[("--model", &path)]));
             let file = gguf::reader::GgufFile::open(&path)?;
             let template = gguf::chat_template::ChatTemplate::from_gguf(&file)?;
             let tokenizer = gguf::tokenizer::Tokenizer::from_gguf(&file)?;

@@ -94,6 +94,62 @@ fn serve_on_a_non_loopback_address_without_a_token_refuses_to_start() {
     );
 }
 
+/// A file the command line names that cannot be read or used is a usage error (exit code 2,
+/// as a bad flag and a bad `--config` file; it was 1), on one line naming the flag: `--model`
+/// and `--mmproj` of serve, bench and render, serve's token and TLS files, request's and
+/// power's `--worker-token-file`; the default model's absence too, with the hint to fetch it.
+/// `--help` says what the exit codes mean.
+#[test]
+fn unreadable_files_on_the_command_line_are_usage_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing");
+    let missing = missing.to_str().unwrap();
+    let empty = dir.path().join("empty-tokens");
+    std::fs::write(&empty, "# no token\n").unwrap();
+    let empty = empty.to_str().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    for (args, want) in [
+        (vec!["serve", "--model", missing], format!("--model {missing}: No such file")),
+        (vec!["serve", "--model", TINY, "--mmproj", missing], format!("--mmproj {missing}: No such file")),
+        (vec!["serve", "--model", dir.path().to_str().unwrap()], "is a folder, not a file".into()),
+        (vec!["serve", "--model", TINY, "--auth-token-file", missing], format!("cannot read the token file {missing}")),
+        (vec!["serve", "--model", TINY, "--auth-token-file", empty], format!("token file {empty}: ")),
+        (vec!["serve", "--model", TINY, "--tls-cert", missing, "--tls-key", missing], format!("cannot read --tls-cert {missing}")),
+        (vec!["serve"], "run tools/fetch_model.sh or pass --model PATH".into()),
+        (vec!["bench", "--model", missing], format!("--model {missing}: No such file")),
+        (vec!["render", "--model", missing], format!("--model {missing}: No such file")),
+        (vec!["request", "--text", "hi", "--worker-token-file", missing], format!("cannot read the token file {missing}")),
+        (vec!["power", "--worker-token-file", empty], format!("token file {empty}: ")),
+    ] {
+        let out = test_support::cli::output_within(
+            Command::new(env!("CARGO_BIN_EXE_device-worker"))
+                .args(&args)
+                .args(if args[0] == "serve" { &["--listen", "127.0.0.1:0"][..] } else { &[] })
+                .env_remove("TANDEM_MODEL")
+                .env_remove("TANDEM_MMPROJ")
+                .env_remove("TANDEM_AUTH_TOKEN_FILE")
+                .env_remove("TANDEM_WORKER_TOKEN_FILE")
+                .env_remove("RUST_BACKTRACE")
+                .env("TANDEM_CACHE", cache.path()),
+            std::time::Duration::from_secs(30),
+        );
+        assert_usage_error(&out, &[]);
+        assert_one_line_error(&String::from_utf8_lossy(&out.stderr), &want);
+    }
+    let help = String::from_utf8_lossy(&device_worker(&["--help"]).stdout).split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(help.contains("Exit codes: 0 done; 1 failed while running") && help.contains("2 usage error: "), "{help}");
+}
+
+/// `request --max-tokens -1` says what the flag takes, 0 included (was clap's "unexpected
+/// argument '-1' found").
+#[test]
+fn a_negative_max_tokens_says_what_it_takes() {
+    for value in ["-1", "lots"] {
+        let out = device_worker(&["request", "--text", "hi", "--max-tokens", value]);
+        assert_usage_error(&out, &["'--max-tokens <MAX_TOKENS>'", "expected a whole number of output tokens from 0 to 4294967295 (0: the worker's default budget)", &format!("found {value:?}")]);
+    }
+}
+
 /// `serve` with `args` on the tiny model: (success, stderr).
 fn serve_fails(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_device-worker"))
@@ -580,10 +636,18 @@ fn request_to_a_server_without_step_service_says_so() {
 }
 
 /// A `--config` file `serve` cannot use (missing, not TOML, an unknown key, a table value, a
-/// value the flag refuses) exits 2 as a bad flag does, not 1.
+/// value of the wrong kind or one the flag refuses) exits 2 as a bad flag does, not 1, with an
+/// error naming the file and the key.
 #[test]
 fn bad_config_files_are_usage_errors() {
-    test_support::cli::check_bad_config_files_are_usage_errors(env!("CARGO_BIN_EXE_device-worker"));
+    test_support::cli::check_bad_config_files_are_usage_errors(
+        env!("CARGO_BIN_EXE_device-worker"),
+        &[
+            ("micro-batch = \"abc\"\n", "key \"micro-batch\": expected a positive integer, got \"abc\""),
+            ("threads = 1.5\n", "key \"threads\": expected a positive integer, got 1.5"),
+            ("model = 5\n", "key \"model\": expected a path (a string in quotes), got 5"),
+        ],
+    );
 }
 
 /// `bench ... | head -0`: the results meet a closed pipe and `bench` ends quietly (exit 0),

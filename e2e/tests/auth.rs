@@ -53,7 +53,7 @@ async fn every_endpoint_needs_its_token_and_the_chain_passes_with_them() {
     let mut anon = StepServiceClient::connect(worker.clone()).await.unwrap();
     let err = anon.generate(request()).await.expect_err("no token is refused");
     assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
-    assert!(err.message().contains("missing bearer token"), "{}", err.message());
+    assert!(err.message().contains("missing bearer token") && err.message().contains("--worker-token-file"), "{}", err.message());
     let mut wrong = tonic::Request::new(request());
     wrong.metadata_mut().insert("authorization", format!("Bearer {GATEWAY_TOKEN}").parse().unwrap());
     let err = anon.generate(wrong).await.expect_err("a wrong token is refused");
@@ -92,7 +92,7 @@ async fn every_endpoint_needs_its_token_and_the_chain_passes_with_them() {
     assert!(records[0].decode_tokens > 0);
     cfg.token_file = None;
     let err = replay::run(&cfg).await.expect_err("a replay without the token fails").to_string();
-    assert!(err.contains("missing bearer token"), "{err}");
+    assert!(err.contains("missing bearer token: give the token file with --token-file"), "{err}");
 
     // The HTTP endpoint: 401 with an OpenAI error object, 200 with the token, /health open.
     let hl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

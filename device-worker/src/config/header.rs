@@ -55,6 +55,23 @@ impl ModelHeader {
     }
 }
 
+/// Whether `--model` (the default path when `model_given` is false: it then gets the hint to
+/// fetch it) and `--mmproj` name files this process can read: a missing one is a usage error
+/// of the command line (exit code 2), found before anything starts.
+///
+/// Errors: one line naming the flag and the path.
+pub fn check_model_paths(settings: &super::EngineSettings, model_given: bool) -> Result<(), String> {
+    let model = &settings.model;
+    if !model_given && !model.exists() {
+        return Err(format!("model file {} does not exist; run tools/fetch_model.sh or pass --model PATH", model.display()));
+    }
+    let mut files = vec![("--model", model.as_path())];
+    if let Some(v) = &settings.vision {
+        files.push(("--mmproj", v.mmproj.as_path()));
+    }
+    tandem_options::check_readable(&files)
+}
+
 /// Reads the headers of `--model` and `--mmproj` (see [`ModelHeader`]) so that a missing,
 /// truncated or foreign file, a model of an architecture this build does not run (e.g. a
 /// projector given as `--model`) and a projector whose width does not fit the model are

@@ -15,7 +15,7 @@ pub mod settings;
 
 use std::path::PathBuf;
 
-pub use header::{check_model_files, ModelHeader};
+pub use header::{check_model_files, check_model_paths, ModelHeader};
 pub use options::{
     DraftLengthMode, Drafters, EngineOptions, KernelArgs, PowerBackendKind, ServeOptions,
 };

@@ -277,21 +277,75 @@ fn rollback_prefill_chunked_then_recurrent_matches_recurrent() {
     let (out_a, state_a) = case
         .slice(0, head, case.state0.clone())
         .chunked(DEFAULT_CHUNK);
-    let tail = case.slice(head, n, state_a);
+    let tail = case.slice(head, n, state_a.clone());
     let (mut out_b, mut state_b) = tail.buffers();
-    let mut snaps = vec![0f32; (kk - 1) * SHAPE.state_len()];
+    let mut snaps = vec![0f32; (kk - 2) * SHAPE.state_len()];
     tail.run_recurrent(None, &mut state_b, &mut out_b, Some(&mut snaps))
         .expect("gdn_recurrent");
     assert!(max_rel_err(&[out_a, out_b].concat(), &out) <= CHUNK_TOL);
     assert!(max_rel_err(&state_b, &state) <= CHUNK_TOL);
-    assert_eq!(&snaps[(kk - 2) * SHAPE.state_len()..], &state_b[..]);
+    // The last slot holds the state one token before the end (the final one is `state_b`).
+    let (_, before_last) = case.slice(head, n - 1, state_a).recurrent();
+    assert_eq!(&snaps[(kk - 3) * SHAPE.state_len()..], &before_last[..]);
+}
+
+/// The recurrence as its definition reads, two sweeps over the state per token and head
+/// (decay and read `Sᵀk`; write `k⊗δ` and read `Sᵀq`), each element's operations in the order
+/// `gdn_recurrent` documents: the kernel's one-sweep form must give these bits.
+fn two_sweep_recurrent(case: &Case) -> (Vec<f32>, Vec<f32>) {
+    let GdnShape { n_k_heads, n_v_heads, d_k, d_v } = case.shape;
+    let (mut state, mut out) = (case.state0.clone(), vec![0f32; case.n * n_v_heads * d_v]);
+    let scale = 1.0 / (d_k as f32).sqrt();
+    for h in 0..n_v_heads {
+        let kh = h % n_k_heads; // key heads tiled over the value heads (GdnShape::k_head_of)
+        let s = &mut state[h * d_k * d_v..][..d_k * d_v];
+        for t in 0..case.n {
+            let k = &case.k[(t * n_k_heads + kh) * d_k..][..d_k];
+            let q = &case.q[(t * n_k_heads + kh) * d_k..][..d_k];
+            let v = &case.v[(t * n_v_heads + h) * d_v..][..d_v];
+            let (decay, beta) = (case.gate[t * n_v_heads + h].exp(), case.beta[t * n_v_heads + h]);
+            let mut delta = vec![0f32; d_v];
+            for (row, &ki) in s.chunks_exact_mut(d_v).zip(k) {
+                for (sv, d) in row.iter_mut().zip(delta.iter_mut()) {
+                    *sv *= decay;
+                    *d += ki * *sv;
+                }
+            }
+            for (d, &vv) in delta.iter_mut().zip(v) {
+                *d = beta * (vv - *d);
+            }
+            let o = &mut out[(t * n_v_heads + h) * d_v..][..d_v];
+            for ((row, &ki), &qi) in s.chunks_exact_mut(d_v).zip(k).zip(q) {
+                for ((sv, &d), o) in row.iter_mut().zip(&delta).zip(o.iter_mut()) {
+                    *sv += ki * d;
+                    *o += qi * *sv;
+                }
+            }
+            for o in o.iter_mut() {
+                *o *= scale;
+            }
+        }
+    }
+    (out, state)
+}
+
+#[test]
+fn recurrent_equals_the_two_sweep_definition_bitwise() {
+    for (shape, n) in [(SHAPE, 1), (SHAPE, 9), (gdn_shape(2, 6, 12, 10), 5), (gdn_shape(1, 1, 128, 128), 4)] {
+        let case = random_case(shape, n, 57);
+        let (out, state) = case.recurrent();
+        let (out_ref, state_ref) = two_sweep_recurrent(&case);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&out), bits(&out_ref), "out, {shape:?}, n = {n}");
+        assert_eq!(bits(&state), bits(&state_ref), "state, {shape:?}, n = {n}");
+    }
 }
 
 #[test]
 fn snapshots_equal_states_of_shorter_runs() {
     let case = random_case(SHAPE, 9, 21);
     let len = SHAPE.state_len();
-    for m in [1, 4, 9] {
+    for m in [1, 4, 8] {
         let (mut out, mut state) = case.buffers();
         let mut snaps = vec![f32::NAN; m * len];
         case.run_recurrent(None, &mut state, &mut out, Some(&mut snaps))
@@ -299,7 +353,8 @@ fn snapshots_equal_states_of_shorter_runs() {
         let (out_plain, _) = case.recurrent();
         assert_eq!(out, out_plain, "snapshots must not change the output");
         for i in 0..m {
-            let after = case.n - m + i + 1;
+            // Slot i: the state after token n − 1 − m + i, i.e. after the first n − m + i.
+            let after = case.n - m + i;
             let (_, prefix_state) = case.slice(0, after, case.state0.clone()).recurrent();
             assert_eq!(
                 &snaps[i * len..(i + 1) * len],
@@ -324,7 +379,8 @@ fn pooled_variants_are_bit_identical() {
     let (out_s, state_s) = case.recurrent();
     assert_eq!(out, out_s);
     assert_eq!(state, state_s);
-    assert_eq!(&snaps[2 * len..], &state_s[..]);
+    let (_, before_last) = case.slice(0, case.n - 1, case.state0.clone()).recurrent();
+    assert_eq!(&snaps[2 * len..], &before_last[..]);
 
     let (mut out, mut state) = case.buffers();
     case.run_chunked(Some(&pool), &mut state, &mut out, DEFAULT_CHUNK)
@@ -574,12 +630,15 @@ fn shape_errors_are_reported() {
         "{err:?}"
     );
 
-    let mut too_many = vec![0f32; 6 * SHAPE.state_len()];
-    let err = case.run_recurrent(None, &mut state, &mut out, Some(&mut too_many));
-    assert!(
-        matches!(err, Err(DspError::InvalidArgument { .. })),
-        "{err:?}"
-    );
+    // n = 5 tokens: at most 4 snapshots (the state after the last token is `state`).
+    for slots in [5, 6] {
+        let mut too_many = vec![0f32; slots * SHAPE.state_len()];
+        let err = case.run_recurrent(None, &mut state, &mut out, Some(&mut too_many));
+        assert!(
+            matches!(err, Err(DspError::InvalidArgument { .. })),
+            "{slots} slots: {err:?}"
+        );
+    }
 
     let mut conv_state = vec![0f32; 2 * 8];
     let err = conv1d_silu(None, &[0.0; 8], 1, 8, &[0.0; 32], &mut conv_state, &mut [0.0; 8]);

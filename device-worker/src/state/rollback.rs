@@ -9,8 +9,9 @@
 //! - `ssm`: `[K, ssm_len]`, slot `i` = the delta-rule state `[n_v_heads, d_k, d_v]` after the
 //!   same token (the snapshot layout of [`dsp::gdn::gdn_recurrent`]).
 //!
-//! `m = min(K, n)` slots are valid after a pass of `n` tokens; slot `m − 1` equals the live
-//! state. One set lives in the model's activation buffers (`CausalLm::set_rollback`): it
+//! `m = min(K, n)` states are kept after a pass of `n` tokens: slots `0..m − 1` hold them and
+//! the last one is the live state itself (slot `m − 1` is never written: a rollback to the
+//! end of the pass is no rollback, and the copy would cost a full recurrent state). One set lives in the model's activation buffers (`CausalLm::set_rollback`): it
 //! describes the last pass of whichever sequence ran it, so a rollback must follow that pass
 //! before any other.
 

@@ -51,7 +51,8 @@ pub(crate) struct HeadIo<'a> {
     /// Output rows: `out[t]` is `[d_v]`, one per token.
     pub out: Vec<&'a mut [f32]>,
     /// Snapshot slots `[d_k, d_v]`: slot `i` receives the state after token
-    /// `n − snaps.len() + i`. Empty when no snapshots were asked for.
+    /// `n − 1 − snaps.len() + i` (not the last token's: that is `state`). Empty when no
+    /// snapshots were asked for.
     pub snaps: Vec<&'a mut [f32]>,
 }
 

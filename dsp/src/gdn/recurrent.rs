@@ -12,8 +12,8 @@ use crate::pool::ThreadPool;
 const OP: &str = "gdn_recurrent";
 
 /// Runs the gated delta rule token by token over `n` tokens, updating `state` in place and
-/// writing every token's output. Optionally stores the state after each of the last `m`
-/// tokens into `snapshots`. With a `pool` (`&ThreadPool` or `Some`), the value heads are
+/// writing every token's output. Optionally stores the states after the `m` tokens before
+/// the last into `snapshots` (the state after the last is `state` itself). With a `pool` (`&ThreadPool` or `Some`), the value heads are
 /// spread over it (one task per head); with `None`, all run on the calling thread. Results
 /// are bit-identical either way.
 ///
@@ -23,15 +23,19 @@ const OP: &str = "gdn_recurrent";
 /// - `state`: `[H, d_k, d_v]`, the state before the first token on entry, after the last on
 ///   return.
 /// - `out`: `[n, H·d_v]`, `o_t = Sᵀq_t / √d_k`.
-/// - `snapshots`: `[m, H, d_k, d_v]` with `1 ≤ m ≤ n`; slot `i` receives the state after
-///   token `n − m + i` (slot `m − 1` equals the final `state`). `m = n` keeps every token.
+/// - `snapshots`: `[m, H, d_k, d_v]` with `1 ≤ m < n`; slot `i` receives the state after
+///   token `n − 1 − m + i`, so the slots and the final `state` are the states after the last
+///   `m + 1` tokens (the final one is not copied: a rollback to the end is no rollback).
+///   `m = n − 1` keeps every token.
 ///
 /// Per token and head: `S ← exp(gate)·S; δ = beta·(v − Sᵀk); S ← S + k⊗δ; o = Sᵀq·scale`
-/// (module docs of [`super`]). The state is read twice per token: once to decay it and read
-/// `Sᵀk`, once to write `k⊗δ` and read `Sᵀq`.
+/// (module docs of [`super`]), each element's operations in this order and each sum over
+/// the rows in increasing order. The state is swept once per token: the write `k⊗δ` and the
+/// read `Sᵀq` of token `t`, its snapshot, then the decay and the read `Sᵀk` of token `t + 1`
+/// row by row (one more sweep before the first token).
 ///
 /// # Errors
-/// `InvalidArgument` for a bad [`GdnShape`] or snapshots that are not 1..=n whole states;
+/// `InvalidArgument` for a bad [`GdnShape`] or snapshots that are not 1..n whole states;
 /// `LengthMismatch` for any buffer whose length does not fit `n = gate.len() / H`.
 pub fn gdn_recurrent<'p>(
     pool: impl Into<Option<&'p ThreadPool>>,
@@ -69,17 +73,17 @@ pub fn gdn_recurrent_with<'p>(
     Ok(())
 }
 
-/// Snapshots must be `m` whole states with `1 ≤ m ≤ n`.
+/// Snapshots must be `m` whole states with `1 ≤ m < n`.
 fn check_snapshots(shape: GdnShape, n: usize, snaps: Option<&[f32]>) -> Result<(), DspError> {
     let Some(snaps) = snaps else { return Ok(()) };
     let len = shape.state_len();
     let m = snaps.len() / len;
-    if !snaps.len().is_multiple_of(len) || m == 0 || m > n {
+    if !snaps.len().is_multiple_of(len) || m == 0 || m >= n {
         return Err(DspError::InvalidArgument {
             op: OP,
             what: "snapshots",
             detail: format!(
-                "length {} is not m·{len} (m·state_len) with 1 ≤ m ≤ n = {n}",
+                "length {} is not m·{len} (m·state_len) with 1 ≤ m < n = {n}",
                 snaps.len()
             ),
         });
@@ -131,38 +135,86 @@ fn recurrent_head_body(head: &mut RecurrentHead<'_, '_>) {
     let RecurrentHead { inp, h, io } = head;
     let (inp, h) = (*inp, *h);
     let shape = inp.x.shape;
+    let (n, d_v) = (inp.n, shape.d_v);
     let kh = shape.k_head_of(h);
     let scale = shape.scale();
-    let first_snap = inp.n - io.snaps.len();
-    let mut delta = vec![0f32; shape.d_v];
-    for t in 0..inp.n {
-        step(
-            io.state,
-            inp.q(t, kh),
-            inp.k(t, kh),
-            inp.v(t, h),
-            inp.gate(t, h).exp(),
-            inp.beta(t, h),
-            scale,
-            &mut delta,
-            io.out[t],
-        );
-        if t >= first_snap {
-            copy_snapshot(io.snaps[t - first_snap], io.state);
+    // Slots hold the states after tokens `first_snap ..= n − 2`.
+    let first_snap = n - 1 - io.snaps.len();
+    let s = &mut *io.state;
+    // `delta` = Sᵀk of the token about to be written (after its decay), `next` the next
+    // token's, accumulated in the same sweep over the rows.
+    let (mut delta, mut next) = (vec![0f32; d_v], vec![0f32; d_v]);
+    decay_and_read(s, inp.k(0, kh), inp.gate(0, h).exp(), &mut delta);
+    for t in 0..n {
+        // δ = beta · (v − Sᵀk)
+        let beta = inp.beta(t, h);
+        for (d, &vv) in delta.iter_mut().zip(inp.v(t, h)) {
+            *d = beta * (vv - *d);
         }
+        let out = &mut *io.out[t];
+        out.fill(0.0);
+        let (k, q) = (inp.k(t, kh), inp.q(t, kh));
+        let mut snap = (t >= first_snap && t + 1 < n).then(|| &mut *io.snaps[t - first_snap]);
+        if t + 1 < n {
+            // One sweep: write k ⊗ δ, read out = Sᵀq, keep the snapshot, then decay for token
+            // t + 1 and read its Sᵀk.
+            next.fill(0.0);
+            let (k1, decay1) = (inp.k(t + 1, kh), inp.gate(t + 1, h).exp());
+            for (i, row) in s.chunks_exact_mut(d_v).enumerate() {
+                update_row(row, k[i], q[i], &delta, out);
+                if let Some(snap) = snap.as_deref_mut() {
+                    copy_snapshot(&mut snap[i * d_v..][..d_v], row);
+                }
+                for (sv, nx) in row.iter_mut().zip(next.iter_mut()) {
+                    *sv *= decay1;
+                    *nx += k1[i] * *sv;
+                }
+            }
+            std::mem::swap(&mut delta, &mut next);
+        } else {
+            for (i, row) in s.chunks_exact_mut(d_v).enumerate() {
+                update_row(row, k[i], q[i], &delta, out);
+            }
+        }
+        for o in out.iter_mut() {
+            *o *= scale;
+        }
+    }
+    snapshot_fence();
+}
+
+/// Decays the state and reads the memory for `k`: `s ← decay · s`, `delta = Sᵀk` (row `i` of
+/// `s` scaled by `k[i]`, rows in increasing order).
+#[inline(always)]
+fn decay_and_read(s: &mut [f32], k: &[f32], decay: f32, delta: &mut [f32]) {
+    delta.fill(0.0);
+    for (row, &ki) in s.chunks_exact_mut(delta.len()).zip(k) {
+        for (sv, d) in row.iter_mut().zip(delta.iter_mut()) {
+            *sv *= decay;
+            *d += ki * *sv;
+        }
+    }
+}
+
+/// Row `i` of the write `S ← S + k ⊗ δ` and its term of `out = Sᵀq` (unscaled).
+#[inline(always)]
+fn update_row(row: &mut [f32], ki: f32, qi: f32, delta: &[f32], out: &mut [f32]) {
+    for ((sv, &d), o) in row.iter_mut().zip(delta).zip(out.iter_mut()) {
+        *sv += ki * d;
+        *o += qi * *sv;
     }
 }
 
 /// `dst = src`, exactly. On x86_64 with non-temporal stores (`movntps`, SSE2, 16-byte
 /// aligned after a scalar head): a snapshot is written once and read only by a rollback, so
 /// its cache lines need not be fetched before they are overwritten, which halves the memory
-/// traffic of the copies (4 snapshots of 1 MiB per layer in a 4-token verification pass of
-/// the 0.8B shape).
+/// traffic of the copies (3 snapshots of 1 MiB per layer in a 4-token verification pass of
+/// the 0.8B shape). [`snapshot_fence`] must follow before the head's task ends.
 #[inline(always)]
 fn copy_snapshot(dst: &mut [f32], src: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{_mm_loadu_ps, _mm_sfence, _mm_stream_ps};
+        use std::arch::x86_64::{_mm_loadu_ps, _mm_stream_ps};
         let n = dst.len().min(src.len());
         let head = dst.as_ptr().align_offset(16).min(n);
         dst[..head].copy_from_slice(&src[..head]);
@@ -175,51 +227,19 @@ fn copy_snapshot(dst: &mut [f32], src: &[f32]) {
             i += 4;
         }
         dst[i..n].copy_from_slice(&src[i..n]);
-        // SAFETY: SSE2. Orders the streaming stores before any later store (the pool's
-        // hand-back to the caller), so a rollback on another thread reads them.
-        unsafe { _mm_sfence() };
     }
     #[cfg(not(target_arch = "x86_64"))]
     dst.copy_from_slice(src);
 }
 
-/// One token on one head. `s`: `[d_k, d_v]`; `q`, `k`: `[d_k]`; `v`, `delta` (scratch),
-/// `out`: `[d_v]`; `decay = exp(gate)`.
+/// Orders [`copy_snapshot`]'s streaming stores before any later store (the pool's hand-back
+/// to the caller), so a rollback on another thread reads them.
 #[inline(always)]
-fn step(
-    s: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    decay: f32,
-    beta: f32,
-    scale: f32,
-    delta: &mut [f32],
-    out: &mut [f32],
-) {
-    let d_v = v.len();
-    debug_assert_eq!(s.len(), k.len() * d_v);
-    // Pass 1: decay, and read the memory for k: delta = Sᵀk (row i of S scaled by k[i]).
-    delta.fill(0.0);
-    for (row, &ki) in s.chunks_exact_mut(d_v).zip(k) {
-        for (sv, d) in row.iter_mut().zip(delta.iter_mut()) {
-            *sv *= decay;
-            *d += ki * *sv;
-        }
-    }
-    // δ = beta · (v − Sᵀk)
-    for (d, &vv) in delta.iter_mut().zip(v) {
-        *d = beta * (vv - *d);
-    }
-    // Pass 2: write k ⊗ δ, and read out = Sᵀq with the updated S.
-    out.fill(0.0);
-    for ((row, &ki), &qi) in s.chunks_exact_mut(d_v).zip(k).zip(q) {
-        for ((sv, &d), o) in row.iter_mut().zip(delta.iter()).zip(out.iter_mut()) {
-            *sv += ki * d;
-            *o += qi * *sv;
-        }
-    }
-    for o in out.iter_mut() {
-        *o *= scale;
-    }
+fn snapshot_fence() {
+    // SAFETY: SSE2 is part of x86_64.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
 }
+

@@ -167,7 +167,8 @@ impl GatedDeltaNet {
         r.map(|()| rb_ms)
     }
 
-    /// Projections `qkv, z, alpha, beta`, the conv snapshots of rollback (`m` of them), then
+    /// Projections `qkv, z, alpha, beta`, the conv snapshots of rollback (`m − 1` of them; the
+    /// last of the `m` states is the live one), then
     /// the causal conv + SiLU into `s.conv_out`, advancing the layer's conv state
     /// `conv_state` `[K − 1, channels]`. Returns the milliseconds of the snapshots.
     #[allow(clippy::too_many_arguments)]
@@ -200,6 +201,7 @@ impl GatedDeltaNet {
         laps.lap("gdn projections (qkv, z, alpha, beta)");
         let t_rb = Instant::now();
         if let Some(rb) = rollback {
+            // Slots 0..m − 1 (the last state is the live one, module docs of `rollback`).
             let conv_len = rb.conv_len();
             conv_snapshots(
                 conv_state,
@@ -207,7 +209,7 @@ impl GatedDeltaNet {
                 n,
                 ch,
                 m,
-                &mut rb.layer_mut(self.state_layer).conv[..m * conv_len],
+                &mut rb.layer_mut(self.state_layer).conv[..(m - 1) * conv_len],
             );
         }
         let rb_ms = ms_since(t_rb);
@@ -279,33 +281,29 @@ impl GatedDeltaNet {
         };
         let out = &mut s.gout[..n * vd];
         let Some(rb) = rollback else {
-            return delta_rule(pool, &inputs, 0..n, &mut st.ssm, out, None).map(|()| 0.0);
+            return delta_rule(pool, &inputs, 0..n, &mut st.ssm, out).map(|()| 0.0);
         };
         let mode = rb.mode;
         let ssm_len = rb.ssm_len();
-        let snaps = &mut rb.layer_mut(self.state_layer).ssm[..m * ssm_len];
+        // Slots 0..m − 1 hold the states after tokens n − m ..= n − 2; the state after the
+        // last token is the live one (module docs of `rollback`), never copied.
+        let snaps = &mut rb.layer_mut(self.state_layer).ssm[..(m - 1) * ssm_len];
         // Tokens before the snapshot region: chunked when long enough (aware), then the state
-        // after token n − m is slot 0 and the per-token recurrence writes slots 1..m.
+        // after token n − m is slot 0 and the per-token recurrence writes slots 1..m − 1.
         let head = n - m + 1;
         if mode == RollbackPrefill::Aware && head >= CHUNKED_MIN_TOKENS {
-            delta_rule(pool, &inputs, 0..head, &mut st.ssm, out, None)?;
+            delta_rule(pool, &inputs, 0..head, &mut st.ssm, out)?;
             let t = Instant::now();
-            snaps[..ssm_len].copy_from_slice(&st.ssm);
             if m > 1 {
-                delta_rule(
-                    pool,
-                    &inputs,
-                    head..n,
-                    &mut st.ssm,
-                    out,
-                    Some(&mut snaps[ssm_len..]),
-                )?;
+                snaps[..ssm_len].copy_from_slice(&st.ssm);
+                let rest = (m > 2).then(|| &mut snaps[ssm_len..]);
+                per_token(pool, &inputs, head..n, &mut st.ssm, out, rest)?;
             }
             Ok(ms_since(t))
         } else {
             let t = Instant::now();
-            let r = delta_rule(pool, &inputs, 0..n, &mut st.ssm, out, Some(snaps));
-            r.map(|()| ms_since(t))
+            let snaps = (m > 1).then_some(snaps);
+            per_token(pool, &inputs, 0..n, &mut st.ssm, out, snaps).map(|()| ms_since(t))
         }
     }
 
@@ -336,10 +334,29 @@ impl GatedDeltaNet {
     }
 }
 
-/// The gated delta rule over the tokens `range` of a micro-batch's inputs `x`: chunked for
-/// [`CHUNKED_MIN_TOKENS`] tokens or more (without snapshots), else per token; `out` is the
-/// whole batch's output `[n, H·d_v]`.
+/// The gated delta rule over the tokens `range` of a micro-batch's inputs `x`, no rollback
+/// states: chunked for [`CHUNKED_MIN_TOKENS`] tokens or more, else [`per_token`]; `out` is
+/// the whole batch's output `[n, H·d_v]`.
 fn delta_rule(
+    pool: &ThreadPool,
+    x: &GdnInputs<'_>,
+    range: std::ops::Range<usize>,
+    ssm: &mut [f32],
+    out: &mut [f32],
+) -> Result<(), ModelError> {
+    if range.len() < CHUNKED_MIN_TOKENS {
+        return per_token(pool, x, range, ssm, out, None);
+    }
+    let vd = x.shape.n_v_heads * x.shape.d_v;
+    let out = &mut out[range.start * vd..range.end * vd];
+    gdn::gdn_chunked_pooled(pool, x.tokens(range), ssm, out, gdn::DEFAULT_CHUNK).map_err(kernel("gated_delta_net"))
+}
+
+/// The per-token gated delta rule over the tokens `range` (per token also when long: the
+/// rollback states must come from the recurrence), keeping the states after all but the
+/// last token of `range` in `snapshots` when given ([`gdn::gdn_recurrent`]); `out` as
+/// [`delta_rule`].
+fn per_token(
     pool: &ThreadPool,
     x: &GdnInputs<'_>,
     range: std::ops::Range<usize>,
@@ -349,18 +366,13 @@ fn delta_rule(
 ) -> Result<(), ModelError> {
     let vd = x.shape.n_v_heads * x.shape.d_v;
     let out = &mut out[range.start * vd..range.end * vd];
-    let x = x.tokens(range.clone());
-    if range.len() >= CHUNKED_MIN_TOKENS && snapshots.is_none() {
-        gdn::gdn_chunked_pooled(pool, x, ssm, out, gdn::DEFAULT_CHUNK)
-    } else {
-        gdn::gdn_recurrent_pooled(pool, x, ssm, out, snapshots)
-    }
-    .map_err(kernel("gated_delta_net"))
+    gdn::gdn_recurrent_pooled(pool, x.tokens(range), ssm, out, snapshots).map_err(kernel("gated_delta_net"))
 }
 
 /// Conv states after each of the last `m` tokens of a batch, for rollback: with
 /// `x_ext = conv_state ++ x` (`[K − 1 + n, ch]`), slot `i` (token `j = n − m + i`) is
-/// `x_ext[j + 1 .. j + K]`, the layout of `conv_state`. `snaps` is `[m, (K − 1)·ch]`.
+/// `x_ext[j + 1 .. j + K]`, the layout of `conv_state`. `snaps` is `[m', (K − 1)·ch]` with
+/// `m' ≤ m` (the first `m'` of the slots: the rollback path leaves out the last).
 fn conv_snapshots(conv_state: &[f32], x: &[f32], n: usize, ch: usize, m: usize, snaps: &mut [f32]) {
     let hist = conv_state.len() / ch;
     let row = |r: usize| -> &[f32] {

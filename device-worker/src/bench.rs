@@ -644,22 +644,7 @@ fn mtp_overhead(b: &mut Bench, cfg: &BenchOptions, seq: &mut SequenceState, prom
     let mut pass_profiles = Vec::new();
     if cfg.profile {
         prefill(model, true, &mut cache, seq)?;
-        let (mut dec, mut ver) = (OpProfile::default(), OpProfile::default());
-        for _ in 0..rounds {
-            if !model.set_profiling(true) {
-                eprintln!("bench: --profile: this architecture has no per-op timing; ignored");
-                break;
-            }
-            model.forward(pool, seq, &toks[..1], true)?;
-            dec.merge(model.profile().expect("profiling on"));
-            let len = seq.len();
-            model.set_profiling(true);
-            model.verify(pool, seq, &toks)?;
-            ver.merge(model.profile().expect("profiling on"));
-            model.rollback(seq, len + 1)?;
-        }
-        model.set_profiling(false);
-        pass_profiles = vec![("decode pass (1 token)", dec.table()), ("verification pass", ver.table())];
+        pass_profiles = profile_passes(model, pool, seq, &toks, rounds)?;
     }
     // (c) Drafting n_draft tokens after the prompt, on a copy of the filled cache each time.
     prefill(model, true, &mut cache, seq)?;
@@ -697,6 +682,34 @@ fn mtp_overhead(b: &mut Bench, cfg: &BenchOptions, seq: &mut SequenceState, prom
     };
     tandem_options::write_stdout(|out| print_mtp_overhead(out, cfg, &m, reps, rounds))?;
     Ok(())
+}
+
+/// `rounds` decode passes of `toks[0]` and verification passes of `toks`, alternating as in
+/// `--mtp-overhead`'s timed part (each verification rolled back to 1 accepted), with per-op
+/// timing: the two tables, or none when the architecture has no per-op timing.
+fn profile_passes(
+    model: &mut Model,
+    pool: &ThreadPool,
+    seq: &mut SequenceState,
+    toks: &[u32],
+    rounds: usize,
+) -> anyhow::Result<Vec<(&'static str, Vec<(&'static str, f64, f64)>)>> {
+    let (mut dec, mut ver) = (OpProfile::default(), OpProfile::default());
+    for _ in 0..rounds {
+        if !model.set_profiling(true) {
+            eprintln!("bench: --profile: this architecture has no per-op timing; ignored");
+            return Ok(Vec::new());
+        }
+        model.forward(pool, seq, &toks[..1], true)?;
+        dec.merge(model.profile().expect("profiling on"));
+        let len = seq.len();
+        model.set_profiling(true);
+        model.verify(pool, seq, toks)?;
+        ver.merge(model.profile().expect("profiling on"));
+        model.rollback(seq, len + 1)?;
+    }
+    model.set_profiling(false);
+    Ok(vec![("decode pass (1 token)", dec.table()), ("verification pass", ver.table())])
 }
 
 /// What `--mtp-overhead` measured.

@@ -62,6 +62,15 @@ BIN="${CARGO_TARGET_DIR:-target}/release"
 TOKENS="$OUT/tokens"
 (umask 077 && python3 -c 'import secrets; print(secrets.token_hex(32))' >"$TOKENS")
 
+# Refuse ports another process already listens on: its answers would pass for our servers'
+# (an earlier demo still running would serve this run with its own model).
+for port in "$WORKER_PORT" "$GATEWAY_PORT"; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "error: 127.0.0.1:$port is in use by another process (an earlier demo still running?); stop it, or set WORKER_PORT / GATEWAY_PORT to free ports" >&2
+    exit 1
+  fi
+done
+
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
@@ -82,10 +91,12 @@ pids+=($!)
 # in use: its log says why), so we never talk to some other process on that port.
 wait_ready() { # name pid addr service log seconds
   local name=$1 pid=$2 addr=$3 service=$4 log=$5 deadline=$((SECONDS + $6))
-  until "$BIN/agent-gateway" health --addr "$addr" --service "$service" >/dev/null 2>&1; do
+  while true; do
+    # Alive first: a server that could not listen must not pass for ready.
     if ! kill -0 "$pid" 2>/dev/null; then
       echo "error: $name exited; last lines of $log:" >&2; tail -5 "$log" >&2; exit 1
     fi
+    "$BIN/agent-gateway" health --addr "$addr" --service "$service" >/dev/null 2>&1 && break
     if (( SECONDS >= deadline )); then
       echo "error: $name not ready after $6 s; see $log" >&2; exit 1
     fi

@@ -153,9 +153,78 @@ impl FromStr for HttpListen {
     }
 }
 
+impl ServeOptions {
+    /// Refuses a `--worker` that is this gateway's own `--listen` or `--http-listen` address
+    /// (the same port on a loopback or the same IP, for a wildcard or that IP listen address):
+    /// the start-up check of the workers runs before the gateway listens, so it cannot tell,
+    /// and a gateway that connects to its own HTTP port fills its connection cap with itself.
+    ///
+    /// Errors: a message naming the `--worker` and the flag it equals.
+    pub fn check_workers_are_not_self(&self) -> Result<(), String> {
+        let own = std::iter::once((self.listen, "--listen")).chain(self.http_listen.0.map(|a| (a, "--http-listen")));
+        let own: Vec<(SocketAddr, &str)> = own.collect();
+        for w in &self.workers {
+            let Some(target) = worker_socket_addr(w) else { continue };
+            for &(l, flag) in &own {
+                let same_host = target.ip() == l.ip()
+                    || (target.ip().is_loopback() && (l.ip().is_loopback() || l.ip().is_unspecified()));
+                if target.port() == l.port() && same_host {
+                    return Err(format!(
+                        "--worker {w} is this gateway's own {flag} address; pass a worker's gRPC address, its `device-worker serve --listen` (default 127.0.0.1:50051)"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The IP and port of an `http://` or `https://` worker address whose host is an IP literal
+/// or `localhost` (`None` for other hosts and `unix:` sockets).
+fn worker_socket_addr(worker: &str) -> Option<SocketAddr> {
+    let rest = worker.strip_prefix("http://").or_else(|| worker.strip_prefix("https://"))?;
+    let authority = rest.split('/').next()?;
+    if let Ok(a) = authority.parse::<SocketAddr>() {
+        return Some(a);
+    }
+    let (host, port) = authority.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    host.eq_ignore_ascii_case("localhost").then(|| SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_worker_at_the_gateways_own_address_is_refused() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            serve: ServeOptions,
+        }
+        let opts = |listen: &str, http: &str, worker: &str| {
+            use clap::Parser;
+            Cli::parse_from(["agent-gateway", "--listen", listen, "--http-listen", http, "--worker", worker]).serve
+        };
+        for (listen, http, worker, flag) in [
+            ("127.0.0.1:50052", "127.0.0.1:8080", "http://127.0.0.1:50052", "--listen"),
+            ("127.0.0.1:50052", "127.0.0.1:8080", "http://localhost:8080", "--http-listen"),
+            ("0.0.0.0:50052", "off", "https://127.0.0.1:50052/", "--listen"),
+            ("[::1]:50052", "off", "http://[::1]:50052", "--listen"),
+        ] {
+            let err = opts(listen, http, worker).check_workers_are_not_self().expect_err(worker);
+            assert!(err.contains(&format!("--worker {worker} is this gateway's own {flag} address")), "{err}");
+        }
+        for (listen, http, worker) in [
+            ("127.0.0.1:50052", "127.0.0.1:8080", "http://127.0.0.1:50051"),
+            ("10.0.0.2:50052", "off", "http://10.0.0.3:50052"),
+            ("127.0.0.1:50052", "off", "unix:/tmp/worker.sock"),
+            ("127.0.0.1:50052", "off", "http://worker.local:50052"),
+        ] {
+            assert_eq!(opts(listen, http, worker).check_workers_are_not_self(), Ok(()), "{worker}");
+        }
+    }
 
     #[test]
     fn http_listen_parses_addresses_and_off() {

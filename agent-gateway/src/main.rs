@@ -85,6 +85,7 @@ fn run() -> anyhow::Result<()> {
                     interrupted.await;
                     let _ = stop_tx.send(true);
                 });
+                tandem_options::exit_on_usage_error(cfg.check_workers_are_not_self());
                 let listens: Vec<_> = std::iter::once(cfg.listen).chain(cfg.http_listen.0).collect();
                 // Files the command line names that cannot be used are usage errors (exit 2).
                 let tls = tandem_options::or_usage_error(cfg.auth.tls.load());

@@ -237,6 +237,29 @@ fn health_and_replay_at_the_http_port_say_it_is_not_grpc() {
 /// answering every chat with a 502: the gateway's HTTP port, an agent-gateway's gRPC port,
 /// another HTTP server (all served here in this process). A worker address where nothing
 /// listens still starts, with a warning (the worker may start later).
+/// A `--worker` equal to the gateway's own `--listen` or `--http-listen` address is a usage
+/// error (exit 2) before anything listens: the start-up probe of the workers runs before the
+/// gateway's own ports are open, so it would find nothing there (found by the fresh-user
+/// trial: the gateway started, and connected to its own HTTP port until its cap was full).
+#[test]
+fn serve_refuses_its_own_address_as_worker() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (grpc, http) = (format!("127.0.0.1:{port}"), format!("127.0.0.1:{}", port.wrapping_add(1).max(1024)));
+    for (worker, flag) in [(format!("http://{grpc}"), "--listen"), (format!("http://localhost:{}", port.wrapping_add(1).max(1024)), "--http-listen")] {
+        let out = test_support::cli::output_within(
+            Command::new(env!("CARGO_BIN_EXE_agent-gateway"))
+                .args(["serve", "--listen", &grpc, "--http-listen", &http, "--worker", &worker])
+                .env_remove("TANDEM_AUTH_TOKEN_FILE")
+                .env_remove("RUST_BACKTRACE")
+                .env_remove("RUST_LIB_BACKTRACE"),
+            std::time::Duration::from_secs(30),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert_one_line_error(&stderr, &format!("--worker {worker} is this gateway's own {flag} address"));
+    }
+}
+
 #[test]
 fn serve_refuses_a_worker_address_that_is_no_worker() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();

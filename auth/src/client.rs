@@ -106,6 +106,15 @@ impl tonic::service::Interceptor for BearerInterceptor {
 /// How long a client waits for a connection (TCP and TLS handshakes).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// HTTP/2 keep-alive of every client channel: a PING after this long without a frame from the
+/// server (also while no call is open) ...
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// ... and the connection is closed when its answer has not come within this long, failing
+/// the calls on it as unavailable. A server that stops answering (a frozen or stopped
+/// process, a peer that accepts but never speaks) is then found within about 20 s, not never.
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A lazily connecting channel to `addr` and the address as shown (`http://` added to a bare
 /// `HOST:PORT`): `unix:PATH` dials a Unix socket (a server's `--listen unix:PATH`), `https://`
 /// needs `tls` (`ca_flag` names the flag that gives it, for the error), anything else is
@@ -120,7 +129,7 @@ pub fn channel(addr: &str, tls: Option<&crate::ClientTls>, ca_flag: &str) -> Res
     if let Some(path) = addr.strip_prefix("unix:") {
         let path = std::path::PathBuf::from(path);
         // The URI is only the `:authority` sent; the connector dials the socket.
-        let ep = Endpoint::from_static("http://localhost").connect_timeout(CONNECT_TIMEOUT);
+        let ep = keepalive(Endpoint::from_static("http://localhost").connect_timeout(CONNECT_TIMEOUT));
         let connector = tower::service_fn(move |_: tonic::transport::Uri| {
             let path = path.clone();
             async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
@@ -128,8 +137,13 @@ pub fn channel(addr: &str, tls: Option<&crate::ClientTls>, ca_flag: &str) -> Res
         return Ok((addr.to_string(), ep.connect_with_connector_lazy(connector)));
     }
     let ep = Endpoint::from_shared(uri.clone()).map_err(|e| invalid(&e))?.connect_timeout(CONNECT_TIMEOUT).tcp_nodelay(true);
-    let ep = crate::ClientTls::for_endpoint(tls, &uri, ep, ca_flag)?;
+    let ep = crate::ClientTls::for_endpoint(tls, &uri, keepalive(ep), ca_flag)?;
     Ok((uri, ep.connect_lazy()))
+}
+
+/// `ep` with [`KEEPALIVE_INTERVAL`] and [`KEEPALIVE_TIMEOUT`], pinging while idle too.
+fn keepalive(ep: Endpoint) -> Endpoint {
+    ep.http2_keep_alive_interval(KEEPALIVE_INTERVAL).keep_alive_timeout(KEEPALIVE_TIMEOUT).keep_alive_while_idle(true)
 }
 
 /// What [`address_uri`] accepts, for its errors.

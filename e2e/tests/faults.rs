@@ -302,6 +302,45 @@ async fn a_worker_killed_mid_chat_request_says_to_retry() {
     assert!(body.contains("retry in 5 s"), "{body}");
 }
 
+/// A worker that stops answering without closing its connection (a frozen or stopped
+/// process: `SIGSTOP` here, as Android's app freezer does to a background app) fails the
+/// request within a bound, as unavailable with "retry" (503 + Retry-After), instead of
+/// holding it for as long as the worker stays frozen (it hung for minutes before the client
+/// channels pinged: HTTP/2 keep-alive, `tandem_auth::client::KEEPALIVE_TIMEOUT`). After
+/// `SIGCONT` the worker serves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_worker_fails_the_request_as_unavailable_within_a_bound() {
+    let mut w = Child::start("worker", &free_addr(), "");
+    let (http, _stop) = common::serve_http_over(agent_gateway::worker::Router::new(std::slice::from_ref(&w.url)).unwrap()).await;
+    let chat = r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":4}"#;
+    let (status, _, body) = common::http_post_with_head(&http, "/v1/chat/completions", chat).await;
+    assert_eq!(status, 200, "{body}");
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill").args([sig, &w.process.id().to_string()]).status().unwrap().success();
+        assert!(ok, "kill {sig}");
+    };
+    signal("-STOP");
+    let t = Instant::now();
+    let answer = tokio::time::timeout(Duration::from_secs(120), common::http_post_with_head(&http, "/v1/chat/completions", chat)).await;
+    signal("-CONT");
+    let (status, head, body) = answer.expect("an answer within 120 s while the worker is frozen");
+    assert_eq!(status, 503, "{head}\n{body}");
+    assert!(head.lines().any(|l| l.eq_ignore_ascii_case("retry-after: 5")), "{head}");
+    assert!(body.contains("retry in 5 s"), "{body}");
+    eprintln!("frozen worker: 503 after {:.1} s", t.elapsed().as_secs_f64());
+    // Thawed, it serves again (the gateway's down mark lasts a few seconds).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, _, body) = common::http_post_with_head(&http, "/v1/chat/completions", chat).await;
+        if status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no 200 within 60 s of SIGCONT: {status} {body}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    w.kill();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_restarted_on_its_address_serves_the_episode_cold() {
     let addr = free_addr();

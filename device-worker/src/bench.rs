@@ -169,9 +169,11 @@ impl BenchOptions {
     }
 
     /// The context the runs fill: `--depth`, the prompt, the decode runs (after the prompt
-    /// too), the drafts of a verification pass and a few warm-up tokens.
+    /// too; `--mtp-overhead` rounds grow the sequence by up to `1 + n_draft` tokens each),
+    /// the drafts of a verification pass and a few warm-up tokens.
     pub fn n_ctx(&self) -> usize {
-        [self.prompt_tokens, 2usize.saturating_mul(self.gen_tokens), self.n_draft, 8]
+        let per_round = self.n_draft.saturating_add(1).max(2);
+        [self.prompt_tokens, per_round.saturating_mul(self.gen_tokens), self.n_draft, 8]
             .into_iter()
             .fold(self.depth, usize::saturating_add)
     }
@@ -625,10 +627,11 @@ fn mtp_overhead(b: &mut Bench, cfg: &BenchOptions, seq: &mut SequenceState, prom
     }
     let n_tok = (prompt.len() * reps) as f64;
     // (b) From the filled prompt: decode passes of 1 token vs verification passes of k
-    // tokens rolled back to 1 accepted, alternating, the sequence growing by 1 each.
-    let (mut decode_s, mut verify_s) = (0.0, 0.0);
+    // tokens, alternating, each verification rolled back to keep 0, 1, .., n_draft − 1 of its
+    // drafts in turn (the rollback timed too: it replays the kept tokens' recurrence).
+    let (mut decode_s, mut verify_s, mut rollback_s) = (0.0, 0.0, 0.0);
     let toks: Vec<u32> = prompt.iter().cycle().skip(7).take(k).copied().collect();
-    for _ in 0..rounds {
+    for r in 0..rounds {
         let t = Instant::now();
         model.forward(pool, seq, &toks[..1], true)?;
         decode_s += t.elapsed().as_secs_f64();
@@ -636,7 +639,9 @@ fn mtp_overhead(b: &mut Bench, cfg: &BenchOptions, seq: &mut SequenceState, prom
         let t = Instant::now();
         model.verify(pool, seq, &toks)?;
         verify_s += t.elapsed().as_secs_f64();
-        model.rollback(seq, len + 1)?;
+        let t = Instant::now();
+        model.rollback(seq, len + 1 + r % cfg.n_draft)?;
+        rollback_s += t.elapsed().as_secs_f64();
     }
     // With --profile, the same alternation again from the prompt, with per-op timing, one
     // table per kind of pass (not in the timed figures above: the timing adds a clock read
@@ -677,6 +682,7 @@ fn mtp_overhead(b: &mut Bench, cfg: &BenchOptions, seq: &mut SequenceState, prom
         fill_s,
         decode_ms: decode_s * 1e3 / rounds as f64,
         verify_ms: verify_s * 1e3 / rounds as f64,
+        rollback_ms: rollback_s * 1e3 / rounds as f64,
         draft_ms,
         pass_profiles,
     };
@@ -685,7 +691,7 @@ fn mtp_overhead(b: &mut Bench, cfg: &BenchOptions, seq: &mut SequenceState, prom
 }
 
 /// `rounds` decode passes of `toks[0]` and verification passes of `toks`, alternating as in
-/// `--mtp-overhead`'s timed part (each verification rolled back to 1 accepted), with per-op
+/// `--mtp-overhead`'s timed part (and rolled back as there), with per-op
 /// timing: the two tables, or none when the architecture has no per-op timing.
 fn profile_passes(
     model: &mut Model,
@@ -695,7 +701,7 @@ fn profile_passes(
     rounds: usize,
 ) -> anyhow::Result<Vec<(&'static str, Vec<(&'static str, f64, f64)>)>> {
     let (mut dec, mut ver) = (OpProfile::default(), OpProfile::default());
-    for _ in 0..rounds {
+    for r in 0..rounds {
         if !model.set_profiling(true) {
             eprintln!("bench: --profile: this architecture has no per-op timing; ignored");
             return Ok(Vec::new());
@@ -706,7 +712,7 @@ fn profile_passes(
         model.set_profiling(true);
         model.verify(pool, seq, toks)?;
         ver.merge(model.profile().expect("profiling on"));
-        model.rollback(seq, len + 1)?;
+        model.rollback(seq, len + 1 + r % (toks.len() - 1))?;
     }
     model.set_profiling(false);
     Ok(vec![("decode pass (1 token)", dec.table()), ("verification pass", ver.table())])
@@ -720,9 +726,11 @@ struct MtpOverheadRun {
     /// Prefill seconds without and with the MTP KV fill.
     plain_s: f64,
     fill_s: f64,
-    /// One decode pass and one verification pass of 1 + n_draft tokens, ms.
+    /// One decode pass, one verification pass of 1 + n_draft tokens and one rollback after
+    /// it (mean over 0..n_draft drafts kept), ms.
     decode_ms: f64,
     verify_ms: f64,
+    rollback_ms: f64,
     /// Per MTP head: (name, rows, ms per drafted token).
     draft_ms: Vec<(&'static str, usize, f64)>,
     /// With --profile: the per-op tables of the decode and the verification passes.
@@ -731,7 +739,7 @@ struct MtpOverheadRun {
 
 /// Writes `--mtp-overhead`'s measurements as JSON or as a table.
 fn print_mtp_overhead(out: &mut impl Write, cfg: &BenchOptions, m: &MtpOverheadRun, reps: usize, rounds: usize) -> std::io::Result<()> {
-    let MtpOverheadRun { n_tok, plain_s, fill_s, decode_ms, verify_ms, .. } = *m;
+    let MtpOverheadRun { n_tok, plain_s, fill_s, decode_ms, verify_ms, rollback_ms, .. } = *m;
     let draft_ms = &m.draft_ms;
     if cfg.json {
         writeln!(
@@ -741,7 +749,7 @@ fn print_mtp_overhead(out: &mut impl Write, cfg: &BenchOptions, m: &MtpOverheadR
                 "prompt_tokens": m.prompt_tokens, "threads": cfg.n_threads(), "n_draft": cfg.n_draft,
                 "prefill_tokens_per_s": n_tok / plain_s,
                 "prefill_mtp_fill_tokens_per_s": n_tok / fill_s,
-                "decode_pass_ms": decode_ms, "verify_pass_ms": verify_ms,
+                "decode_pass_ms": decode_ms, "verify_pass_ms": verify_ms, "rollback_ms": rollback_ms,
                 "mtp_draft_ms_per_token": draft_ms.iter().map(|(name, rows, ms)| serde_json::json!({
                     "head": name, "rows": rows, "ms": ms,
                 })).collect::<Vec<_>>(),
@@ -778,6 +786,12 @@ fn print_mtp_overhead(out: &mut impl Write, cfg: &BenchOptions, m: &MtpOverheadR
         "| verification pass (1 + {} tokens) | {verify_ms:.2} ms | {:.3}x |",
         cfg.n_draft,
         verify_ms / decode_ms
+    )?;
+    writeln!(
+        out,
+        "| rollback after it (0..{} drafts kept) | {rollback_ms:.2} ms | {:.3}x |",
+        cfg.n_draft - 1,
+        rollback_ms / decode_ms
     )?;
     for (name, rows, ms) in draft_ms {
         writeln!(

@@ -417,8 +417,8 @@ macro_rules! backend_conformance {
 
             /// The per-token gated delta rule with this backend's build of the head loop
             /// gives the scalar build's bits: outputs, final state and every snapshot (the
-            /// loops are element-wise and unfused in every build; the snapshots are exact
-            /// copies, streamed on x86_64). Shapes with `d_v` not a multiple of 16 reach the
+            /// loops are element-wise with `f32::mul_add` in every build; the snapshots are
+            /// exact copies, streamed on x86_64). Shapes with `d_v` not a multiple of 16 reach the
             /// vector loops' tails.
             #[test]
             fn gdn_recurrent_equals_scalar_bitwise() {
@@ -438,7 +438,8 @@ macro_rules! backend_conformance {
                         let mut state = state0.clone();
                         let mut out = vec![0f32; n * n_v_heads * d_v];
                         let mut snaps = vec![0f32; m * state0.len()];
-                        gdn_recurrent_with(b, &pool, x, &mut state, &mut out, Some(&mut snaps)).expect("gdn_recurrent");
+                        let mut slots: Vec<&mut [f32]> = snaps.chunks_exact_mut(state0.len()).collect();
+                        gdn_recurrent_with(b, &pool, x, &mut state, &mut out, &mut slots).expect("gdn_recurrent");
                         [out, state, snaps].map(|v| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>())
                     };
                     let (got, want) = (run(be), run(backend::scalar()));

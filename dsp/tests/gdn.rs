@@ -115,7 +115,9 @@ impl Case {
         out: &mut [f32],
         snapshots: Option<&mut [f32]>,
     ) -> Result<(), DspError> {
-        gdn_recurrent(pool, self.inputs(), state, out, snapshots)
+        // The contiguous `[m, H, d_k, d_v]` buffer as `m` slots.
+        let mut slots: Vec<&mut [f32]> = snapshots.map_or(Vec::new(), |s| s.chunks_mut(self.shape.state_len()).collect());
+        gdn_recurrent(pool, self.inputs(), state, out, &mut slots)
     }
 
     /// [`gdn_chunked`] on this case's inputs, on `pool` or (`None`) the calling thread.
@@ -308,7 +310,7 @@ fn two_sweep_recurrent(case: &Case) -> (Vec<f32>, Vec<f32>) {
             for (row, &ki) in s.chunks_exact_mut(d_v).zip(k) {
                 for (sv, d) in row.iter_mut().zip(delta.iter_mut()) {
                     *sv *= decay;
-                    *d += ki * *sv;
+                    *d = ki.mul_add(*sv, *d);
                 }
             }
             for (d, &vv) in delta.iter_mut().zip(v) {
@@ -317,8 +319,8 @@ fn two_sweep_recurrent(case: &Case) -> (Vec<f32>, Vec<f32>) {
             let o = &mut out[(t * n_v_heads + h) * d_v..][..d_v];
             for ((row, &ki), &qi) in s.chunks_exact_mut(d_v).zip(k).zip(q) {
                 for ((sv, &d), o) in row.iter_mut().zip(&delta).zip(o.iter_mut()) {
-                    *sv += ki * d;
-                    *o += qi * *sv;
+                    *sv = ki.mul_add(d, *sv);
+                    *o = qi.mul_add(*sv, *o);
                 }
             }
             for o in o.iter_mut() {
@@ -409,7 +411,7 @@ fn assert_both_forms(
         if chunked {
             gdn_chunked(None, x, &mut state, &mut out, chunk)
         } else {
-            gdn_recurrent(None, x, &mut state, &mut out, None)
+            gdn_recurrent(None, x, &mut state, &mut out, &mut [])
         }
         .expect("gdn");
         let (e_out, e_state) = (max_rel_err(&out, want_out), max_rel_err(&state, want_state));
@@ -473,7 +475,7 @@ fn value_heads_use_tiled_key_heads() {
     let (gate, beta) = ([0.0; 4], [1.0; 4]);
     let (mut out, mut state) = ([0f32; 4], [0f32; 8]);
     let x = GdnInputs { shape, q: &q, k: &k, v: &v, gate: &gate, beta: &beta };
-    gdn_recurrent(None, x, &mut state, &mut out, None).expect("gdn");
+    gdn_recurrent(None, x, &mut state, &mut out, &mut []).expect("gdn");
     for h in 0..4 {
         let row = h % 2;
         let mut want = [0f32; 2];

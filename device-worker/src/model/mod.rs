@@ -181,7 +181,7 @@ pub trait CausalLm: Send + Sync {
     ///
     /// Errors: [`ModelError::Invalid`] (hybrid) outside the rollback states of the last pass
     /// or with rollback states off.
-    fn rewind(&self, seq: &mut SequenceState, len: usize) -> Result<(), ModelError> {
+    fn rewind(&mut self, seq: &mut SequenceState, len: usize) -> Result<(), ModelError> {
         seq.kv.truncate(len);
         Ok(())
     }
@@ -403,7 +403,7 @@ impl Model {
     ///
     /// Errors: [`ModelError::Invalid`] when `len` is beyond the sequence, or (hybrid) outside
     /// the rollback states of the last pass or with rollback states off.
-    pub fn rollback(&self, seq: &mut SequenceState, len: usize) -> Result<(), ModelError> {
+    pub fn rollback(&mut self, seq: &mut SequenceState, len: usize) -> Result<(), ModelError> {
         if len > seq.len() {
             return Err(ModelError::Invalid(format!(
                 "rollback to {len}: the sequence has only {} positions",

@@ -673,8 +673,8 @@ impl CausalLm for Qwen35Model {
         });
     }
 
-    fn rewind(&self, seq: &mut SequenceState, len: usize) -> Result<(), ModelError> {
-        match &self.scratch.rollback {
+    fn rewind(&mut self, seq: &mut SequenceState, len: usize) -> Result<(), ModelError> {
+        match &mut self.scratch.rollback {
             Some(rb) => Ok(rb.rollback(seq, len)?),
             None if len == seq.len() => Ok(()),
             None => Err(ModelError::Invalid(

@@ -6,8 +6,11 @@
 //! Layout, per GDN layer (layer order of [`super::recurrent::RecurrentState`]):
 //! - `conv`: `[K, conv_len]`, slot `i` = the conv state `[K_conv − 1, conv_channels]` after
 //!   token `n − m + i` of the pass;
-//! - `ssm`: `[K, ssm_len]`, slot `i` = the delta-rule state `[n_v_heads, d_k, d_v]` after the
-//!   same token (the snapshot layout of [`dsp::gdn::gdn_recurrent`]).
+//! - `ssm`: `K` slots of `ssm_len`, slot `i` = the delta-rule state `[n_v_heads, d_k, d_v]`
+//!   after the same token (the snapshot layout of [`dsp::gdn::gdn_recurrent`]). Each slot is
+//!   its own buffer, so a rollback swaps it in as the live state instead of copying a whole
+//!   recurrent state (the old live buffer becomes the slot, and the states describe no pass
+//!   afterwards).
 //!
 //! `m = min(K, n)` states are kept after a pass of `n` tokens: slots `0..m − 1` hold them and
 //! the last one is the live state itself (slot `m − 1` is never written: a rollback to the
@@ -55,7 +58,7 @@ impl RollbackPrefill {
 #[derive(Clone, Debug)]
 pub struct RollbackLayer {
     pub conv: Vec<f32>,
-    pub ssm: Vec<f32>,
+    pub ssm: Vec<Vec<f32>>,
 }
 
 /// The last `K` recurrent states of the latest forward pass (module docs).
@@ -90,7 +93,7 @@ impl RollbackStates {
             layers: (0..n_layers)
                 .map(|_| RollbackLayer {
                     conv: vec![0.0; k * conv_len],
-                    ssm: vec![0.0; k * ssm_len],
+                    ssm: (0..k).map(|_| vec![0.0; ssm_len]).collect(),
                 })
                 .collect(),
             pos0: 0,
@@ -128,7 +131,7 @@ impl RollbackStates {
         self.n = 0;
     }
 
-    /// Slot buffers of GDN layer `layer`: `(conv [K, conv_len], ssm [K, ssm_len])`.
+    /// Slot buffers of GDN layer `layer`: `conv [K, conv_len]`, `K` delta-rule slots.
     pub fn layer_mut(&mut self, layer: usize) -> &mut RollbackLayer {
         &mut self.layers[layer]
     }
@@ -151,15 +154,22 @@ impl RollbackStates {
     }
 
     /// Cuts `seq` back to `len` positions, inside the last pass: the KV cache is truncated and
-    /// every GDN layer's conv and delta-rule state is restored from the slot of token
-    /// `len − 1`. `len` equal to the current length is a no-op.
+    /// every GDN layer's conv state is restored from the slot of token `len − 1`, its
+    /// delta-rule slot swapped in as the live state (no copy; the states then describe no
+    /// pass). `len` equal to the current length is a no-op.
     ///
     /// Errors: [`RollbackError`] when `seq` is not at the end of the recorded pass or `len`
     /// is outside [`Self::reachable`].
-    pub fn rollback(&self, seq: &mut SequenceState, len: usize) -> Result<(), RollbackError> {
+    pub fn rollback(&mut self, seq: &mut SequenceState, len: usize) -> Result<(), RollbackError> {
         let slot = self.slot_of(seq, len)?;
         if let (Some(slot), Some(rec)) = (slot, seq.recurrent.as_mut()) {
-            self.write_slot(rec, slot, len)?;
+            self.check_layers(rec, len)?;
+            for (i, l) in self.layers.iter_mut().enumerate() {
+                let st = rec.layer_mut(i);
+                st.conv.copy_from_slice(&l.conv[slot * self.conv_len..][..self.conv_len]);
+                std::mem::swap(&mut st.ssm, &mut l.ssm[slot]);
+            }
+            self.clear();
         }
         seq.kv.truncate(len);
         Ok(())
@@ -206,6 +216,18 @@ impl RollbackStates {
 
     /// Copies slot `slot` of every GDN layer into `rec`.
     fn write_slot(&self, rec: &mut RecurrentState, slot: usize, len: usize) -> Result<(), RollbackError> {
+        self.check_layers(rec, len)?;
+        for (i, l) in self.layers.iter().enumerate() {
+            let st = rec.layer_mut(i);
+            st.conv
+                .copy_from_slice(&l.conv[slot * self.conv_len..][..self.conv_len]);
+            st.ssm.copy_from_slice(&l.ssm[slot]);
+        }
+        Ok(())
+    }
+
+    /// `rec` must have as many GDN layers as the rollback states.
+    fn check_layers(&self, rec: &RecurrentState, len: usize) -> Result<(), RollbackError> {
         if rec.n_layers() != self.layers.len() {
             return Err(RollbackError {
                 len,
@@ -215,13 +237,6 @@ impl RollbackStates {
                     rec.n_layers()
                 ),
             });
-        }
-        for (i, l) in self.layers.iter().enumerate() {
-            let st = rec.layer_mut(i);
-            st.conv
-                .copy_from_slice(&l.conv[slot * self.conv_len..][..self.conv_len]);
-            st.ssm
-                .copy_from_slice(&l.ssm[slot * self.ssm_len..][..self.ssm_len]);
         }
         Ok(())
     }
@@ -239,7 +254,7 @@ mod tests {
             let layer = rb.layer_mut(l);
             for s in 0..3 {
                 layer.conv[s * 2..][..2].fill((10 * l + s) as f32);
-                layer.ssm[s * 4..][..4].fill((100 * l + s) as f32);
+                layer.ssm[s].fill((100 * l + s) as f32);
             }
         }
         let mut seq = SequenceState {
@@ -258,6 +273,8 @@ mod tests {
         let r = seq.recurrent.as_ref().unwrap();
         assert_eq!(r.layer(0).conv, vec![1.0; 2]);
         assert_eq!(r.layer(1).ssm, vec![101.0; 4]);
+        assert_eq!(rb.layer_mut(0).ssm[1], vec![0.0; 4], "swapped: the slot holds the old live state");
+        assert!(rb.reachable().is_none(), "the states describe no pass after a rollback");
         assert!(
             rb.rollback(&mut seq, 8).is_err(),
             "the sequence moved off the pass"
@@ -269,7 +286,7 @@ mod tests {
         let mut rb = RollbackStates::new(3, 1, 2, 4, RollbackPrefill::Aware);
         for s in 0..3 {
             rb.layer_mut(0).conv[s * 2..][..2].fill(s as f32 + 1.0);
-            rb.layer_mut(0).ssm[s * 4..][..4].fill(s as f32 + 10.0);
+            rb.layer_mut(0).ssm[s].fill(s as f32 + 10.0);
         }
         let mut seq = SequenceState {
             kv: KvCache::new(1, 1, 2, 16),

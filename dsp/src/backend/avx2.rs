@@ -575,7 +575,7 @@ impl KernelBackend for Avx2 {
     }
 
     fn gdn_recurrent_head(&self, head: &mut crate::gdn::recurrent::RecurrentHead<'_, '_>) {
-        // SAFETY: see the impl comment (AVX2 is among the features checked).
+        // SAFETY: see the impl comment (AVX2 and FMA are among the features checked).
         unsafe { crate::gdn::recurrent::head_avx2(head) }
     }
 

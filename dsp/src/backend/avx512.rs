@@ -83,7 +83,7 @@ impl KernelBackend for Avx512 {
     }
 
     fn gdn_recurrent_head(&self, head: &mut crate::gdn::recurrent::RecurrentHead<'_, '_>) {
-        // SAFETY: the features are proven by `self` (avx512f and avx2 among them).
+        // SAFETY: the features are proven by `self` (avx512f, avx2 and fma among them).
         unsafe { crate::gdn::recurrent::head_avx512(head) }
     }
 

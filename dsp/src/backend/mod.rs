@@ -499,8 +499,9 @@ pub trait KernelBackend: Send + Sync + std::fmt::Debug {
 
     /// Every token of one value head of the per-token gated delta rule
     /// ([`crate::gdn::gdn_recurrent`]: decode and verification). The default is the portable
-    /// build; x86 backends run the same element-wise, unfused loops compiled with their vector
-    /// width, so every build gives the portable one's bits (tested in `dsp/tests/gdn.rs`).
+    /// build; x86 backends run the same element-wise loops (their fused multiply-adds written
+    /// as `f32::mul_add`, one rounding everywhere) compiled with their vector width and FMA,
+    /// so every build gives the portable one's bits (tested in `dsp/tests/conformance.rs`).
     fn gdn_recurrent_head(&self, head: &mut crate::gdn::recurrent::RecurrentHead<'_, '_>) {
         crate::gdn::recurrent::head_portable(head)
     }

@@ -64,7 +64,7 @@ pub fn gdn_chunked<'p>(
         });
     }
     let inp = Inputs { n, x };
-    let heads = split_heads(shape, state, out, None);
+    let heads = split_heads(shape, state, out, &mut []);
     run_heads(pool.into(), heads, &|h, io| chunked_head(&inp, h, io, chunk));
     Ok(())
 }

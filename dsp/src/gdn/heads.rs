@@ -56,13 +56,13 @@ pub(crate) struct HeadIo<'a> {
     pub snaps: Vec<&'a mut [f32]>,
 }
 
-/// Cuts `state [H, d_k, d_v]`, `out [n, H·d_v]` and `snapshots [m, H, d_k, d_v]` into one
-/// [`HeadIo`] per value head.
+/// Cuts `state [H, d_k, d_v]`, `out [n, H·d_v]` and each snapshot slot `[H, d_k, d_v]` into
+/// one [`HeadIo`] per value head.
 pub(crate) fn split_heads<'a>(
     shape: GdnShape,
     state: &'a mut [f32],
     out: &'a mut [f32],
-    snapshots: Option<&'a mut [f32]>,
+    snapshots: &'a mut [&mut [f32]],
 ) -> Vec<HeadIo<'a>> {
     let h_n = shape.n_v_heads;
     let mut heads: Vec<HeadIo<'a>> = state
@@ -76,9 +76,9 @@ pub(crate) fn split_heads<'a>(
     for (i, row) in out.chunks_exact_mut(shape.d_v).enumerate() {
         heads[i % h_n].out.push(row);
     }
-    if let Some(snaps) = snapshots {
-        for (i, slot) in snaps.chunks_exact_mut(shape.head_state_len()).enumerate() {
-            heads[i % h_n].snaps.push(slot);
+    for slot in snapshots.iter_mut() {
+        for (h, part) in slot.chunks_exact_mut(shape.head_state_len()).enumerate() {
+            heads[h].snaps.push(part);
         }
     }
     heads

@@ -13,7 +13,8 @@ const OP: &str = "gdn_recurrent";
 
 /// Runs the gated delta rule token by token over `n` tokens, updating `state` in place and
 /// writing every token's output. Optionally stores the states after the `m` tokens before
-/// the last into `snapshots` (the state after the last is `state` itself). With a `pool` (`&ThreadPool` or `Some`), the value heads are
+/// the last into the `m` `snapshots` (the state after the last is `state` itself). With a
+/// `pool` (`&ThreadPool` or `Some`), the value heads are
 /// spread over it (one task per head); with `None`, all run on the calling thread. Results
 /// are bit-identical either way.
 ///
@@ -23,26 +24,29 @@ const OP: &str = "gdn_recurrent";
 /// - `state`: `[H, d_k, d_v]`, the state before the first token on entry, after the last on
 ///   return.
 /// - `out`: `[n, H·d_v]`, `o_t = Sᵀq_t / √d_k`.
-/// - `snapshots`: `[m, H, d_k, d_v]` with `1 ≤ m < n`; slot `i` receives the state after
-///   token `n − 1 − m + i`, so the slots and the final `state` are the states after the last
-///   `m + 1` tokens (the final one is not copied: a rollback to the end is no rollback).
-///   `m = n − 1` keeps every token.
+/// - `snapshots`: `m` slots of `[H, d_k, d_v]` with `m < n` (none: `m = 0`); slot `i`
+///   receives the state after token `n − 1 − m + i`, so the slots and the final `state` are
+///   the states after the last `m + 1` tokens (the final one is not copied: a rollback to the
+///   end is no rollback). `m = n − 1` keeps every token. Separate slots let a rollback swap
+///   one in as the live state instead of copying it.
 ///
 /// Per token and head: `S ← exp(gate)·S; δ = beta·(v − Sᵀk); S ← S + k⊗δ; o = Sᵀq·scale`
-/// (module docs of [`super`]), each element's operations in this order and each sum over
-/// the rows in increasing order. The state is swept once per token: the write `k⊗δ` and the
-/// read `Sᵀq` of token `t`, its snapshot, then the decay and the read `Sᵀk` of token `t + 1`
-/// row by row (one more sweep before the first token).
+/// (module docs of [`super`]), each element's operations in this order, `k⊗δ` added and
+/// each sum over the rows (in increasing order) accumulated with fused multiply-adds
+/// (`f32::mul_add`, one rounding: the same bits in every build). The state is swept once per
+/// token: the write `k⊗δ` and the read `Sᵀq` of token `t`, its snapshot, then the decay and
+/// the read `Sᵀk` of token `t + 1` row by row (one more sweep before the first token).
 ///
 /// # Errors
-/// `InvalidArgument` for a bad [`GdnShape`] or snapshots that are not 1..n whole states;
+/// `InvalidArgument` for a bad [`GdnShape`] or `n` or more snapshots, or one that is not a
+/// whole state;
 /// `LengthMismatch` for any buffer whose length does not fit `n = gate.len() / H`.
 pub fn gdn_recurrent<'p>(
     pool: impl Into<Option<&'p ThreadPool>>,
     x: GdnInputs<'_>,
     state: &mut [f32],
     out: &mut [f32],
-    snapshots: Option<&mut [f32]>,
+    snapshots: &mut [&mut [f32]],
 ) -> Result<(), DspError> {
     gdn_recurrent_with(crate::backend::select(), pool, x, state, out, snapshots)
 }
@@ -59,11 +63,11 @@ pub fn gdn_recurrent_with<'p>(
     x: GdnInputs<'_>,
     state: &mut [f32],
     out: &mut [f32],
-    snapshots: Option<&mut [f32]>,
+    snapshots: &mut [&mut [f32]],
 ) -> Result<(), DspError> {
     let n = x.check_io(OP, state, out)?;
     let shape = x.shape;
-    check_snapshots(shape, n, snapshots.as_deref())?;
+    check_snapshots(shape, n, snapshots)?;
     let inp = Inputs { n, x };
     let heads = split_heads(shape, state, out, snapshots);
     run_heads(pool.into(), heads, &|h, io| {
@@ -73,18 +77,17 @@ pub fn gdn_recurrent_with<'p>(
     Ok(())
 }
 
-/// Snapshots must be `m` whole states with `1 ≤ m < n`.
-fn check_snapshots(shape: GdnShape, n: usize, snaps: Option<&[f32]>) -> Result<(), DspError> {
-    let Some(snaps) = snaps else { return Ok(()) };
+/// Snapshots must be `m < n` whole states.
+fn check_snapshots(shape: GdnShape, n: usize, snaps: &[&mut [f32]]) -> Result<(), DspError> {
     let len = shape.state_len();
-    let m = snaps.len() / len;
-    if !snaps.len().is_multiple_of(len) || m == 0 || m >= n {
+    if snaps.len() >= n || snaps.iter().any(|s| s.len() != len) {
         return Err(DspError::InvalidArgument {
             op: OP,
             what: "snapshots",
             detail: format!(
-                "length {} is not m·{len} (m·state_len) with 1 ≤ m < n = {n}",
-                snaps.len()
+                "{} slots of lengths {:?}: want fewer than n = {n} slots of {len} (state_len)",
+                snaps.len(),
+                snaps.iter().map(|s| s.len()).collect::<Vec<_>>()
             ),
         });
     }
@@ -105,14 +108,14 @@ pub(crate) fn head_portable(head: &mut RecurrentHead<'_, '_>) {
     recurrent_head_body(head)
 }
 
-/// [`recurrent_head_body`] compiled with AVX2 (8 lanes). Its loops are element-wise with a
-/// separate multiply and add (Rust does not contract them into fused multiply-adds), so it
-/// computes exactly as the portable build; only the vector width differs.
+/// [`recurrent_head_body`] compiled with AVX2 and FMA (8 lanes). Its loops are element-wise
+/// and its fused multiply-adds are `f32::mul_add` (one rounding, as the portable build's),
+/// so it computes exactly as the portable build; only the vector width differs.
 ///
 /// # Safety
-/// The CPU must support AVX2.
+/// The CPU must support AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn head_avx2(head: &mut RecurrentHead<'_, '_>) {
     recurrent_head_body(head)
 }
@@ -121,87 +124,110 @@ pub(crate) unsafe fn head_avx2(head: &mut RecurrentHead<'_, '_>) {
 /// [`head_portable`] (see [`head_avx2`]).
 ///
 /// # Safety
-/// The CPU must support AVX-512F and AVX2.
+/// The CPU must support AVX-512F, AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2")]
+#[target_feature(enable = "avx512f,avx2,fma")]
 pub(crate) unsafe fn head_avx512(head: &mut RecurrentHead<'_, '_>) {
     recurrent_head_body(head)
 }
 
 /// All tokens of one value head (inlined into each build so it is compiled with the caller's
-/// target features).
+/// target features), in blocks of columns: the recurrence is independent per column (a
+/// column's `δ`, write and reads use only that column and the shared `k`, `q`), so each block
+/// is copied out once into a contiguous scratch that every token sweeps in cache, with its
+/// accumulators in registers (fixed widths: 128 (a whole row of the 0.8B shape), then 32,
+/// then 1), and stored back by the last sweep.
 #[inline(always)]
 fn recurrent_head_body(head: &mut RecurrentHead<'_, '_>) {
     let RecurrentHead { inp, h, io } = head;
     let (inp, h) = (*inp, *h);
+    let (d_k, d_v) = (inp.x.shape.d_k, inp.x.shape.d_v);
+    let mut j0 = 0;
+    let mut wide = vec![[0f32; 128]; if d_v >= 128 { d_k } else { 0 }];
+    while j0 + 128 <= d_v {
+        column_block::<128>(inp, h, j0, io, &mut wide);
+        j0 += 128;
+    }
+    let mut block = vec![[0f32; 32]; if d_v - j0 >= 32 { d_k } else { 0 }];
+    while j0 + 32 <= d_v {
+        column_block::<32>(inp, h, j0, io, &mut block);
+        j0 += 32;
+    }
+    let mut column = vec![[0f32; 1]; d_k];
+    while j0 < d_v {
+        column_block::<1>(inp, h, j0, io, &mut column);
+        j0 += 1;
+    }
+    if !io.snaps.is_empty() {
+        snapshot_fence();
+    }
+}
+
+/// Every token of columns `j0 .. j0 + W` of one head: `blk` (`[d_k][W]`) ← the decayed
+/// columns of the state, then one sweep of `blk` per token (the write `k⊗δ` and the read
+/// `Sᵀq` of token `t`, its snapshot, then the decay and the read `Sᵀk` of token `t + 1`), the
+/// last one storing `blk` back into the state.
+#[inline(always)]
+fn column_block<const W: usize>(inp: &Inputs<'_>, h: usize, j0: usize, io: &mut HeadIo<'_>, blk: &mut [[f32; W]]) {
     let shape = inp.x.shape;
     let (n, d_v) = (inp.n, shape.d_v);
     let kh = shape.k_head_of(h);
-    let scale = shape.scale();
-    // Slots hold the states after tokens `first_snap ..= n − 2`.
+    // Snapshot slots hold the states after tokens `first_snap ..= n − 2`.
     let first_snap = n - 1 - io.snaps.len();
-    let s = &mut *io.state;
-    // `delta` = Sᵀk of the token about to be written (after its decay), `next` the next
-    // token's, accumulated in the same sweep over the rows.
-    let (mut delta, mut next) = (vec![0f32; d_v], vec![0f32; d_v]);
-    decay_and_read(s, inp.k(0, kh), inp.gate(0, h).exp(), &mut delta);
-    for t in 0..n {
-        // δ = beta · (v − Sᵀk)
-        let beta = inp.beta(t, h);
-        for (d, &vv) in delta.iter_mut().zip(inp.v(t, h)) {
-            *d = beta * (vv - *d);
-        }
-        let out = &mut *io.out[t];
-        out.fill(0.0);
-        let (k, q) = (inp.k(t, kh), inp.q(t, kh));
-        let mut snap = (t >= first_snap && t + 1 < n).then(|| &mut *io.snaps[t - first_snap]);
-        if t + 1 < n {
-            // One sweep: write k ⊗ δ, read out = Sᵀq, keep the snapshot, then decay for token
-            // t + 1 and read its Sᵀk.
-            next.fill(0.0);
-            let (k1, decay1) = (inp.k(t + 1, kh), inp.gate(t + 1, h).exp());
-            for (i, row) in s.chunks_exact_mut(d_v).enumerate() {
-                update_row(row, k[i], q[i], &delta, out);
-                if let Some(snap) = snap.as_deref_mut() {
-                    copy_snapshot(&mut snap[i * d_v..][..d_v], row);
-                }
-                for (sv, nx) in row.iter_mut().zip(next.iter_mut()) {
-                    *sv *= decay1;
-                    *nx += k1[i] * *sv;
-                }
-            }
-            std::mem::swap(&mut delta, &mut next);
-        } else {
-            for (i, row) in s.chunks_exact_mut(d_v).enumerate() {
-                update_row(row, k[i], q[i], &delta, out);
-            }
-        }
-        for o in out.iter_mut() {
-            *o *= scale;
+    let at = |i: usize| i * d_v + j0..i * d_v + j0 + W;
+    // `delta` = Sᵀk of the token about to be written (after its decay), accumulated in the
+    // sweep that decays the state for it.
+    let mut delta = [0f32; W];
+    let (k, decay) = (inp.k(0, kh), inp.gate(0, h).exp());
+    for (i, row) in blk.iter_mut().enumerate() {
+        let x = &io.state[at(i)];
+        for c in 0..W {
+            row[c] = x[c] * decay;
+            delta[c] = k[i].mul_add(row[c], delta[c]);
         }
     }
-    snapshot_fence();
-}
-
-/// Decays the state and reads the memory for `k`: `s ← decay · s`, `delta = Sᵀk` (row `i` of
-/// `s` scaled by `k[i]`, rows in increasing order).
-#[inline(always)]
-fn decay_and_read(s: &mut [f32], k: &[f32], decay: f32, delta: &mut [f32]) {
-    delta.fill(0.0);
-    for (row, &ki) in s.chunks_exact_mut(delta.len()).zip(k) {
-        for (sv, d) in row.iter_mut().zip(delta.iter_mut()) {
-            *sv *= decay;
-            *d += ki * *sv;
+    for t in 0..n {
+        // δ = beta · (v − Sᵀk)
+        let (beta, v) = (inp.beta(t, h), &inp.v(t, h)[j0..j0 + W]);
+        for c in 0..W {
+            delta[c] = beta * (v[c] - delta[c]);
+        }
+        let mut out = [0f32; W];
+        let (k, q) = (inp.k(t, kh), inp.q(t, kh));
+        if t + 1 < n {
+            let mut next = [0f32; W];
+            let (k1, decay1) = (inp.k(t + 1, kh), inp.gate(t + 1, h).exp());
+            let mut snap = (t >= first_snap).then(|| &mut *io.snaps[t - first_snap]);
+            for (i, row) in blk.iter_mut().enumerate() {
+                update_row(row, k[i], q[i], &delta, &mut out);
+                if let Some(snap) = snap.as_deref_mut() {
+                    copy_snapshot(&mut snap[at(i)], row);
+                }
+                for c in 0..W {
+                    row[c] *= decay1;
+                    next[c] = k1[i].mul_add(row[c], next[c]);
+                }
+            }
+            delta = next;
+        } else {
+            for (i, row) in blk.iter_mut().enumerate() {
+                update_row(row, k[i], q[i], &delta, &mut out);
+                io.state[at(i)].copy_from_slice(row);
+            }
+        }
+        let o = &mut io.out[t][j0..j0 + W];
+        for c in 0..W {
+            o[c] = out[c] * shape.scale();
         }
     }
 }
 
 /// Row `i` of the write `S ← S + k ⊗ δ` and its term of `out = Sᵀq` (unscaled).
 #[inline(always)]
-fn update_row(row: &mut [f32], ki: f32, qi: f32, delta: &[f32], out: &mut [f32]) {
-    for ((sv, &d), o) in row.iter_mut().zip(delta).zip(out.iter_mut()) {
-        *sv += ki * d;
-        *o += qi * *sv;
+fn update_row<const W: usize>(row: &mut [f32; W], ki: f32, qi: f32, delta: &[f32; W], out: &mut [f32; W]) {
+    for c in 0..W {
+        row[c] = ki.mul_add(delta[c], row[c]);
+        out[c] = qi.mul_add(row[c], out[c]);
     }
 }
 

@@ -284,10 +284,9 @@ impl GatedDeltaNet {
             return delta_rule(pool, &inputs, 0..n, &mut st.ssm, out).map(|()| 0.0);
         };
         let mode = rb.mode;
-        let ssm_len = rb.ssm_len();
         // Slots 0..m − 1 hold the states after tokens n − m ..= n − 2; the state after the
         // last token is the live one (module docs of `rollback`), never copied.
-        let snaps = &mut rb.layer_mut(self.state_layer).ssm[..(m - 1) * ssm_len];
+        let mut snaps: Vec<&mut [f32]> = rb.layer_mut(self.state_layer).ssm[..m - 1].iter_mut().map(|v| &mut v[..]).collect();
         // Tokens before the snapshot region: chunked when long enough (aware), then the state
         // after token n − m is slot 0 and the per-token recurrence writes slots 1..m − 1.
         let head = n - m + 1;
@@ -295,15 +294,13 @@ impl GatedDeltaNet {
             delta_rule(pool, &inputs, 0..head, &mut st.ssm, out)?;
             let t = Instant::now();
             if m > 1 {
-                snaps[..ssm_len].copy_from_slice(&st.ssm);
-                let rest = (m > 2).then(|| &mut snaps[ssm_len..]);
-                per_token(pool, &inputs, head..n, &mut st.ssm, out, rest)?;
+                snaps[0].copy_from_slice(&st.ssm);
+                per_token(pool, &inputs, head..n, &mut st.ssm, out, &mut snaps[1..])?;
             }
             Ok(ms_since(t))
         } else {
             let t = Instant::now();
-            let snaps = (m > 1).then_some(snaps);
-            per_token(pool, &inputs, 0..n, &mut st.ssm, out, snaps).map(|()| ms_since(t))
+            per_token(pool, &inputs, 0..n, &mut st.ssm, out, &mut snaps).map(|()| ms_since(t))
         }
     }
 
@@ -345,7 +342,7 @@ fn delta_rule(
     out: &mut [f32],
 ) -> Result<(), ModelError> {
     if range.len() < CHUNKED_MIN_TOKENS {
-        return per_token(pool, x, range, ssm, out, None);
+        return per_token(pool, x, range, ssm, out, &mut []);
     }
     let vd = x.shape.n_v_heads * x.shape.d_v;
     let out = &mut out[range.start * vd..range.end * vd];
@@ -353,16 +350,16 @@ fn delta_rule(
 }
 
 /// The per-token gated delta rule over the tokens `range` (per token also when long: the
-/// rollback states must come from the recurrence), keeping the states after all but the
-/// last token of `range` in `snapshots` when given ([`gdn::gdn_recurrent`]); `out` as
-/// [`delta_rule`].
+/// rollback states must come from the recurrence), keeping the states after the last
+/// `snapshots.len()` tokens but the last of `range` in `snapshots` ([`gdn::gdn_recurrent`]);
+/// `out` as [`delta_rule`].
 fn per_token(
     pool: &ThreadPool,
     x: &GdnInputs<'_>,
     range: std::ops::Range<usize>,
     ssm: &mut [f32],
     out: &mut [f32],
-    snapshots: Option<&mut [f32]>,
+    snapshots: &mut [&mut [f32]],
 ) -> Result<(), ModelError> {
     let vd = x.shape.n_v_heads * x.shape.d_v;
     let out = &mut out[range.start * vd..range.end * vd];

@@ -7,7 +7,7 @@ mod common;
 
 use common::Rng;
 use dsp::gdn::{
-    conv1d_silu, conv1d_silu_step, gdn_chunked, gdn_recurrent, GdnInputs, GdnShape,
+    conv1d_silu, conv1d_silu_step, conv1d_silu_taps, gdn_chunked, gdn_recurrent, ConvTaps, GdnInputs, GdnShape,
     DEFAULT_CHUNK,
 };
 use dsp::{DspError, ThreadPool};
@@ -578,13 +578,40 @@ fn conv_two_batches_equal_one() {
 }
 
 #[test]
+fn conv_taps_built_once_give_the_bits_of_the_weights() {
+    let (ch, n) = (40, 3);
+    let mut rng = Rng(68);
+    let (w, x, state0) = (rng.vec(ch * 4), rng.vec(n * ch), rng.vec(3 * ch));
+    let taps = ConvTaps::new(&w, ch).expect("taps");
+    assert_eq!((taps.channels(), taps.kernel(), taps.len()), (ch, 4, 4 * ch));
+    let (mut st_a, mut out_a) = (state0.clone(), vec![0f32; n * ch]);
+    conv1d_silu(None, &x, n, ch, &w, &mut st_a, &mut out_a).expect("from the weights");
+    let (mut st_b, mut out_b) = (state0.clone(), vec![f32::NAN; n * ch]);
+    conv1d_silu_taps(None, &x, n, &taps, &mut st_b, &mut out_b).expect("from the taps");
+    assert_eq!(out_a, out_b);
+    assert_eq!(st_a, st_b);
+    // Tap 3 multiplies the current token, tap 0 the oldest input (module docs).
+    let mut one = vec![0f32; ch * 4];
+    one[4 * 7 + 3] = 1.0; // channel 7, tap 3
+    let taps = ConvTaps::new(&one, ch).expect("taps");
+    let (mut st, mut out) = (vec![0f32; 3 * ch], vec![0f32; ch]);
+    let mut x1 = vec![0f32; ch];
+    x1[7] = 2.0;
+    conv1d_silu_taps(None, &x1, 1, &taps, &mut st, &mut out).expect("conv");
+    assert!((out[7] - 2.0 / (1.0 + (-2.0f32).exp())).abs() < 1e-6, "{}", out[7]);
+    assert!(ConvTaps::new(&w[..ch * 4 - 1], ch).is_err(), "not a multiple of ch");
+}
+
+#[test]
 fn conv_pooled_is_bit_identical_to_serial() {
-    let ch = 24;
+    // Wide enough that batches of 32 tokens or more reach the pool (2^16 outputs); fewer run
+    // on the calling thread.
+    let ch = 2048;
     let mut rng = Rng(67);
     for threads in [2, 3] {
         let pool = ThreadPool::new(threads).expect("pool");
-        // Fewer tokens than threads, uneven splits, one token.
-        for n in [1, 2, 5, 9, 64] {
+        // One token, a few (a verification pass), uneven splits.
+        for n in [1, 4, 33, 37, 64, 65] {
             let (w, x, state0) = (rng.vec(ch * 4), rng.vec(n * ch), rng.vec(3 * ch));
             let (mut st_a, mut out_a) = (state0.clone(), vec![0f32; n * ch]);
             conv1d_silu(None, &x, n, ch, &w, &mut st_a, &mut out_a).expect("serial");

@@ -27,12 +27,12 @@ use crate::error::DspError;
 use crate::ops::silu_inplace;
 use crate::ThreadPool;
 
-/// Kernel length from `weight [ch, K]`, and the conv-state length check.
+/// Kernel length from `weight [ch, K]`, and the conv-state length check when given.
 fn kernel_len(
     op: &'static str,
     ch: usize,
     weight: &[f32],
-    conv_state: &[f32],
+    conv_state: Option<&[f32]>,
 ) -> Result<usize, DspError> {
     if ch == 0 || weight.is_empty() || !weight.len().is_multiple_of(ch) {
         return Err(DspError::InvalidArgument {
@@ -45,26 +45,72 @@ fn kernel_len(
         });
     }
     let kernel = weight.len() / ch;
-    DspError::check_len(
-        op,
-        "conv_state [K-1, ch]",
-        (kernel - 1) * ch,
-        conv_state.len(),
-    )?;
+    if let Some(state) = conv_state {
+        DspError::check_len(op, "conv_state [K-1, ch]", (kernel - 1) * ch, state.len())?;
+    }
     Ok(kernel)
 }
+
+/// The taps of a depthwise convolution as rows, `[K, ch]` (tap `j` of every channel
+/// contiguous), so the channel loop of [`conv1d_silu_taps`] reads both operands
+/// contiguously. Built once from the GGUF layout `[ch, K]` (a model keeps it with its
+/// weights: transposing per call cost more than the convolution of one token).
+#[derive(Clone, Debug)]
+pub struct ConvTaps {
+    ch: usize,
+    kernel: usize,
+    taps: Vec<f32>,
+}
+
+impl ConvTaps {
+    /// Transposes `weight` `[ch, K]` (module docs).
+    ///
+    /// # Errors
+    /// `InvalidArgument` if `ch == 0` or `weight.len()` is not a positive multiple of `ch`.
+    pub fn new(weight: &[f32], ch: usize) -> Result<Self, DspError> {
+        let kernel = kernel_len("conv_taps", ch, weight, None)?;
+        let mut taps = vec![0f32; kernel * ch];
+        for (c, wc) in weight.chunks_exact(kernel).enumerate() {
+            for (j, &wj) in wc.iter().enumerate() {
+                taps[j * ch + c] = wj;
+            }
+        }
+        Ok(Self { ch, kernel, taps })
+    }
+
+    /// Channels.
+    pub fn channels(&self) -> usize {
+        self.ch
+    }
+
+    /// Kernel length `K`.
+    pub fn kernel(&self) -> usize {
+        self.kernel
+    }
+
+    /// Weights held (`K·ch`).
+    pub fn len(&self) -> usize {
+        self.taps.len()
+    }
+
+    /// Whether there are no weights (never, for a built one).
+    pub fn is_empty(&self) -> bool {
+        self.taps.is_empty()
+    }
+}
+
+/// Below this many output elements (`n·ch`) a call runs on the calling thread: waking the
+/// pool costs more than the convolution of a few tokens (a verification pass).
+const POOL_MIN_ELEMENTS: usize = 1 << 16;
 
 /// Convolution + SiLU over a batch of `n` tokens (prefill); updates `conv_state` to the last
 /// `K − 1` inputs of `conv_state ++ x`.
 ///
 /// Shapes: `x`, `out`: `[n, ch]`; `weight`: `[ch, K]` (GGUF layout, see module docs);
 /// `conv_state`: `[K − 1, ch]`, in/out. `K = weight.len() / ch`. Equals `n` calls of
-/// [`conv1d_silu_step`] (bit-identical: the same sums in the same order).
-///
-/// With a `pool` (`&ThreadPool` or `Some`), the tokens are spread over it (contiguous ranges
-/// of output rows, one per thread); `None` runs on the calling thread. Bit-identical either
-/// way: every row is computed by the same loop. The convolution was single-threaded and
-/// ~6 % of a Qwen3.5 prefill's wall time on 2 threads.
+/// [`conv1d_silu_step`] (bit-identical: the same sums in the same order). Transposes the
+/// weights on every call: a caller that runs many calls keeps a [`ConvTaps`] and calls
+/// [`conv1d_silu_taps`].
 ///
 /// # Errors
 /// `InvalidArgument` if `ch == 0` or `weight.len()` is not a positive multiple of `ch`;
@@ -78,19 +124,35 @@ pub fn conv1d_silu<'p>(
     conv_state: &mut [f32],
     out: &mut [f32],
 ) -> Result<(), DspError> {
-    let pool = pool.into();
+    conv1d_silu_taps(pool, x, n, &ConvTaps::new(weight, ch)?, conv_state, out)
+}
+
+/// [`conv1d_silu`] with the taps already as rows ([`ConvTaps`]); the same bits.
+///
+/// With a `pool` (`&ThreadPool` or `Some`) and at least [`POOL_MIN_ELEMENTS`] outputs, the
+/// tokens are spread over it (contiguous ranges of output rows, one per thread); otherwise
+/// they run on the calling thread. Bit-identical either way: every row is computed by the
+/// same loop. The convolution was single-threaded and ~6 % of a Qwen3.5 prefill's wall time
+/// on 2 threads.
+///
+/// # Errors
+/// `LengthMismatch` if `x`, `out` are not `n·ch` or `conv_state` is not `(K − 1)·ch`.
+pub fn conv1d_silu_taps<'p>(
+    pool: impl Into<Option<&'p ThreadPool>>,
+    x: &[f32],
+    n: usize,
+    taps: &ConvTaps,
+    conv_state: &mut [f32],
+    out: &mut [f32],
+) -> Result<(), DspError> {
+    let pool = pool.into().filter(|_| n * taps.ch >= POOL_MIN_ELEMENTS);
     const OP: &str = "conv1d_silu";
-    let kernel = kernel_len(OP, ch, weight, conv_state)?;
+    let (ch, kernel) = (taps.ch, taps.kernel);
+    DspError::check_len(OP, "conv_state [K-1, ch]", (kernel - 1) * ch, conv_state.len())?;
     DspError::check_len(OP, "x [n, ch]", n * ch, x.len())?;
     DspError::check_len(OP, "out [n, ch]", n * ch, out.len())?;
     let hist = kernel - 1;
-    // Taps as rows, `[K, ch]`, so the channel loop below reads both operands contiguously.
-    let mut taps = vec![0f32; kernel * ch];
-    for (c, wc) in weight.chunks_exact(kernel).enumerate() {
-        for (j, &wj) in wc.iter().enumerate() {
-            taps[j * ch + c] = wj;
-        }
-    }
+    let taps = &taps.taps;
     {
         let state: &[f32] = conv_state;
         // Row r of x_ext = conv_state ++ x.
@@ -152,7 +214,7 @@ pub fn conv1d_silu_step(
 ) -> Result<(), DspError> {
     const OP: &str = "conv1d_silu_step";
     let ch = x.len();
-    let kernel = kernel_len(OP, ch, weight, conv_state)?;
+    let kernel = kernel_len(OP, ch, weight, Some(conv_state))?;
     DspError::check_len(OP, "out [ch]", ch, out.len())?;
     let hist = kernel - 1;
     for (c, o) in out.iter_mut().enumerate() {

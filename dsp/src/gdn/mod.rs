@@ -32,7 +32,7 @@ mod tile;
 pub use chunked::{gdn_chunked, DEFAULT_CHUNK};
 /// [`gdn_chunked`] under the name the pooled callers use (it takes the pool itself).
 pub use chunked::gdn_chunked as gdn_chunked_pooled;
-pub use conv::{conv1d_silu, conv1d_silu_step};
+pub use conv::{conv1d_silu, conv1d_silu_step, conv1d_silu_taps, ConvTaps};
 /// [`conv1d_silu`] under the name the pooled callers use (it takes the pool itself).
 pub use conv::conv1d_silu as conv1d_silu_pooled;
 pub use recurrent::{gdn_recurrent, gdn_recurrent_with};

@@ -35,8 +35,8 @@ pub(super) struct GatedDeltaNet {
     /// `[n_v_heads, n_embd]` each.
     walpha: Linear,
     wbeta: Linear,
-    /// `[conv_channels, K]` (GGUF layout of `ssm_conv1d.weight`).
-    conv: Vec<f32>,
+    /// `ssm_conv1d.weight` (GGUF `[conv_channels, K]`) as rows of taps.
+    conv: gdn::ConvTaps,
     /// `[n_v_heads]`: `−exp(A_log)` and `dt_bias`.
     a: Vec<f32>,
     dt_bias: Vec<f32>,
@@ -102,7 +102,8 @@ impl GatedDeltaNet {
             wgate: loader.linear(&n("attn_gate"), vd, e)?,
             walpha: loader.linear(&n("ssm_alpha"), g.n_v_heads, e)?,
             wbeta: loader.linear(&n("ssm_beta"), g.n_v_heads, e)?,
-            conv: loader.vector(&n("ssm_conv1d"), c.conv_channels() * c.conv_kernel)?,
+            conv: gdn::ConvTaps::new(&loader.vector(&n("ssm_conv1d"), c.conv_channels() * c.conv_kernel)?, c.conv_channels())
+                .map_err(kernel("ssm_conv1d"))?,
             a: loader.vector(&format!("{prefix}.ssm_a"), g.n_v_heads)?,
             dt_bias: loader.vector(&format!("{prefix}.ssm_dt.bias"), g.n_v_heads)?,
             norm: RmsNorm::new(loader, &format!("{prefix}.ssm_norm"), g.d_v, c.rms_eps)?,
@@ -213,11 +214,10 @@ impl GatedDeltaNet {
             );
         }
         let rb_ms = ms_since(t_rb);
-        gdn::conv1d_silu_pooled(
+        gdn::conv1d_silu_taps(
             Some(ctx.pool),
             &s.qkv[..n * ch],
             n,
-            ch,
             &self.conv,
             conv_state,
             &mut s.conv_out[..n * ch],

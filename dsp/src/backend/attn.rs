@@ -17,6 +17,7 @@
 
 use half::f16;
 
+use super::float_tile::Lanes16;
 use super::AttnTile;
 
 /// Queries per register block (AVX2: 8 accumulators + 2 K or V chunks of 16 registers).
@@ -62,14 +63,81 @@ pub(super) trait Lanes: Vector {
     }
 }
 
-/// [`KernelBackend::attention_queries`](super::KernelBackend::attention_queries) with vectors
-/// `L` and the backend's own `softmax` (applied to each query's visible scores).
+/// How a backend computes the scores and the outputs of a block of `N ≤ Self::QB` queries
+/// ([`By8`]: two 8-lane chains per 16 elements; [`By16`]: one 16-lane vector holding both).
+pub(super) trait AttnBlocks {
+    /// Queries per register block.
+    const QB: usize;
+    /// [`scores_block`]'s contract.
+    ///
+    /// # Safety
+    /// As [`scores_block`].
+    unsafe fn scores<const N: usize>(tile: &AttnTile<'_>, qf: &[f32], q0: usize, scores: &mut [f32]);
+    /// [`values_block`]'s contract.
+    ///
+    /// # Safety
+    /// As [`values_block`].
+    unsafe fn values<const N: usize>(tile: &AttnTile<'_>, scores: &[f32], q0: usize, out: &mut [f32]);
+}
+
+/// Blocks of [`QB`] queries with 8-lane vectors `L` (AVX2, NEON).
+pub(super) struct By8<L>(std::marker::PhantomData<L>);
+
+impl<L: Lanes> AttnBlocks for By8<L> {
+    const QB: usize = QB;
+    #[inline(always)]
+    unsafe fn scores<const N: usize>(tile: &AttnTile<'_>, qf: &[f32], q0: usize, scores: &mut [f32]) {
+        scores_block::<L, N>(tile, qf, q0, scores)
+    }
+    #[inline(always)]
+    unsafe fn values<const N: usize>(tile: &AttnTile<'_>, scores: &[f32], q0: usize, out: &mut [f32]) {
+        values_block::<L, N>(tile, scores, q0, out)
+    }
+}
+
+/// Blocks of 8 queries with 16-lane vectors `V` (AVX-512): each 16-element chunk of a dot is
+/// one fused multiply-add whose low lanes are [`By8`]'s `a0` chain and high lanes its `a1`
+/// chain, folded `a0 + a1` before the same 8-lane `hsum`; each 16 output columns one
+/// accumulator. The same bits as [`By8`] with `V::Half`, half the instructions, and twice
+/// the queries per K or V read.
+pub(super) struct By16<V>(std::marker::PhantomData<V>);
+
+impl<V: Lanes16> AttnBlocks for By16<V> {
+    const QB: usize = 8;
+    #[inline(always)]
+    unsafe fn scores<const N: usize>(tile: &AttnTile<'_>, qf: &[f32], q0: usize, scores: &mut [f32]) {
+        scores_block16::<V, N>(tile, qf, q0, scores)
+    }
+    #[inline(always)]
+    unsafe fn values<const N: usize>(tile: &AttnTile<'_>, scores: &[f32], q0: usize, out: &mut [f32]) {
+        values_block16::<V, N>(tile, scores, q0, out)
+    }
+}
+
+/// [`KernelBackend::attention_queries`](super::KernelBackend::attention_queries) with 8-lane
+/// vectors `L` ([`By8`]) and the backend's own `softmax` (applied to each query's visible
+/// scores).
 ///
 /// # Safety
 /// The CPU must have the features `L`'s methods use. Shapes are checked here
 /// ([`AttnTile::assert_shapes`], panicking) before any raw access.
 #[inline(always)]
 pub(super) unsafe fn attention_tile<L: Lanes>(
+    tile: &AttnTile<'_>,
+    scores: &mut [f32],
+    out: &mut [f32],
+    softmax: impl Fn(&mut [f32]),
+) {
+    attention_blocks::<L, By8<L>>(tile, scores, out, softmax)
+}
+
+/// The attention tile with the blocks of `B` (queries widened with `L`, the backend's 8-lane
+/// vector): scores, the backend's `softmax` per query, outputs.
+///
+/// # Safety
+/// As [`attention_tile`], for `B`'s vectors too.
+#[inline(always)]
+pub(super) unsafe fn attention_blocks<L: Lanes, B: AttnBlocks>(
     tile: &AttnTile<'_>,
     scores: &mut [f32],
     out: &mut [f32],
@@ -93,26 +161,33 @@ pub(super) unsafe fn attention_tile<L: Lanes>(
         }
     }
     let scores = &mut scores[..n_q * max_ctx];
-    for q0 in (0..n_q).step_by(QB) {
-        match n_q - q0 {
-            1 => scores_block::<L, 1>(tile, &qf, q0, scores),
-            2 => scores_block::<L, 2>(tile, &qf, q0, scores),
-            3 => scores_block::<L, 3>(tile, &qf, q0, scores),
-            _ => scores_block::<L, QB>(tile, &qf, q0, scores),
-        }
+    for q0 in (0..n_q).step_by(B::QB) {
+        with_block_len!(B::QB, n_q - q0, N => B::scores::<N>(tile, &qf, q0, scores));
     }
     for (row, &n) in scores.chunks_exact_mut(max_ctx).zip(tile.n_ctx) {
         softmax(&mut row[..n]);
     }
-    for q0 in (0..n_q).step_by(QB) {
-        match n_q - q0 {
-            1 => values_block::<L, 1>(tile, scores, q0, out),
-            2 => values_block::<L, 2>(tile, scores, q0, out),
-            3 => values_block::<L, 3>(tile, scores, q0, out),
-            _ => values_block::<L, QB>(tile, scores, q0, out),
-        }
+    for q0 in (0..n_q).step_by(B::QB) {
+        with_block_len!(B::QB, n_q - q0, N => B::values::<N>(tile, scores, q0, out));
     }
 }
+
+/// Runs `$body` with the const `$n` = `min($left, $qb)` (1 ..= 8).
+macro_rules! with_block_len {
+    ($qb:expr, $left:expr, $n:ident => $body:expr) => {
+        match $left.min($qb) {
+            1 => { const $n: usize = 1; $body }
+            2 => { const $n: usize = 2; $body }
+            3 => { const $n: usize = 3; $body }
+            4 => { const $n: usize = 4; $body }
+            5 => { const $n: usize = 5; $body }
+            6 => { const $n: usize = 6; $body }
+            7 => { const $n: usize = 7; $body }
+            _ => { const $n: usize = 8; $body }
+        }
+    };
+}
+use with_block_len;
 
 /// Scores of queries `q0..q0 + N`: `scores[i * max_ctx + j] = dot(k_j, q_i) * scale` for
 /// `j < n_ctx[i]`, each K row read once for the `N` queries.
@@ -268,6 +343,111 @@ unsafe fn value_step<L: Lanes, const N: usize>(
             let pj = L::splat(*p[b].add(j));
             acc[b][0] = L::add(acc[b][0], L::mul(pj, vj[0]));
             acc[b][1] = L::add(acc[b][1], L::mul(pj, vj[1]));
+        }
+    }
+}
+
+/// [`scores_block`] with 16-lane vectors ([`By16`]): the same bits.
+///
+/// # Safety
+/// As [`attention_tile`], whose shape check covers every access here.
+#[inline(always)]
+unsafe fn scores_block16<V: Lanes16, const N: usize>(tile: &AttnTile<'_>, qf: &[f32], q0: usize, scores: &mut [f32]) {
+    let (hd, max_ctx) = (tile.head_dim, tile.max_ctx());
+    let n_ctx = &tile.n_ctx[q0..q0 + N];
+    let span = n_ctx.iter().copied().max().unwrap_or(0);
+    let all = n_ctx.iter().copied().min().unwrap_or(0);
+    let q: [*const f32; N] = std::array::from_fn(|b| qf.as_ptr().add((q0 + b) * hd));
+    let s: [*mut f32; N] = std::array::from_fn(|b| scores.as_mut_ptr().add((q0 + b) * max_ctx));
+    for j in 0..span {
+        let dots = dots16::<V, N>(tile.k.get_unchecked(j * hd..(j + 1) * hd), q);
+        for b in 0..N {
+            if j < all || j < n_ctx[b] {
+                *s[b].add(j) = dots[b] * tile.scale;
+            }
+        }
+    }
+}
+
+/// [`dots`] with one 16-lane chain per query: low lanes `a0`, high lanes `a1` (the 8-element
+/// step into the low lanes), folded `a0 + a1` before `V::Half`'s `hsum`: the same bits.
+///
+/// # Safety
+/// Each `q[b]` points at `k.len()` readable f32.
+#[inline(always)]
+unsafe fn dots16<V: Lanes16, const N: usize>(k: &[f16], q: [*const f32; N]) -> [f32; N] {
+    let (n, pk) = (k.len(), k.as_ptr());
+    let mut a = [V::zero(); N];
+    let mut i = 0;
+    while i + 16 <= n {
+        let kk = V::load16_f16(pk.add(i));
+        for b in 0..N {
+            a[b] = V::fma(a[b], kk, V::load16_f32(q[b].add(i)));
+        }
+        i += 16;
+    }
+    if i + 8 <= n {
+        let k0 = <V::Half as Lanes>::load_f16(pk.add(i));
+        for b in 0..N {
+            a[b] = V::fma_low(a[b], k0, <V::Half as Vector>::load_f32(q[b].add(i)));
+        }
+        i += 8;
+    }
+    let mut sums = [0f32; N];
+    let mut b = 0;
+    while b + 4 <= N {
+        let r = <V::Half as Lanes>::hsum4([a[b].fold(), a[b + 1].fold(), a[b + 2].fold(), a[b + 3].fold()]);
+        sums[b..b + 4].copy_from_slice(&r);
+        b += 4;
+    }
+    for b in b..N {
+        sums[b] = a[b].fold().hsum();
+    }
+    for b in 0..N {
+        for t in i..n {
+            sums[b] += k[t].to_f32() * *q[b].add(t);
+        }
+    }
+    sums
+}
+
+/// [`values_block`] with one 16-lane accumulator per query and 16 columns: the same bits.
+///
+/// # Safety
+/// As [`attention_tile`], whose shape check covers every access here.
+#[inline(always)]
+unsafe fn values_block16<V: Lanes16, const N: usize>(tile: &AttnTile<'_>, scores: &[f32], q0: usize, out: &mut [f32]) {
+    let (hd, max_ctx) = (tile.head_dim, tile.max_ctx());
+    let n_ctx = &tile.n_ctx[q0..q0 + N];
+    let all = n_ctx.iter().copied().min().unwrap_or(0);
+    let span = n_ctx.iter().copied().max().unwrap_or(0);
+    let p: [*const f32; N] = std::array::from_fn(|b| scores.as_ptr().add((q0 + b) * max_ctx));
+    let o: [*mut f32; N] = std::array::from_fn(|b| out.as_mut_ptr().add((q0 + b) * hd));
+    let pv = tile.v.as_ptr();
+    let mut c = 0;
+    while c + 16 <= hd {
+        let mut acc = [V::zero(); N];
+        for j in 0..span {
+            let vj = V::load16_f16(pv.add(j * hd + c));
+            for b in 0..N {
+                if j < all || j < n_ctx[b] {
+                    acc[b] = V::add(acc[b], V::mul(V::splat(*p[b].add(j)), vj));
+                }
+            }
+        }
+        for b in 0..N {
+            acc[b].store16(o[b].add(c));
+        }
+        c += 16;
+    }
+    // The last columns (fewer than 16): elementwise `out += p · v`, as `axpy_f16`'s tail.
+    for b in 0..N {
+        for t in c..hd {
+            let mut acc = 0f32;
+            for j in 0..n_ctx[b] {
+                acc += *p[b].add(j) * (*pv.add(j * hd + t)).to_f32();
+            }
+            *o[b].add(t) = acc;
         }
     }
 }

@@ -19,7 +19,7 @@ use std::arch::x86_64::*;
 
 use half::{bf16, f16};
 
-use super::attn::Vector;
+use super::attn::{attention_blocks, By16, Vector};
 use super::attn_full::full_attention_tile;
 use super::float_tile::{self, ByLanes16, FloatElem, Lanes16};
 use super::avx2::{dot_q_vnni, dot_tile_q_vnni, Avx2, AVX2};
@@ -150,9 +150,9 @@ impl KernelBackend for Avx512 {
     }
 
     fn attention_queries(&self, tile: &AttnTile<'_>, scores: &mut [f32], out: &mut [f32]) {
-        // Its f16 dot and axpy are the AVX2 backend's and its softmax gives the AVX2 one's
-        // bits (`avx512_math`), hence the AVX2 tile kernel is this backend's.
-        self.avx2.attention_queries(tile, scores, out)
+        // SAFETY: the features are proven by `self` (see `full_attention`); the kernel checks
+        // the tile's shapes.
+        unsafe { attention_queries(tile, scores, out) }
     }
 
     fn full_attention(&self, tile: &FullAttnTile<'_>, scores: &mut [f32], out: &mut [f32]) {
@@ -193,6 +193,17 @@ impl Vector for __m512 {
     unsafe fn mul(a: Self, b: Self) -> Self {
         _mm512_mul_ps(a, b)
     }
+}
+
+/// [`KernelBackend::attention_queries`] with 16-lane tiles ([`super::attn::By16`], the
+/// AVX2 tile's bits: its f16 dot and axpy are the AVX2 backend's and its softmax gives the
+/// AVX2 one's bits, `avx512_math`).
+///
+/// # Safety
+/// Needs avx512f, avx512vl, avx512dq, avx2, fma, f16c (shapes are checked inside).
+#[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn attention_queries(tile: &AttnTile<'_>, scores: &mut [f32], out: &mut [f32]) {
+    attention_blocks::<__m256, By16<__m512>>(tile, scores, out, |x| unsafe { super::avx512_math::softmax_inplace(x) })
 }
 
 /// [`KernelBackend::full_attention`] with 16-lane vectors, 8 queries × 32 keys (or output
@@ -242,6 +253,22 @@ impl Lanes16 for __m512 {
     #[inline(always)]
     unsafe fn fold(self) -> __m256 {
         _mm256_add_ps(_mm512_castps512_ps256(self), _mm512_extractf32x8_ps::<1>(self))
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self {
+        _mm512_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        _mm512_add_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self, b: Self) -> Self {
+        _mm512_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn store16(self, p: *mut f32) {
+        _mm512_storeu_ps(p, self)
     }
 }
 

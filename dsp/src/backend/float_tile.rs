@@ -117,6 +117,14 @@ pub(super) trait Lanes16: Copy {
     unsafe fn fma_low(acc: Self, w: Self::Half, x: Self::Half) -> Self;
     /// The low 8 lanes plus the high 8 lanes (`a0 + a1`).
     unsafe fn fold(self) -> Self::Half;
+    /// All lanes `x`.
+    unsafe fn splat(x: f32) -> Self;
+    /// `a + b` lane-wise.
+    unsafe fn add(a: Self, b: Self) -> Self;
+    /// `a · b` lane-wise.
+    unsafe fn mul(a: Self, b: Self) -> Self;
+    /// Stores the 16 lanes at `p` (unaligned).
+    unsafe fn store16(self, p: *mut f32);
 }
 
 /// How a backend computes one `R × T` piece of float products (weights `W`, activations `X`)

@@ -100,6 +100,7 @@ impl<L: Lanes> AttnBlocks for By8<L> {
 /// chain, folded `a0 + a1` before the same 8-lane `hsum`; each 16 output columns one
 /// accumulator. The same bits as [`By8`] with `V::Half`, half the instructions, and twice
 /// the queries per K or V read.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // 16 lanes: AVX-512 only
 pub(super) struct By16<V>(std::marker::PhantomData<V>);
 
 impl<V: Lanes16> AttnBlocks for By16<V> {
@@ -351,6 +352,7 @@ unsafe fn value_step<L: Lanes, const N: usize>(
 ///
 /// # Safety
 /// As [`attention_tile`], whose shape check covers every access here.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // 16 lanes: AVX-512 only
 #[inline(always)]
 unsafe fn scores_block16<V: Lanes16, const N: usize>(tile: &AttnTile<'_>, qf: &[f32], q0: usize, scores: &mut [f32]) {
     let (hd, max_ctx) = (tile.head_dim, tile.max_ctx());
@@ -374,6 +376,7 @@ unsafe fn scores_block16<V: Lanes16, const N: usize>(tile: &AttnTile<'_>, qf: &[
 ///
 /// # Safety
 /// Each `q[b]` points at `k.len()` readable f32.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // 16 lanes: AVX-512 only
 #[inline(always)]
 unsafe fn dots16<V: Lanes16, const N: usize>(k: &[f16], q: [*const f32; N]) -> [f32; N] {
     let (n, pk) = (k.len(), k.as_ptr());
@@ -415,6 +418,7 @@ unsafe fn dots16<V: Lanes16, const N: usize>(k: &[f16], q: [*const f32; N]) -> [
 ///
 /// # Safety
 /// As [`attention_tile`], whose shape check covers every access here.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // 16 lanes: AVX-512 only
 #[inline(always)]
 unsafe fn values_block16<V: Lanes16, const N: usize>(tile: &AttnTile<'_>, scores: &[f32], q0: usize, out: &mut [f32]) {
     let (hd, max_ctx) = (tile.head_dim, tile.max_ctx());

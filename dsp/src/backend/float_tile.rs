@@ -34,6 +34,7 @@ pub(super) trait FloatElem: Copy {
     ///
     /// # Safety
     /// 16 readable elements at `p`; the CPU has `V`'s features.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // 16 lanes: AVX-512 only
     unsafe fn load16<V: Lanes16>(p: *const Self) -> V;
     /// One element widened to f32.
     fn widen(self) -> f32;
@@ -100,6 +101,7 @@ impl FloatElem for f32 {
 /// operations that make one 16-lane chain equal [`tile_float`]'s two 8-lane chains (`a0` in
 /// the low lanes, `a1` in the high ones). Every method is `#[inline(always)]` and must only
 /// run where the backend's features are available.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // 16 lanes: AVX-512 only
 pub(super) trait Lanes16: Copy {
     /// The backend's 8-lane vector, whose `hsum` reduces the folded chains.
     type Half: Lanes;
@@ -148,6 +150,7 @@ impl<L: Lanes> FloatPieces for ByLanes<L> {
 }
 
 /// The pieces of [`tile_float16`] on 16-lane vectors `V`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // 16 lanes: AVX-512 only
 pub(super) struct ByLanes16<V>(std::marker::PhantomData<V>);
 
 impl<V: Lanes16> FloatPieces for ByLanes16<V> {
@@ -224,6 +227,7 @@ unsafe fn tile_float<L: Lanes, W: FloatElem, X: FloatElem, const R: usize, const
 /// # Safety
 /// As [`tile_float`], with `V`'s features.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // 16 lanes: AVX-512 only
 unsafe fn tile_float16<V: Lanes16, W: FloatElem, X: FloatElem, const R: usize, const T: usize>(p: Piece) {
     let n = p.nb;
     let w_row = |r: usize| p.w.add(r * p.w_stride).cast::<W>();

@@ -667,6 +667,7 @@ impl CausalLm for Qwen35Model {
                 k,
                 c.n_gdn_layers(),
                 (c.conv_kernel - 1) * c.conv_channels(),
+                c.conv_channels(),
                 c.gdn.state_len(),
                 mode,
             )

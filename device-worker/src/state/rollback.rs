@@ -4,8 +4,11 @@
 //! token without re-running anything. The attention KV cache needs no copy: it is truncated.
 //!
 //! Layout, per GDN layer (layer order of [`super::recurrent::RecurrentState`]):
-//! - `conv`: `[K, conv_len]`, slot `i` = the conv state `[K_conv − 1, conv_channels]` after
-//!   token `n − m + i` of the pass;
+//! - `conv`: `[K + K_conv − 3, conv_channels]`, rows `n − m + 1 ..` of the pass's extended
+//!   conv input `x_ext = conv state before the pass ++ the pass's inputs`: slot `i`, the conv
+//!   state `[K_conv − 1, conv_channels]` after token `n − m + i` of the pass, is rows
+//!   `i .. i + K_conv − 1` (the slots overlap, so a pass copies `m + K_conv − 3` rows instead
+//!   of `(m − 1)·(K_conv − 1)`);
 //! - `ssm`: `K` slots of `ssm_len`, slot `i` = the delta-rule state `[n_v_heads, d_k, d_v]`
 //!   after the same token (the snapshot layout of [`dsp::gdn::gdn_recurrent`]). Each slot is
 //!   its own buffer, so a rollback swaps it in as the live state instead of copying a whole
@@ -66,6 +69,7 @@ pub struct RollbackLayer {
 pub struct RollbackStates {
     k: usize,
     conv_len: usize,
+    conv_channels: usize,
     ssm_len: usize,
     pub mode: RollbackPrefill,
     layers: Vec<RollbackLayer>,
@@ -76,23 +80,26 @@ pub struct RollbackStates {
 }
 
 impl RollbackStates {
-    /// Zeroed slots for `k` states of `n_layers` GDN layers (`conv_len`, `ssm_len` floats
-    /// each). `k = 0` keeps nothing (passes then produce no rollback states).
+    /// Zeroed slots for `k` states of `n_layers` GDN layers (`conv_len` floats of conv state
+    /// in rows of `conv_channels`, `ssm_len` floats of delta-rule state). `k = 0` keeps
+    /// nothing (passes then produce no rollback states).
     pub fn new(
         k: usize,
         n_layers: usize,
         conv_len: usize,
+        conv_channels: usize,
         ssm_len: usize,
         mode: RollbackPrefill,
     ) -> Self {
         Self {
             k,
             conv_len,
+            conv_channels,
             ssm_len,
             mode,
             layers: (0..n_layers)
                 .map(|_| RollbackLayer {
-                    conv: vec![0.0; k * conv_len],
+                    conv: vec![0.0; (k.max(2) - 2) * conv_channels + conv_len],
                     ssm: (0..k).map(|_| vec![0.0; ssm_len]).collect(),
                 })
                 .collect(),
@@ -109,7 +116,7 @@ impl RollbackStates {
 
     /// Bytes held by the slots.
     pub fn bytes(&self) -> usize {
-        self.layers.len() * self.k * (self.conv_len + self.ssm_len) * 4
+        self.layers.len() * (self.layers.first().map_or(0, |l| l.conv.len()) + self.k * self.ssm_len) * 4
     }
 
     /// Slots a pass of `n` tokens fills: `min(K, n)`.
@@ -131,7 +138,7 @@ impl RollbackStates {
         self.n = 0;
     }
 
-    /// Slot buffers of GDN layer `layer`: `conv [K, conv_len]`, `K` delta-rule slots.
+    /// Slot buffers of GDN layer `layer`: `conv` rows (module docs), `K` delta-rule slots.
     pub fn layer_mut(&mut self, layer: usize) -> &mut RollbackLayer {
         &mut self.layers[layer]
     }
@@ -166,7 +173,7 @@ impl RollbackStates {
             self.check_layers(rec, len)?;
             for (i, l) in self.layers.iter_mut().enumerate() {
                 let st = rec.layer_mut(i);
-                st.conv.copy_from_slice(&l.conv[slot * self.conv_len..][..self.conv_len]);
+                st.conv.copy_from_slice(&l.conv[slot * self.conv_channels..][..self.conv_len]);
                 std::mem::swap(&mut st.ssm, &mut l.ssm[slot]);
             }
             self.clear();
@@ -220,7 +227,7 @@ impl RollbackStates {
         for (i, l) in self.layers.iter().enumerate() {
             let st = rec.layer_mut(i);
             st.conv
-                .copy_from_slice(&l.conv[slot * self.conv_len..][..self.conv_len]);
+                .copy_from_slice(&l.conv[slot * self.conv_channels..][..self.conv_len]);
             st.ssm.copy_from_slice(&l.ssm[slot]);
         }
         Ok(())
@@ -249,11 +256,15 @@ mod tests {
 
     #[test]
     fn rollback_restores_the_slot_of_the_kept_position() {
-        let mut rb = RollbackStates::new(3, 2, 2, 4, RollbackPrefill::Aware);
+        // Conv states of 2 rows of 1 channel: row r of the kept conv inputs is 10l + r.
+        let mut rb = RollbackStates::new(3, 2, 2, 1, 4, RollbackPrefill::Aware);
         for l in 0..2 {
             let layer = rb.layer_mut(l);
+            assert_eq!(layer.conv.len(), 3, "K + K_conv − 3 rows");
+            for (r, v) in layer.conv.iter_mut().enumerate() {
+                *v = (10 * l + r) as f32;
+            }
             for s in 0..3 {
-                layer.conv[s * 2..][..2].fill((10 * l + s) as f32);
                 layer.ssm[s].fill((100 * l + s) as f32);
             }
         }
@@ -271,7 +282,8 @@ mod tests {
         rb.rollback(&mut seq, 9).unwrap(); // state after token 8 = slot 1
         assert_eq!(seq.len(), 9);
         let r = seq.recurrent.as_ref().unwrap();
-        assert_eq!(r.layer(0).conv, vec![1.0; 2]);
+        assert_eq!(r.layer(0).conv, vec![1.0, 2.0], "rows 1, 2");
+        assert_eq!(r.layer(1).conv, vec![11.0, 12.0]);
         assert_eq!(r.layer(1).ssm, vec![101.0; 4]);
         assert_eq!(rb.layer_mut(0).ssm[1], vec![0.0; 4], "swapped: the slot holds the old live state");
         assert!(rb.reachable().is_none(), "the states describe no pass after a rollback");
@@ -283,9 +295,9 @@ mod tests {
 
     #[test]
     fn checkpoint_at_copies_the_slot_and_leaves_the_sequence() {
-        let mut rb = RollbackStates::new(3, 1, 2, 4, RollbackPrefill::Aware);
+        let mut rb = RollbackStates::new(3, 1, 2, 1, 4, RollbackPrefill::Aware);
+        rb.layer_mut(0).conv.copy_from_slice(&[1.0, 2.0, 3.0]);
         for s in 0..3 {
-            rb.layer_mut(0).conv[s * 2..][..2].fill(s as f32 + 1.0);
             rb.layer_mut(0).ssm[s].fill(s as f32 + 10.0);
         }
         let mut seq = SequenceState {
@@ -296,7 +308,7 @@ mod tests {
         rb.record_pass(2, 4); // tokens 2..6, slots hold states after 4, 5, 6 tokens
         let cp = rb.checkpoint_at(&seq, 5).unwrap().expect("hybrid");
         assert_eq!(cp.pos(), 5);
-        assert_eq!(cp.recurrent().layer(0).conv, vec![2.0; 2]);
+        assert_eq!(cp.recurrent().layer(0).conv, vec![2.0, 3.0]);
         assert_eq!(cp.recurrent().layer(0).ssm, vec![11.0; 4]);
         assert_eq!(seq.len(), 6, "the sequence is unchanged");
         assert_eq!(seq.recurrent.as_ref().unwrap().layer(0).ssm, vec![0.0; 4]);

@@ -131,6 +131,12 @@ pub(crate) unsafe fn head_avx512(head: &mut RecurrentHead<'_, '_>) {
     recurrent_head_body(head)
 }
 
+thread_local! {
+    /// The column-block scratch of [`recurrent_head_body`] (`d_k × 128` floats, 64 KiB on
+    /// the 0.8B shape), taken out and put back by each call.
+    static SCRATCH: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
 /// All tokens of one value head (inlined into each build so it is compiled with the caller's
 /// target features), in blocks of columns: the recurrence is independent per column (a
 /// column's `δ`, write and reads use only that column and the shared `k`, `q`), so each block
@@ -142,22 +148,26 @@ fn recurrent_head_body(head: &mut RecurrentHead<'_, '_>) {
     let RecurrentHead { inp, h, io } = head;
     let (inp, h) = (*inp, *h);
     let (d_k, d_v) = (inp.x.shape.d_k, inp.x.shape.d_v);
+    // One scratch per thread, kept across calls: every block is written by its first sweep
+    // before it is read, so it needs no zeroing.
+    let mut scratch = SCRATCH.take();
+    if scratch.len() < d_k * 128 {
+        scratch.resize(d_k * 128, 0.0);
+    }
     let mut j0 = 0;
-    let mut wide = vec![[0f32; 128]; if d_v >= 128 { d_k } else { 0 }];
     while j0 + 128 <= d_v {
-        column_block::<128>(inp, h, j0, io, &mut wide);
+        column_block::<128>(inp, h, j0, io, scratch[..d_k * 128].as_chunks_mut().0);
         j0 += 128;
     }
-    let mut block = vec![[0f32; 32]; if d_v - j0 >= 32 { d_k } else { 0 }];
     while j0 + 32 <= d_v {
-        column_block::<32>(inp, h, j0, io, &mut block);
+        column_block::<32>(inp, h, j0, io, scratch[..d_k * 32].as_chunks_mut().0);
         j0 += 32;
     }
-    let mut column = vec![[0f32; 1]; d_k];
     while j0 < d_v {
-        column_block::<1>(inp, h, j0, io, &mut column);
+        column_block::<1>(inp, h, j0, io, scratch[..d_k].as_chunks_mut().0);
         j0 += 1;
     }
+    SCRATCH.set(scratch);
     if !io.snaps.is_empty() {
         snapshot_fence();
     }

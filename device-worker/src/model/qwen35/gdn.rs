@@ -201,17 +201,9 @@ impl GatedDeltaNet {
         )?;
         laps.lap("gdn projections (qkv, z, alpha, beta)");
         let t_rb = Instant::now();
-        if let Some(rb) = rollback {
+        if let Some(rb) = rollback.filter(|_| m > 1) {
             // Slots 0..m − 1 (the last state is the live one, module docs of `rollback`).
-            let conv_len = rb.conv_len();
-            conv_snapshots(
-                conv_state,
-                &s.qkv[..n * ch],
-                n,
-                ch,
-                m,
-                &mut rb.layer_mut(self.state_layer).conv[..(m - 1) * conv_len],
-            );
+            conv_snapshots(conv_state, &s.qkv[..n * ch], n, ch, m, &mut rb.layer_mut(self.state_layer).conv);
         }
         let rb_ms = ms_since(t_rb);
         gdn::conv1d_silu_taps(
@@ -366,25 +358,22 @@ fn per_token(
     gdn::gdn_recurrent_pooled(pool, x.tokens(range), ssm, out, snapshots).map_err(kernel("gated_delta_net"))
 }
 
-/// Conv states after each of the last `m` tokens of a batch, for rollback: with
-/// `x_ext = conv_state ++ x` (`[K − 1 + n, ch]`), slot `i` (token `j = n − m + i`) is
-/// `x_ext[j + 1 .. j + K]`, the layout of `conv_state`. `snaps` is `[m', (K − 1)·ch]` with
-/// `m' ≤ m` (the first `m'` of the slots: the rollback path leaves out the last).
-fn conv_snapshots(conv_state: &[f32], x: &[f32], n: usize, ch: usize, m: usize, snaps: &mut [f32]) {
+/// Conv states after each of the last `m` tokens of a batch but the last, for rollback
+/// (`m ≥ 2`): with `x_ext = conv_state ++ x` (`[K − 1 + n, ch]`), the state after token
+/// `j = n − m + i` is `x_ext[j + 1 .. j + K]`, so rows `n − m + 1 .. n + K − 2` of `x_ext`
+/// hold all `m − 1` of them (slot `i` = rows `i .. i + K − 1`; module docs of `rollback`).
+/// They go to the front of `rows`.
+fn conv_snapshots(conv_state: &[f32], x: &[f32], n: usize, ch: usize, m: usize, rows: &mut [f32]) {
     let hist = conv_state.len() / ch;
-    let row = |r: usize| -> &[f32] {
-        if r < hist {
-            &conv_state[r * ch..][..ch]
-        } else {
-            &x[(r - hist) * ch..][..ch]
-        }
-    };
-    for (i, slot) in snaps.chunks_exact_mut(hist * ch).enumerate() {
-        let j = n - m + i;
-        for (r, dst) in slot.chunks_exact_mut(ch).enumerate() {
-            dst.copy_from_slice(row(j + 1 + r));
-        }
+    let (first, count) = (n - m + 1, m + hist - 2);
+    let rows = &mut rows[..count * ch];
+    // Rows of x_ext below `hist` come from the conv state, the rest from `x`.
+    let from_state = hist.saturating_sub(first).min(count);
+    if from_state > 0 {
+        rows[..from_state * ch].copy_from_slice(&conv_state[first * ch..][..from_state * ch]);
     }
+    let x0 = (first + from_state - hist) * ch;
+    rows[from_state * ch..].copy_from_slice(&x[x0..x0 + (count - from_state) * ch]);
 }
 
 fn ms_since(t: Instant) -> f64 {

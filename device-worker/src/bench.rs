@@ -626,23 +626,15 @@ fn mtp_overhead(b: &mut Bench, cfg: &BenchOptions, seq: &mut SequenceState, prom
         fill_s += prefill(model, true, &mut cache, seq)?;
     }
     let n_tok = (prompt.len() * reps) as f64;
-    // (b) From the filled prompt: decode passes of 1 token vs verification passes of k
-    // tokens, alternating, each verification rolled back to keep 0, 1, .., n_draft − 1 of its
-    // drafts in turn (the rollback timed too: it replays the kept tokens' recurrence).
+    // (b) From the filled prompt: decode passes of 1 token, then verification passes of k
+    // tokens each rolled back (timed too), each kind in its steady state ([`steady_passes`]).
     let (mut decode_s, mut verify_s, mut rollback_s) = (0.0, 0.0, 0.0);
     let toks: Vec<u32> = prompt.iter().cycle().skip(7).take(k).copied().collect();
-    for r in 0..rounds {
-        let t = Instant::now();
-        model.forward(pool, seq, &toks[..1], true)?;
-        decode_s += t.elapsed().as_secs_f64();
-        let len = seq.len();
-        let t = Instant::now();
-        model.verify(pool, seq, &toks)?;
-        verify_s += t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        model.rollback(seq, len + 1 + r % cfg.n_draft)?;
-        rollback_s += t.elapsed().as_secs_f64();
-    }
+    steady_passes(model, pool, seq, &toks, rounds, &mut |_| {}, &mut |_, step, s| match step {
+        SpecStep::Decode => decode_s += s,
+        SpecStep::Verify => verify_s += s,
+        SpecStep::Rollback => rollback_s += s,
+    })?;
     // With --profile, the same alternation again from the prompt, with per-op timing, one
     // table per kind of pass (not in the timed figures above: the timing adds a clock read
     // per op).
@@ -690,9 +682,58 @@ fn mtp_overhead(b: &mut Bench, cfg: &BenchOptions, seq: &mut SequenceState, prom
     Ok(())
 }
 
-/// `rounds` decode passes of `toks[0]` and verification passes of `toks`, alternating as in
-/// `--mtp-overhead`'s timed part (and rolled back as there), with per-op
-/// timing: the two tables, or none when the architecture has no per-op timing.
+/// One timed step of [`steady_passes`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SpecStep {
+    Decode,
+    Verify,
+    Rollback,
+}
+
+/// The passes `--mtp-overhead` times, each kind in its steady state, interleaved so both
+/// see the same machine: per round a plain decode pass of `toks[0]` on `seq` (after a decode
+/// pass: nothing pending), then a verification pass of `toks` on a copy of `seq` made at the
+/// start, rolled back to keep 0, 1, .., k − 2 of its drafts in turn (speculative decoding:
+/// each verification follows the previous one's rollback, so it applies that rollback's
+/// pending replay, `state/recurrent.rs`; one untimed verification first). `before(model)`
+/// runs before each pass, `after(model, step, seconds)` after each pass and rollback.
+fn steady_passes(
+    model: &mut Model,
+    pool: &ThreadPool,
+    seq: &mut SequenceState,
+    toks: &[u32],
+    rounds: usize,
+    before: &mut dyn FnMut(&mut Model),
+    after: &mut dyn FnMut(&mut Model, SpecStep, f64),
+) -> anyhow::Result<()> {
+    let secs = |t: Instant| t.elapsed().as_secs_f64();
+    let mut spec = seq.clone();
+    let n_draft = toks.len() - 1;
+    for r in 0..=rounds {
+        if r > 0 {
+            before(model);
+            let t = Instant::now();
+            model.forward(pool, seq, &toks[..1], true)?;
+            after(model, SpecStep::Decode, secs(t));
+        }
+        let len = spec.len();
+        before(model);
+        let t = Instant::now();
+        model.verify(pool, &mut spec, toks)?;
+        let verify = secs(t);
+        let t = Instant::now();
+        model.rollback(&mut spec, len + 1 + r % n_draft)?;
+        let rollback = secs(t);
+        if r > 0 {
+            after(model, SpecStep::Verify, verify);
+            after(model, SpecStep::Rollback, rollback);
+        }
+    }
+    Ok(())
+}
+
+/// [`steady_passes`] with per-op timing: the two tables, or none when the architecture has
+/// no per-op timing.
 fn profile_passes(
     model: &mut Model,
     pool: &ThreadPool,
@@ -700,20 +741,26 @@ fn profile_passes(
     toks: &[u32],
     rounds: usize,
 ) -> anyhow::Result<Vec<(&'static str, Vec<(&'static str, f64, f64)>)>> {
-    let (mut dec, mut ver) = (OpProfile::default(), OpProfile::default());
-    for r in 0..rounds {
-        if !model.set_profiling(true) {
-            eprintln!("bench: --profile: this architecture has no per-op timing; ignored");
-            return Ok(Vec::new());
-        }
-        model.forward(pool, seq, &toks[..1], true)?;
-        dec.merge(model.profile().expect("profiling on"));
-        let len = seq.len();
-        model.set_profiling(true);
-        model.verify(pool, seq, toks)?;
-        ver.merge(model.profile().expect("profiling on"));
-        model.rollback(seq, len + 1 + r % (toks.len() - 1))?;
+    if !model.set_profiling(true) {
+        eprintln!("bench: --profile: this architecture has no per-op timing; ignored");
+        return Ok(Vec::new());
     }
+    let (mut dec, mut ver) = (OpProfile::default(), OpProfile::default());
+    steady_passes(
+        model,
+        pool,
+        seq,
+        toks,
+        rounds,
+        &mut |m| {
+            m.set_profiling(true);
+        },
+        &mut |m, step, _| match step {
+            SpecStep::Decode => dec.merge(m.profile().expect("profiling on")),
+            SpecStep::Verify => ver.merge(m.profile().expect("profiling on")),
+            SpecStep::Rollback => {}
+        },
+    )?;
     model.set_profiling(false);
     Ok(vec![("decode pass (1 token)", dec.table()), ("verification pass", ver.table())])
 }

@@ -416,13 +416,14 @@ macro_rules! backend_conformance {
             }
 
             /// The per-token gated delta rule with this backend's build of the head loop
-            /// gives the scalar build's bits: outputs, final state and every snapshot (the
-            /// loops are element-wise with `f32::mul_add` in every build; the snapshots are
-            /// exact copies, streamed on x86_64). Shapes with `d_v` not a multiple of 16 reach the
-            /// vector loops' tails.
+            /// gives the scalar build's bits: outputs, the replayed base, the final state
+            /// and the logged writes of a pass with a pending replay and a rollback log, and
+            /// a separate replay (the loops are element-wise with `f32::mul_add` in every
+            /// build; the final state is streamed on x86_64). Shapes with `d_v` not a
+            /// multiple of 16 reach the vector loops' tails.
             #[test]
             fn gdn_recurrent_equals_scalar_bitwise() {
-                use dsp::gdn::{gdn_recurrent_with, GdnInputs, GdnShape};
+                use dsp::gdn::{gdn_recurrent_with, gdn_replay_with, GdnInputs, GdnShape, ReplayInputs, RollbackLog};
                 let Some(be) = be() else { return };
                 let pool = pool2();
                 let mut rng = Rng(41);
@@ -434,16 +435,22 @@ macro_rules! backend_conformance {
                     let (gate, beta) = (vec(n * n_v_heads, &|x| -0.5 * (x + 1.0)), vec(n * n_v_heads, &|x| 0.5 * (x + 1.0)));
                     let state0 = vec(n_v_heads * d_k * d_v, &|x| 0.1 * x);
                     let x = GdnInputs { shape, q: &q, k: &k, v: &v, gate: &gate, beta: &beta };
+                    // `m` tokens of another pass pending (its inputs reused, its writes random).
+                    let p_delta = vec(m * n_v_heads * d_v, &|x| 0.3 * x);
+                    let kd = n_k_heads * d_k;
+                    let pending = ReplayInputs { shape, k: &k[..m * kd], gate: &gate[..m * n_v_heads], delta: &p_delta };
                     let run = |b: &dyn KernelBackend| {
                         let mut state = state0.clone();
                         let mut out = vec![0f32; n * n_v_heads * d_v];
-                        let mut snaps = vec![0f32; m * state0.len()];
-                        let mut slots: Vec<&mut [f32]> = snaps.chunks_exact_mut(state0.len()).collect();
-                        gdn_recurrent_with(b, &pool, x, &mut state, &mut out, &mut slots).expect("gdn_recurrent");
-                        [out, state, snaps].map(|v| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>())
+                        let (mut fin, mut delta) = (vec![0f32; state0.len()], vec![0f32; out.len()]);
+                        let log = RollbackLog { state_out: &mut fin, delta: &mut delta };
+                        gdn_recurrent_with(b, &pool, x, &mut state, &mut out, Some(pending), Some(log)).expect("gdn_recurrent");
+                        let mut replayed = state0.clone();
+                        gdn_replay_with(b, &pool, pending, &mut replayed).expect("gdn_replay");
+                        [out, state, fin, delta, replayed].map(|v| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>())
                     };
                     let (got, want) = (run(be), run(backend::scalar()));
-                    for (part, (g, w)) in ["out", "state", "snapshots"].iter().zip(got.iter().zip(&want)) {
+                    for (part, (g, w)) in ["out", "base", "final state", "writes", "replay"].iter().zip(got.iter().zip(&want)) {
                         assert!(g == w, "{part} differs from the scalar build (d_k {d_k}, d_v {d_v}, n {n}, m {m})");
                     }
                 }

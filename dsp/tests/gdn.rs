@@ -1,5 +1,6 @@
 //! Gated DeltaNet kernels: the chunked form against the per-token recurrence, state
-//! continuity across calls, rollback snapshots, the pooled variants, hand-computable cases,
+//! continuity across calls, rollback by replay (the log, the replay and the fused pending
+//! replay), the pooled variants, hand-computable cases,
 //! the short convolution (batch against per-token and against its definition), and shape
 //! errors.
 
@@ -7,8 +8,8 @@ mod common;
 
 use common::Rng;
 use dsp::gdn::{
-    conv1d_silu, conv1d_silu_step, conv1d_silu_taps, gdn_chunked, gdn_recurrent, ConvTaps, GdnInputs, GdnShape,
-    DEFAULT_CHUNK,
+    conv1d_silu, conv1d_silu_step, conv1d_silu_taps, gdn_chunked, gdn_recurrent, gdn_replay, ConvTaps, GdnInputs,
+    GdnShape, ReplayInputs, RollbackLog, DEFAULT_CHUNK,
 };
 use dsp::{DspError, ThreadPool};
 use proptest::prelude::*;
@@ -107,17 +108,32 @@ impl Case {
         GdnInputs { shape: self.shape, q, k, v, gate, beta }
     }
 
-    /// [`gdn_recurrent`] on this case's inputs, on `pool` or (`None`) the calling thread.
+    /// [`gdn_recurrent`] on this case's inputs, on `pool` or (`None`) the calling thread,
+    /// with an optional rollback log.
     fn run_recurrent(
         &self,
         pool: Option<&ThreadPool>,
         state: &mut [f32],
         out: &mut [f32],
-        snapshots: Option<&mut [f32]>,
+        log: Option<RollbackLog<'_>>,
     ) -> Result<(), DspError> {
-        // The contiguous `[m, H, d_k, d_v]` buffer as `m` slots.
-        let mut slots: Vec<&mut [f32]> = snapshots.map_or(Vec::new(), |s| s.chunks_mut(self.shape.state_len()).collect());
-        gdn_recurrent(pool, self.inputs(), state, out, &mut slots)
+        gdn_recurrent(pool, self.inputs(), state, out, None, log)
+    }
+
+    /// The first `j` tokens of this case with `delta` (a log of this case) as replay inputs.
+    fn replay_inputs<'a>(&'a self, delta: &'a [f32], j: usize) -> ReplayInputs<'a> {
+        let x = self.inputs().tokens(0..j);
+        let vd = self.shape.n_v_heads * self.shape.d_v;
+        ReplayInputs { shape: self.shape, k: x.k, gate: x.gate, delta: &delta[..j * vd] }
+    }
+
+    /// A logged run from `state0`: (out, the base left in `state`, the final state, `δ`).
+    fn logged(&self, pool: Option<&ThreadPool>) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+        let (mut out, mut state) = self.buffers();
+        let (mut fin, mut delta) = (vec![f32::NAN; self.shape.state_len()], vec![f32::NAN; self.out_len()]);
+        let log = RollbackLog { state_out: &mut fin, delta: &mut delta };
+        self.run_recurrent(pool, &mut state, &mut out, Some(log)).expect("gdn_recurrent");
+        (out, state, fin, delta)
     }
 
     /// [`gdn_chunked`] on this case's inputs, on `pool` or (`None`) the calling thread.
@@ -271,7 +287,7 @@ fn chunked_two_calls_equal_one_call() {
 #[test]
 fn rollback_prefill_chunked_then_recurrent_matches_recurrent() {
     // The speculative-decoding prefill: chunked over the first n − K + 1 tokens, then the
-    // recurrence with snapshots over the remaining K − 1.
+    // recurrence with a rollback log over the remaining K − 1.
     let (n, kk) = (100, 4);
     let case = random_case(SHAPE, n, 13);
     let (out, state) = case.recurrent();
@@ -280,15 +296,15 @@ fn rollback_prefill_chunked_then_recurrent_matches_recurrent() {
         .slice(0, head, case.state0.clone())
         .chunked(DEFAULT_CHUNK);
     let tail = case.slice(head, n, state_a.clone());
-    let (mut out_b, mut state_b) = tail.buffers();
-    let mut snaps = vec![0f32; (kk - 2) * SHAPE.state_len()];
-    tail.run_recurrent(None, &mut state_b, &mut out_b, Some(&mut snaps))
-        .expect("gdn_recurrent");
+    let (out_b, base, fin, delta) = tail.logged(None);
     assert!(max_rel_err(&[out_a, out_b].concat(), &out) <= CHUNK_TOL);
-    assert!(max_rel_err(&state_b, &state) <= CHUNK_TOL);
-    // The last slot holds the state one token before the end (the final one is `state_b`).
+    assert!(max_rel_err(&fin, &state) <= CHUNK_TOL);
+    assert_eq!(base, state_a, "the base is the state before the logged tokens");
+    // One token before the end: the base with the first K − 2 logged tokens replayed.
     let (_, before_last) = case.slice(head, n - 1, state_a).recurrent();
-    assert_eq!(&snaps[(kk - 3) * SHAPE.state_len()..], &before_last[..]);
+    let mut replayed = base;
+    gdn_replay(None, tail.replay_inputs(&delta, kk - 2), &mut replayed).expect("gdn_replay");
+    assert_eq!(replayed, before_last);
 }
 
 /// The recurrence as its definition reads, two sweeps over the state per token and head
@@ -343,26 +359,54 @@ fn recurrent_equals_the_two_sweep_definition_bitwise() {
     }
 }
 
+/// Bit patterns, for exact comparisons that also hold for NaN payloads.
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
 #[test]
-fn snapshots_equal_states_of_shorter_runs() {
-    let case = random_case(SHAPE, 9, 21);
-    let len = SHAPE.state_len();
-    for m in [1, 4, 8] {
-        let (mut out, mut state) = case.buffers();
-        let mut snaps = vec![f32::NAN; m * len];
-        case.run_recurrent(None, &mut state, &mut out, Some(&mut snaps))
-            .expect("gdn_recurrent");
-        let (out_plain, _) = case.recurrent();
-        assert_eq!(out, out_plain, "snapshots must not change the output");
-        for i in 0..m {
-            // Slot i: the state after token n − 1 − m + i, i.e. after the first n − m + i.
-            let after = case.n - m + i;
-            let (_, prefix_state) = case.slice(0, after, case.state0.clone()).recurrent();
-            assert_eq!(
-                &snaps[i * len..(i + 1) * len],
-                &prefix_state[..],
-                "m={m} slot {i}"
-            );
+fn rollback_log_keeps_the_base_and_replays_rebuild_every_state() {
+    for (shape, n) in [(SHAPE, 9), (gdn_shape(2, 6, 12, 10), 5), (gdn_shape(1, 2, 128, 160), 3)] {
+        let case = random_case(shape, n, 21);
+        let (out, base, fin, delta) = case.logged(None);
+        let (out_plain, state_plain) = case.recurrent();
+        assert_eq!(bits(&out), bits(&out_plain), "the log must not change the output");
+        assert_eq!(bits(&base), bits(&case.state0), "the state is left as the base");
+        assert_eq!(bits(&fin), bits(&state_plain), "state_out is the final state");
+        for j in 0..=n {
+            // The state after the first j tokens: the base with j tokens replayed.
+            let (_, prefix_state) = case.slice(0, j.max(1), case.state0.clone()).recurrent();
+            let want = if j == 0 { case.state0.clone() } else { prefix_state };
+            let mut replayed = base.clone();
+            gdn_replay(None, case.replay_inputs(&delta, j), &mut replayed).expect("gdn_replay");
+            assert_eq!(bits(&replayed), bits(&want), "{shape:?}: replay of {j} tokens");
+        }
+    }
+}
+
+#[test]
+fn pending_replay_is_fused_with_the_bits_of_a_separate_replay() {
+    // A pass that kept `j` tokens of a previous pass, then 4 new tokens: the pending replay
+    // applied by the pass equals replaying first, with and without a log of the new pass,
+    // and past the fused limit (the separate sweep).
+    let shape = gdn_shape(2, 4, 16, 40);
+    let prev = random_case(shape, 20, 3);
+    let (_, base, _, delta) = prev.logged(None);
+    for j in [1, 3, 17] {
+        let next = random_case(shape, 4, 5 + j as u64);
+        let mut settled = base.clone();
+        gdn_replay(None, prev.replay_inputs(&delta, j), &mut settled).expect("gdn_replay");
+        let want = next.slice(0, 4, settled.clone()).recurrent();
+        for with_log in [false, true] {
+            let (mut state, mut out) = (base.clone(), vec![0f32; next.out_len()]);
+            let (mut fin, mut d) = (vec![0f32; shape.state_len()], vec![0f32; next.out_len()]);
+            let log = with_log.then(|| RollbackLog { state_out: &mut fin, delta: &mut d });
+            gdn_recurrent(None, next.inputs(), &mut state, &mut out, Some(prev.replay_inputs(&delta, j)), log)
+                .expect("gdn_recurrent");
+            assert_eq!(bits(&out), bits(&want.0), "j {j} log {with_log}: out");
+            let (end, kept) = if with_log { (&fin, &state) } else { (&state, &settled) };
+            assert_eq!(bits(end), bits(&want.1), "j {j} log {with_log}: final state");
+            assert_eq!(bits(kept), bits(&settled), "j {j} log {with_log}: the base is the replayed state");
         }
     }
 }
@@ -372,17 +416,17 @@ fn pooled_variants_are_bit_identical() {
     let pool = ThreadPool::new(3).expect("pool");
     let shape = gdn_shape(2, 6, 12, 10);
     let case = random_case(shape, 70, 31);
-    let len = shape.state_len();
 
-    let (mut out, mut state) = case.buffers();
-    let mut snaps = vec![0f32; 3 * len];
-    case.run_recurrent(Some(&pool), &mut state, &mut out, Some(&mut snaps))
-        .expect("gdn_recurrent_pooled");
+    let logged_serial = case.logged(None);
+    let logged_pooled = case.logged(Some(&pool));
+    assert_eq!(logged_pooled, logged_serial);
     let (out_s, state_s) = case.recurrent();
-    assert_eq!(out, out_s);
-    assert_eq!(state, state_s);
-    let (_, before_last) = case.slice(0, case.n - 1, case.state0.clone()).recurrent();
-    assert_eq!(&snaps[2 * len..], &before_last[..]);
+    assert_eq!(logged_pooled.0, out_s);
+    assert_eq!(logged_pooled.2, state_s);
+    let (mut serial, mut pooled) = (case.state0.clone(), case.state0.clone());
+    gdn_replay(None, case.replay_inputs(&logged_serial.3, 69), &mut serial).expect("gdn_replay");
+    gdn_replay(&pool, case.replay_inputs(&logged_serial.3, 69), &mut pooled).expect("gdn_replay pooled");
+    assert_eq!(pooled, serial);
 
     let (mut out, mut state) = case.buffers();
     case.run_chunked(Some(&pool), &mut state, &mut out, DEFAULT_CHUNK)
@@ -411,7 +455,7 @@ fn assert_both_forms(
         if chunked {
             gdn_chunked(None, x, &mut state, &mut out, chunk)
         } else {
-            gdn_recurrent(None, x, &mut state, &mut out, &mut [])
+            gdn_recurrent(None, x, &mut state, &mut out, None, None)
         }
         .expect("gdn");
         let (e_out, e_state) = (max_rel_err(&out, want_out), max_rel_err(&state, want_state));
@@ -475,7 +519,7 @@ fn value_heads_use_tiled_key_heads() {
     let (gate, beta) = ([0.0; 4], [1.0; 4]);
     let (mut out, mut state) = ([0f32; 4], [0f32; 8]);
     let x = GdnInputs { shape, q: &q, k: &k, v: &v, gate: &gate, beta: &beta };
-    gdn_recurrent(None, x, &mut state, &mut out, &mut []).expect("gdn");
+    gdn_recurrent(None, x, &mut state, &mut out, None, None).expect("gdn");
     for h in 0..4 {
         let row = h % 2;
         let mut want = [0f32; 2];
@@ -659,15 +703,20 @@ fn shape_errors_are_reported() {
         "{err:?}"
     );
 
-    // n = 5 tokens: at most 4 snapshots (the state after the last token is `state`).
-    for slots in [5, 6] {
-        let mut too_many = vec![0f32; slots * SHAPE.state_len()];
-        let err = case.run_recurrent(None, &mut state, &mut out, Some(&mut too_many));
-        assert!(
-            matches!(err, Err(DspError::InvalidArgument { .. })),
-            "{slots} slots: {err:?}"
-        );
+    // A log sized for another token count or state, a pending replay of another shape.
+    let (mut fin, mut delta) = (vec![0f32; SHAPE.state_len()], vec![0f32; case.out_len()]);
+    for (fin_len, delta_len) in [(SHAPE.state_len() - 1, case.out_len()), (SHAPE.state_len(), case.out_len() + 1)] {
+        let (mut f, mut d) = (vec![0f32; fin_len], vec![0f32; delta_len]);
+        let err = case.run_recurrent(None, &mut state, &mut out, Some(RollbackLog { state_out: &mut f, delta: &mut d }));
+        assert!(matches!(err, Err(DspError::LengthMismatch { .. })), "{fin_len} {delta_len}: {err:?}");
     }
+    let other = gdn_shape(2, 2, 4, 4);
+    let pend = ReplayInputs { shape: other, k: &[0.0; 8], gate: &[0.0; 2], delta: &[0.0; 8] };
+    let log = Some(RollbackLog { state_out: &mut fin, delta: &mut delta });
+    let err = gdn_recurrent(None, case.inputs(), &mut state, &mut out, Some(pend), log);
+    assert!(matches!(err, Err(DspError::InvalidArgument { .. })), "{err:?}");
+    let short = ReplayInputs { shape: SHAPE, k: &case.k[..SHAPE.n_k_heads * SHAPE.d_k], gate: &case.gate[..2 * SHAPE.n_v_heads], delta: &[0.0; 4] };
+    assert!(matches!(gdn_replay(None, short, &mut state), Err(DspError::LengthMismatch { .. })));
 
     let mut conv_state = vec![0f32; 2 * 8];
     let err = conv1d_silu(None, &[0.0; 8], 1, 8, &[0.0; 32], &mut conv_state, &mut [0.0; 8]);

@@ -194,6 +194,7 @@ pub trait CausalLm: Send + Sync {
     /// or with rollback states off.
     fn rollback_checkpoint(
         &self,
+        _pool: &ThreadPool,
         _seq: &SequenceState,
         _len: usize,
     ) -> Result<Option<Checkpoint>, ModelError> {

@@ -403,8 +403,8 @@ struct Scratch {
     /// Rollback states kept by every pass when speculative decoding is on
     /// ([`CausalLm::set_rollback`]); `None`: passes keep none.
     rollback: Option<RollbackStates>,
-    /// Wall time spent writing rollback states (the per-token recurrence that snapshots, and
-    /// the conv-state copies) since the last [`CausalLm::take_rollback_ms`].
+    /// Wall time spent writing rollback states (the per-token recurrence that logs, and the
+    /// conv-state copies) since the last [`CausalLm::take_rollback_ms`].
     rollback_ms: f64,
     /// Per-op timing of forward passes, when attached (`device-worker bench --profile`).
     profile: Option<OpProfile>,
@@ -630,7 +630,7 @@ impl CausalLm for Qwen35Model {
         }
         io.kv.set_len(pos0 + n);
         if let Some(rb) = s.rollback.as_mut() {
-            rb.record_pass(pos0, n);
+            rb.record_pass(pos0, n, gdn::log_start(rb.mode, n, rb.slots_for(n)));
         }
         if s.keep_hidden_rows {
             s.hidden_rows.resize(n * e, 0.0);
@@ -668,7 +668,7 @@ impl CausalLm for Qwen35Model {
                 c.n_gdn_layers(),
                 (c.conv_kernel - 1) * c.conv_channels(),
                 c.conv_channels(),
-                c.gdn.state_len(),
+                c.gdn,
                 mode,
             )
         });
@@ -686,11 +686,12 @@ impl CausalLm for Qwen35Model {
 
     fn rollback_checkpoint(
         &self,
+        pool: &ThreadPool,
         seq: &SequenceState,
         len: usize,
     ) -> Result<Option<Checkpoint>, ModelError> {
         match &self.scratch.rollback {
-            Some(rb) => Ok(rb.checkpoint_at(seq, len)?),
+            Some(rb) => Ok(rb.checkpoint_at(pool, seq, len)?),
             None => Err(ModelError::Invalid(
                 "an end-of-prompt state needs rollback states (set_rollback)".into(),
             )),

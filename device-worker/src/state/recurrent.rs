@@ -7,9 +7,19 @@
 //! - `ssm`: `[n_v_heads, d_k, d_v]` f32, the delta-rule state `S` of every value head (layout
 //!   of [`dsp::gdn::GdnShape`], the Hugging Face `recurrent_state` order).
 //!
+//! - `pending`: a rollback not yet replayed ([`PendingReplay`]): the layer's delta-rule
+//!   state is then `ssm` advanced by the pending tokens. A rollback leaves it
+//!   (`state/rollback.rs`), the layer's next forward pass consumes it (fused into the
+//!   per-token recurrence's first sweep, which reads the state anyway), and
+//!   [`RecurrentState::settle`] applies it on its own. Clones and copies carry it.
+//!
 //! Unlike a KV cache, this state cannot be truncated: it is valid only at the one position
 //! it was computed for. Checkpoints are whole copies ([`Clone`], or [`RecurrentState::copy_from`]
 //! into a preallocated one, which does not allocate).
+
+use dsp::gdn::{gdn_replay, GdnShape, ReplayInputs};
+use dsp::pool::ThreadPool;
+use dsp::DspError;
 
 use super::error::CheckpointError;
 
@@ -20,6 +30,66 @@ pub struct GdnLayerState {
     pub conv: Vec<f32>,
     /// `[n_v_heads, d_k, d_v]`.
     pub ssm: Vec<f32>,
+    /// Tokens still to replay onto `ssm` (module docs).
+    pub pending: Option<PendingReplay>,
+}
+
+/// The logged tokens of one GDN layer's pass, for a rollback by replay
+/// ([`dsp::gdn::gdn_replay`]; `K` token slots each): `k` `[K, n_k_heads·d_k]`, `gate` (log
+/// decay) `[K, n_v_heads]`, `delta` (the writes `δ`, [`dsp::gdn::RollbackLog::delta`])
+/// `[K, n_v_heads·d_v]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLog {
+    pub shape: GdnShape,
+    pub k: Vec<f32>,
+    pub gate: Vec<f32>,
+    pub delta: Vec<f32>,
+}
+
+impl TokenLog {
+    /// Zeroed slots for `slots` tokens of `shape`.
+    pub fn new(slots: usize, shape: GdnShape) -> Self {
+        Self {
+            shape,
+            k: vec![0.0; slots * shape.n_k_heads * shape.d_k],
+            gate: vec![0.0; slots * shape.n_v_heads],
+            delta: vec![0.0; slots * shape.n_v_heads * shape.d_v],
+        }
+    }
+
+    /// The first `tokens` logged tokens, as [`gdn_replay`] reads them.
+    ///
+    /// # Panics
+    /// If `tokens` exceeds the slots.
+    pub fn inputs(&self, tokens: usize) -> ReplayInputs<'_> {
+        let g = self.shape;
+        ReplayInputs {
+            shape: g,
+            k: &self.k[..tokens * g.n_k_heads * g.d_k],
+            gate: &self.gate[..tokens * g.n_v_heads],
+            delta: &self.delta[..tokens * g.n_v_heads * g.d_v],
+        }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        (self.k.len() + self.gate.len() + self.delta.len()) * 4
+    }
+}
+
+/// A rollback not yet replayed: the delta-rule state is `ssm` advanced by the first `tokens`
+/// tokens of `log`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PendingReplay {
+    pub tokens: usize,
+    pub log: TokenLog,
+}
+
+impl PendingReplay {
+    /// The pending tokens, as the kernels read them.
+    pub fn inputs(&self) -> ReplayInputs<'_> {
+        self.log.inputs(self.tokens)
+    }
 }
 
 /// The recurrent state of every GDN layer of one sequence.
@@ -37,6 +107,7 @@ impl RecurrentState {
                 .map(|_| GdnLayerState {
                     conv: vec![0.0; conv_len],
                     ssm: vec![0.0; ssm_len],
+                    pending: None,
                 })
                 .collect(),
         }
@@ -62,6 +133,7 @@ impl RecurrentState {
         for l in &mut self.layers {
             l.conv.fill(0.0);
             l.ssm.fill(0.0);
+            l.pending = None;
         }
     }
 
@@ -69,7 +141,7 @@ impl RecurrentState {
     pub fn bytes(&self) -> usize {
         self.layers
             .iter()
-            .map(|l| (l.conv.len() + l.ssm.len()) * 4)
+            .map(|l| (l.conv.len() + l.ssm.len()) * 4 + l.pending.as_ref().map_or(0, |p| p.log.bytes()))
             .sum()
     }
 
@@ -96,6 +168,20 @@ impl RecurrentState {
         for (d, s) in self.layers.iter_mut().zip(&src.layers) {
             d.conv.copy_from_slice(&s.conv);
             d.ssm.copy_from_slice(&s.ssm);
+            d.pending.clone_from(&s.pending);
+        }
+        Ok(())
+    }
+
+    /// Applies every layer's pending replay (module docs) to its `ssm`, on `pool`: the state
+    /// then holds the same bits the next pass would have computed from it.
+    ///
+    /// Errors: a [`DspError`] from the replay kernel (a log of another shape than the state).
+    pub fn settle(&mut self, pool: &ThreadPool) -> Result<(), DspError> {
+        for l in &mut self.layers {
+            if let Some(p) = l.pending.take() {
+                gdn_replay(pool, p.inputs(), &mut l.ssm)?;
+            }
         }
         Ok(())
     }

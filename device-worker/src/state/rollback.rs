@@ -9,20 +9,28 @@
 //!   state `[K_conv − 1, conv_channels]` after token `n − m + i` of the pass, is rows
 //!   `i .. i + K_conv − 1` (the slots overlap, so a pass copies `m + K_conv − 3` rows instead
 //!   of `(m − 1)·(K_conv − 1)`);
-//! - `ssm`: `K` slots of `ssm_len`, slot `i` = the delta-rule state `[n_v_heads, d_k, d_v]`
-//!   after the same token (the snapshot layout of [`dsp::gdn::gdn_recurrent`]). Each slot is
-//!   its own buffer, so a rollback swaps it in as the live state instead of copying a whole
-//!   recurrent state (the old live buffer becomes the slot, and the states describe no pass
-//!   afterwards).
+//! - the delta-rule states by replay ([`dsp::gdn::gdn_replay`]): the pass runs its last
+//!   tokens, from `log_start`, through the per-token recurrence with a rollback log, which
+//!   leaves `base` = the state before token `log_start` (`[n_v_heads, d_k, d_v]`) and logs
+//!   each token's `k`, `gate` and write `δ` ([`TokenLog`]). The state after token `j` is
+//!   `base` with tokens `log_start ..= j` replayed (element-wise, the recurrence's bits). A
+//!   rollback swaps `base` in as the live state and hands the log to the sequence as its
+//!   pending replay ([`super::recurrent::PendingReplay`]), which the sequence's next pass
+//!   applies inside the sweep over the state it makes anyway. So a verification pass writes
+//!   one state (its final one, into the buffer that was `base`) instead of a copy per token,
+//!   and a rollback copies no state.
 //!
-//! `m = min(K, n)` states are kept after a pass of `n` tokens: slots `0..m − 1` hold them and
-//! the last one is the live state itself (slot `m − 1` is never written: a rollback to the
-//! end of the pass is no rollback, and the copy would cost a full recurrent state). One set lives in the model's activation buffers (`CausalLm::set_rollback`): it
+//! `m = min(K, n)` states are kept after a pass of `n` tokens: conv slots `0..m − 1` and the
+//! replays hold them and the last one is the live state itself (a rollback to the end of the
+//! pass is no rollback). One set lives in the model's activation buffers (`CausalLm::set_rollback`): it
 //! describes the last pass of whichever sequence ran it, so a rollback must follow that pass
 //! before any other.
 
+use dsp::gdn::{gdn_replay, GdnShape};
+use dsp::pool::ThreadPool;
+
 use super::checkpoint::Checkpoint;
-use super::recurrent::RecurrentState;
+use super::recurrent::{PendingReplay, RecurrentState, TokenLog};
 use super::sequence::SequenceState;
 
 /// A rollback the last pass's rollback states cannot serve.
@@ -40,11 +48,10 @@ pub struct RollbackError {
 #[serde(rename_all = "kebab-case")]
 pub enum RollbackPrefill {
     /// Rollback-aware prefill (Tandem §3.3): the first `n − K + 1` tokens through the chunked
-    /// GDN kernel, only the last `K − 1` through the per-token recurrence that writes
-    /// snapshots.
+    /// GDN kernel, only the last `K − 1` through the per-token recurrence that logs them.
     Aware,
     /// Stock behaviour (llama.cpp with speculative decoding on a hybrid model): the whole
-    /// batch through the per-token recurrence, snapshotting the last `K` states.
+    /// batch through the per-token recurrence, keeping the last `K` states.
     PerToken,
 }
 
@@ -57,11 +64,21 @@ impl RollbackPrefill {
     }
 }
 
-/// One GDN layer's rollback slots (shapes in the module docs).
+/// One GDN layer's rollback slots and log (shapes in the module docs).
 #[derive(Clone, Debug)]
 pub struct RollbackLayer {
     pub conv: Vec<f32>,
-    pub ssm: Vec<Vec<f32>>,
+    /// The delta-rule state before the first logged token; between passes the spare buffer
+    /// the next logged pass writes its final state to.
+    pub base: Vec<f32>,
+    pub log: TokenLog,
+    /// A log buffer handed back by a consumed pending replay, reused by the next rollback.
+    pub spare: Option<TokenLog>,
+}
+
+/// A replay the kernel refused (a shape bug: the log is sized from the same shape).
+fn replay_error(len: usize, layer: usize, e: dsp::DspError) -> RollbackError {
+    RollbackError { len, reason: format!("replay of GDN layer {layer}: {e}") }
 }
 
 /// The last `K` recurrent states of the latest forward pass (module docs).
@@ -70,42 +87,47 @@ pub struct RollbackStates {
     k: usize,
     conv_len: usize,
     conv_channels: usize,
-    ssm_len: usize,
+    shape: GdnShape,
     pub mode: RollbackPrefill,
     layers: Vec<RollbackLayer>,
-    /// The pass the slots describe: first position, token count, valid slots.
+    /// The pass the slots describe: first position, token count, valid slots, first logged
+    /// token (index in the pass).
     pos0: usize,
     n: usize,
     m: usize,
+    log_start: usize,
 }
 
 impl RollbackStates {
-    /// Zeroed slots for `k` states of `n_layers` GDN layers (`conv_len` floats of conv state
-    /// in rows of `conv_channels`, `ssm_len` floats of delta-rule state). `k = 0` keeps
-    /// nothing (passes then produce no rollback states).
+    /// Zeroed slots for `k` states of `n_layers` GDN layers (`conv_len` floats of conv
+    /// state in rows of `conv_channels`, delta-rule states of `shape`). `k = 0` keeps nothing
+    /// (passes then produce no rollback states).
     pub fn new(
         k: usize,
         n_layers: usize,
         conv_len: usize,
         conv_channels: usize,
-        ssm_len: usize,
+        shape: GdnShape,
         mode: RollbackPrefill,
     ) -> Self {
         Self {
             k,
             conv_len,
             conv_channels,
-            ssm_len,
+            shape,
             mode,
             layers: (0..n_layers)
                 .map(|_| RollbackLayer {
                     conv: vec![0.0; (k.max(2) - 2) * conv_channels + conv_len],
-                    ssm: (0..k).map(|_| vec![0.0; ssm_len]).collect(),
+                    base: vec![0.0; shape.state_len()],
+                    log: TokenLog::new(k, shape),
+                    spare: None,
                 })
                 .collect(),
             pos0: 0,
             n: 0,
             m: 0,
+            log_start: 0,
         }
     }
 
@@ -114,9 +136,12 @@ impl RollbackStates {
         self.k
     }
 
-    /// Bytes held by the slots.
+    /// Bytes held by the conv rows, bases and logs.
     pub fn bytes(&self) -> usize {
-        self.layers.len() * (self.layers.first().map_or(0, |l| l.conv.len()) + self.k * self.ssm_len) * 4
+        let layer = |l: &RollbackLayer| {
+            (l.conv.len() + l.base.len()) * 4 + l.log.bytes() + l.spare.as_ref().map_or(0, TokenLog::bytes)
+        };
+        self.layers.iter().map(layer).sum()
     }
 
     /// Slots a pass of `n` tokens fills: `min(K, n)`.
@@ -124,12 +149,14 @@ impl RollbackStates {
         self.k.min(n)
     }
 
-    /// Marks the slots as describing a pass of `n` tokens from `pos0` (called by the model
-    /// after writing them); `m = min(K, n)`.
-    pub fn record_pass(&mut self, pos0: usize, n: usize) {
+    /// Marks the slots as describing a pass of `n` tokens from `pos0` whose tokens from
+    /// `log_start` (index in the pass, `≤ n − m + 1`) were logged (called by the model after
+    /// writing them); `m = min(K, n)`.
+    pub fn record_pass(&mut self, pos0: usize, n: usize, log_start: usize) {
         self.pos0 = pos0;
         self.n = n;
         self.m = self.slots_for(n);
+        self.log_start = log_start;
     }
 
     /// Forgets the last pass (nothing can be rolled back).
@@ -138,19 +165,14 @@ impl RollbackStates {
         self.n = 0;
     }
 
-    /// Slot buffers of GDN layer `layer`: `conv` rows (module docs), `K` delta-rule slots.
+    /// Buffers of GDN layer `layer` (module docs).
     pub fn layer_mut(&mut self, layer: usize) -> &mut RollbackLayer {
         &mut self.layers[layer]
     }
 
-    /// Floats of one conv slot.
-    pub fn conv_len(&self) -> usize {
-        self.conv_len
-    }
-
-    /// Floats of one delta-rule slot.
-    pub fn ssm_len(&self) -> usize {
-        self.ssm_len
+    /// The shape of the delta-rule states.
+    pub fn shape(&self) -> GdnShape {
+        self.shape
     }
 
     /// Positions the sequence can be rolled back to after the last pass:
@@ -161,20 +183,30 @@ impl RollbackStates {
     }
 
     /// Cuts `seq` back to `len` positions, inside the last pass: the KV cache is truncated and
-    /// every GDN layer's conv state is restored from the slot of token `len − 1`, its
-    /// delta-rule slot swapped in as the live state (no copy; the states then describe no
-    /// pass). `len` equal to the current length is a no-op.
+    /// every GDN layer's conv state is restored from the slot of token `len − 1`; its
+    /// delta-rule base is swapped in as the live state with the logged tokens up to `len − 1`
+    /// as its pending replay (module docs; no state is copied or swept here). The states then
+    /// describe no pass. `len` equal to the current length is a no-op.
     ///
     /// Errors: [`RollbackError`] when `seq` is not at the end of the recorded pass or `len`
-    /// is outside [`Self::reachable`].
+    /// is outside [`Self::reachable`], or a layer of `seq` still holds a pending replay (the
+    /// pass did not consume it).
     pub fn rollback(&mut self, seq: &mut SequenceState, len: usize) -> Result<(), RollbackError> {
         let slot = self.slot_of(seq, len)?;
         if let (Some(slot), Some(rec)) = (slot, seq.recurrent.as_mut()) {
             self.check_layers(rec, len)?;
+            if let Some(i) = (0..rec.n_layers()).find(|&i| rec.layer(i).pending.is_some()) {
+                return Err(RollbackError { len, reason: format!("GDN layer {i} still holds a pending replay") });
+            }
+            let tokens = self.replay_tokens(slot);
             for (i, l) in self.layers.iter_mut().enumerate() {
                 let st = rec.layer_mut(i);
                 st.conv.copy_from_slice(&l.conv[slot * self.conv_channels..][..self.conv_len]);
-                std::mem::swap(&mut st.ssm, &mut l.ssm[slot]);
+                std::mem::swap(&mut st.ssm, &mut l.base);
+                if tokens > 0 {
+                    let fresh = l.spare.take().unwrap_or_else(|| TokenLog::new(self.k, self.shape));
+                    st.pending = Some(PendingReplay { tokens, log: std::mem::replace(&mut l.log, fresh) });
+                }
             }
             self.clear();
         }
@@ -185,11 +217,13 @@ impl RollbackStates {
     /// The recurrent state after the first `len` tokens of the last pass as a checkpoint,
     /// without changing `seq` (the end-of-prompt state of the planner, `state/planner/`: the
     /// state after `n − 1` prompt tokens from the last prefill batch, no extra pass). Copies
-    /// one recurrent state ([`Checkpoint::bytes`]); `None` for an attention-only `seq`.
+    /// one recurrent state ([`Checkpoint::bytes`]) and replays the logged tokens into it (on
+    /// `pool`); `None` for an attention-only `seq`.
     ///
     /// Errors: as [`Self::rollback`].
     pub fn checkpoint_at(
         &self,
+        pool: &ThreadPool,
         seq: &SequenceState,
         len: usize,
     ) -> Result<Option<Checkpoint>, RollbackError> {
@@ -198,7 +232,15 @@ impl RollbackStates {
             return Ok(None);
         };
         if let Some(slot) = slot {
-            self.write_slot(&mut rec, slot, len)?;
+            self.check_layers(&rec, len)?;
+            let tokens = self.replay_tokens(slot);
+            for (i, l) in self.layers.iter().enumerate() {
+                let st = rec.layer_mut(i);
+                st.conv.copy_from_slice(&l.conv[slot * self.conv_channels..][..self.conv_len]);
+                st.ssm.copy_from_slice(&l.base);
+                st.pending = None;
+                gdn_replay(pool, l.log.inputs(tokens), &mut st.ssm).map_err(|e| replay_error(len, i, e))?;
+            }
         }
         Ok(Some(Checkpoint::from_state(len, rec)))
     }
@@ -221,16 +263,10 @@ impl RollbackStates {
         Ok((len != end).then(|| len - 1 - (end - self.m)))
     }
 
-    /// Copies slot `slot` of every GDN layer into `rec`.
-    fn write_slot(&self, rec: &mut RecurrentState, slot: usize, len: usize) -> Result<(), RollbackError> {
-        self.check_layers(rec, len)?;
-        for (i, l) in self.layers.iter().enumerate() {
-            let st = rec.layer_mut(i);
-            st.conv
-                .copy_from_slice(&l.conv[slot * self.conv_channels..][..self.conv_len]);
-            st.ssm.copy_from_slice(&l.ssm[slot]);
-        }
-        Ok(())
+    /// Logged tokens to replay onto the base for the state of slot `slot` (after token
+    /// `n − m + slot` of the pass).
+    fn replay_tokens(&self, slot: usize) -> usize {
+        self.n - self.m + slot + 1 - self.log_start
     }
 
     /// `rec` must have as many GDN layers as the rollback states.
@@ -254,64 +290,100 @@ mod tests {
     use super::*;
     use crate::state::kv::KvCache;
 
-    #[test]
-    fn rollback_restores_the_slot_of_the_kept_position() {
-        // Conv states of 2 rows of 1 channel: row r of the kept conv inputs is 10l + r.
-        let mut rb = RollbackStates::new(3, 2, 2, 1, 4, RollbackPrefill::Aware);
+    /// One head of 2 × 2: `state_len` 4.
+    const SHAPE: GdnShape = GdnShape { n_k_heads: 1, n_v_heads: 1, d_k: 2, d_v: 2 };
+
+    /// Rollback states of a 5-token pass at positions 5..10 keeping 3 states (after 8, 9, 10
+    /// positions), tokens 2.. of the pass logged (`log_start` = n − m): two GDN layers with
+    /// conv states of 2 rows × 1 channel (kept conv row `r` of layer `l` is `10l + r`), bases
+    /// all ones, two logged tokens `k = e_0, δ = [1, 2]` (no decay) and `k = e_1, δ = [3, 4]`
+    /// (decay 1/2, layer 1: 1/4).
+    fn states() -> (RollbackStates, SequenceState) {
+        let mut rb = RollbackStates::new(3, 2, 2, 1, SHAPE, RollbackPrefill::Aware);
         for l in 0..2 {
             let layer = rb.layer_mut(l);
             assert_eq!(layer.conv.len(), 3, "K + K_conv − 3 rows");
             for (r, v) in layer.conv.iter_mut().enumerate() {
                 *v = (10 * l + r) as f32;
             }
-            for s in 0..3 {
-                layer.ssm[s].fill((100 * l + s) as f32);
-            }
+            layer.base.fill(1.0);
+            layer.log.k[..4].copy_from_slice(&[1.0, 0.0, 0.0, 1.0]);
+            layer.log.delta[..4].copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
+            layer.log.gate[..2].copy_from_slice(&[0.0, -((l + 1) as f32) * 2f32.ln()]);
         }
         let mut seq = SequenceState {
             kv: KvCache::new(1, 1, 2, 16),
             recurrent: Some(RecurrentState::new(2, 2, 4)),
         };
         seq.kv.set_len(10);
-        rb.record_pass(5, 5); // tokens at 5..10, slots hold states after 7, 8, 9
-        assert_eq!(rb.reachable(), Some(8..=10));
-        assert!(
-            rb.rollback(&mut seq, 7).is_err(),
-            "before the first kept state"
-        );
-        rb.rollback(&mut seq, 9).unwrap(); // state after token 8 = slot 1
-        assert_eq!(seq.len(), 9);
-        let r = seq.recurrent.as_ref().unwrap();
-        assert_eq!(r.layer(0).conv, vec![1.0, 2.0], "rows 1, 2");
-        assert_eq!(r.layer(1).conv, vec![11.0, 12.0]);
-        assert_eq!(r.layer(1).ssm, vec![101.0; 4]);
-        assert_eq!(rb.layer_mut(0).ssm[1], vec![0.0; 4], "swapped: the slot holds the old live state");
-        assert!(rb.reachable().is_none(), "the states describe no pass after a rollback");
-        assert!(
-            rb.rollback(&mut seq, 8).is_err(),
-            "the sequence moved off the pass"
-        );
+        rb.record_pass(5, 5, 2);
+        (rb, seq)
+    }
+
+    /// Layer `l`'s state after the two logged tokens, by hand.
+    fn after_two(rb: &RollbackStates, l: usize) -> Vec<f32> {
+        let d = rb.layers[l].log.gate[1].exp();
+        // After token a: [[2, 3], [1, 1]]; then S·d + e_1 ⊗ [3, 4].
+        vec![2.0 * d, 3.0 * d, d + 3.0, d + 4.0]
     }
 
     #[test]
-    fn checkpoint_at_copies_the_slot_and_leaves_the_sequence() {
-        let mut rb = RollbackStates::new(3, 1, 2, 1, 4, RollbackPrefill::Aware);
-        rb.layer_mut(0).conv.copy_from_slice(&[1.0, 2.0, 3.0]);
-        for s in 0..3 {
-            rb.layer_mut(0).ssm[s].fill(s as f32 + 10.0);
+    fn rollback_swaps_the_base_in_with_the_kept_tokens_pending() {
+        let (mut rb, mut seq) = states();
+        assert_eq!(rb.reachable(), Some(8..=10));
+        assert!(rb.rollback(&mut seq, 7).is_err(), "before the first kept state");
+        let want: Vec<Vec<f32>> = (0..2).map(|l| after_two(&rb, l)).collect();
+        rb.rollback(&mut seq, 9).unwrap(); // after token 3 of the pass: conv slot 1, tokens 2, 3 pending
+        assert_eq!(seq.len(), 9);
+        let r = seq.recurrent.as_mut().unwrap();
+        assert_eq!(r.layer(0).conv, vec![1.0, 2.0], "rows 1, 2");
+        assert_eq!(r.layer(1).conv, vec![11.0, 12.0]);
+        assert_eq!(r.layer(1).ssm, vec![1.0; 4], "the base, not yet replayed");
+        assert_eq!(r.layer(1).pending.as_ref().map(|p| p.tokens), Some(2));
+        assert_eq!(rb.layer_mut(0).base, vec![0.0; 4], "swapped: the base buffer holds the old live state");
+        assert!(rb.reachable().is_none(), "the states describe no pass after a rollback");
+        r.settle(&ThreadPool::new(2).unwrap()).unwrap();
+        for l in 0..2 {
+            assert_eq!(r.layer(l).ssm, want[l], "layer {l} settled");
+            assert!(r.layer(l).pending.is_none());
         }
-        let mut seq = SequenceState {
-            kv: KvCache::new(1, 1, 2, 16),
-            recurrent: Some(RecurrentState::new(1, 2, 4)),
-        };
-        seq.kv.set_len(6);
-        rb.record_pass(2, 4); // tokens 2..6, slots hold states after 4, 5, 6 tokens
-        let cp = rb.checkpoint_at(&seq, 5).unwrap().expect("hybrid");
-        assert_eq!(cp.pos(), 5);
-        assert_eq!(cp.recurrent().layer(0).conv, vec![2.0, 3.0]);
-        assert_eq!(cp.recurrent().layer(0).ssm, vec![11.0; 4]);
-        assert_eq!(seq.len(), 6, "the sequence is unchanged");
+        assert!(rb.rollback(&mut seq, 8).is_err(), "the sequence moved off the pass");
+    }
+
+    #[test]
+    fn rollback_to_the_first_kept_state_leaves_one_token_pending() {
+        let (mut rb, mut seq) = states();
+        rb.rollback(&mut seq, 8).unwrap();
+        let r = seq.recurrent.as_mut().unwrap();
+        assert_eq!(r.layer(1).conv, vec![10.0, 11.0]);
+        r.settle(&ThreadPool::new(1).unwrap()).unwrap();
+        assert_eq!(r.layer(1).ssm, vec![2.0, 3.0, 1.0, 1.0]);
+    }
+
+    #[test]
+    fn rollback_refuses_a_sequence_with_a_pending_replay() {
+        let (mut rb, mut seq) = states();
+        let other = TokenLog::new(1, SHAPE);
+        seq.recurrent.as_mut().unwrap().layer_mut(1).pending = Some(PendingReplay { tokens: 1, log: other });
+        let before = seq.clone();
+        assert!(rb.rollback(&mut seq, 9).is_err_and(|e| e.reason.contains("pending")));
+        assert_eq!(seq.recurrent, before.recurrent, "nothing changed");
+    }
+
+    #[test]
+    fn checkpoint_at_replays_into_a_copy_and_leaves_the_sequence() {
+        let (rb, seq) = states();
+        let pool = ThreadPool::new(1).unwrap();
+        let cp = rb.checkpoint_at(&pool, &seq, 9).unwrap().expect("hybrid");
+        assert_eq!(cp.pos(), 9);
+        assert_eq!(cp.recurrent().layer(0).conv, vec![1.0, 2.0]);
+        assert_eq!(cp.recurrent().layer(1).ssm, after_two(&rb, 1));
+        assert!(cp.recurrent().layer(1).pending.is_none());
+        assert_eq!(seq.len(), 10, "the sequence is unchanged");
         assert_eq!(seq.recurrent.as_ref().unwrap().layer(0).ssm, vec![0.0; 4]);
-        assert!(rb.checkpoint_at(&seq, 3).is_err(), "before the first kept state");
+        assert_eq!(rb.layers[0].base, vec![1.0; 4], "the base is unchanged");
+        assert!(rb.checkpoint_at(&pool, &seq, 7).is_err(), "before the first kept state");
+        let end = rb.checkpoint_at(&pool, &seq, 10).unwrap().expect("hybrid");
+        assert_eq!(end.recurrent(), seq.recurrent.as_ref().unwrap(), "the end is the live state");
     }
 }

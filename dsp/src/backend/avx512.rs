@@ -87,6 +87,11 @@ impl KernelBackend for Avx512 {
         unsafe { crate::gdn::recurrent::head_avx512(head) }
     }
 
+    fn gdn_replay_head(&self, head: &mut crate::gdn::replay::ReplayHead<'_, '_>) {
+        // SAFETY: as gdn_recurrent_head (avx2 and fma among the features checked).
+        unsafe { crate::gdn::replay::head_avx512(head) }
+    }
+
     quant_dot_methods!();
 
     fn vec_dot_f16(&self, w: &[f16], x: &[f16]) -> f32 {

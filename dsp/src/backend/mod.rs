@@ -505,6 +505,14 @@ pub trait KernelBackend: Send + Sync + std::fmt::Debug {
     fn gdn_recurrent_head(&self, head: &mut crate::gdn::recurrent::RecurrentHead<'_, '_>) {
         crate::gdn::recurrent::head_portable(head)
     }
+
+    /// Every logged token of one value head of a rollback by replay
+    /// ([`crate::gdn::gdn_replay`]). The default is the portable build; x86 backends compile
+    /// the same element-wise loop (`f32::mul_add`) with their vector width and FMA: the
+    /// portable build's bits, which are the recurrence's.
+    fn gdn_replay_head(&self, head: &mut crate::gdn::replay::ReplayHead<'_, '_>) {
+        crate::gdn::replay::head_portable(head)
+    }
 }
 
 /// [`KernelBackend::dot_tile`] as one [`KernelBackend::vec_dot_bytes`] per (row, token) pair.

@@ -36,11 +36,10 @@ pub const DEFAULT_CHUNK: usize = 64;
 /// `pool` (`&ThreadPool` or `Some`), the value heads are spread over it (one task per head);
 /// with `None`, all run on the calling thread. Results are bit-identical either way.
 ///
-/// Shapes and layouts as [`super::gdn_recurrent`] (without snapshots): `x.q`, `x.k`
-/// `[n, n_k_heads·d_k]`; `x.v`, `out` `[n, n_v_heads·d_v]`; `x.gate`, `x.beta` `[n, n_v_heads]`;
-/// `state` `[n_v_heads, d_k, d_v]` in/out. For a rollback-aware prefill, pass the snapshot
-/// slot that should hold the state after the last token as `state` (copy the entry state
-/// into it first).
+/// Shapes and layouts as [`super::gdn_recurrent`] (without a log or pending tokens): `x.q`,
+/// `x.k` `[n, n_k_heads·d_k]`; `x.v`, `out` `[n, n_v_heads·d_v]`; `x.gate`, `x.beta`
+/// `[n, n_v_heads]`; `state` `[n_v_heads, d_k, d_v]` in/out. A rollback-aware prefill runs the
+/// head of its batch here and the logged tail through [`super::gdn_recurrent`].
 ///
 /// Scratch per head: `chunk·(1 + 4·d_k + 2·d_v + 3·chunk)` floats.
 ///
@@ -63,8 +62,8 @@ pub fn gdn_chunked<'p>(
             detail: "chunk length must be at least 1".to_string(),
         });
     }
-    let inp = Inputs { n, x };
-    let heads = split_heads(shape, state, out, &mut []);
+    let inp = Inputs { n, x, pending: None };
+    let heads = split_heads(shape, state, out, None);
     run_heads(pool.into(), heads, &|h, io| chunked_head(&inp, h, io, chunk));
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! Splitting a GDN call into independent value heads: a read-only view of the inputs and,
-//! per head, disjoint mutable views of the state, the output rows and the snapshot slots, so
+//! per head, disjoint mutable views of the state, the output rows and the rollback log, so
 //! the same per-head kernel runs serially or on the [`ThreadPool`] without `unsafe`.
 
 use std::sync::{Mutex, PoisonError};
@@ -11,6 +11,8 @@ use crate::pool::ThreadPool;
 pub(crate) struct Inputs<'a> {
     pub n: usize,
     pub x: GdnInputs<'a>,
+    /// Tokens of a rollback to replay first, and their count (per-token form only).
+    pub pending: Option<(super::replay::ReplayInputs<'a>, usize)>,
 }
 
 impl Inputs<'_> {
@@ -50,19 +52,21 @@ pub(crate) struct HeadIo<'a> {
     pub state: &'a mut [f32],
     /// Output rows: `out[t]` is `[d_v]`, one per token.
     pub out: Vec<&'a mut [f32]>,
-    /// Snapshot slots `[d_k, d_v]`: slot `i` receives the state after token
-    /// `n − 1 − snaps.len() + i` (not the last token's: that is `state`). Empty when no
-    /// snapshots were asked for.
-    pub snaps: Vec<&'a mut [f32]>,
+    /// The rollback log's final state `[d_k, d_v]` ([`super::recurrent::RollbackLog`]):
+    /// when present, the last token's state goes here and `state` is only read.
+    pub state_out: Option<&'a mut [f32]>,
+    /// The rollback log's `δ` rows: `delta[t]` is `[d_v]`, one per token (empty without a
+    /// log).
+    pub delta: Vec<&'a mut [f32]>,
 }
 
-/// Cuts `state [H, d_k, d_v]`, `out [n, H·d_v]` and each snapshot slot `[H, d_k, d_v]` into
-/// one [`HeadIo`] per value head.
+/// Cuts `state [H, d_k, d_v]`, `out [n, H·d_v]` and the log's `state_out [H, d_k, d_v]` and
+/// `delta [n, H·d_v]` into one [`HeadIo`] per value head.
 pub(crate) fn split_heads<'a>(
     shape: GdnShape,
     state: &'a mut [f32],
     out: &'a mut [f32],
-    snapshots: &'a mut [&mut [f32]],
+    log: Option<super::recurrent::RollbackLog<'a>>,
 ) -> Vec<HeadIo<'a>> {
     let h_n = shape.n_v_heads;
     let mut heads: Vec<HeadIo<'a>> = state
@@ -70,15 +74,19 @@ pub(crate) fn split_heads<'a>(
         .map(|state| HeadIo {
             state,
             out: Vec::new(),
-            snaps: Vec::new(),
+            state_out: None,
+            delta: Vec::new(),
         })
         .collect();
     for (i, row) in out.chunks_exact_mut(shape.d_v).enumerate() {
         heads[i % h_n].out.push(row);
     }
-    for slot in snapshots.iter_mut() {
-        for (h, part) in slot.chunks_exact_mut(shape.head_state_len()).enumerate() {
-            heads[h].snaps.push(part);
+    if let Some(log) = log {
+        for (h, part) in log.state_out.chunks_exact_mut(shape.head_state_len()).enumerate() {
+            heads[h].state_out = Some(part);
+        }
+        for (i, row) in log.delta.chunks_exact_mut(shape.d_v).enumerate() {
+            heads[i % h_n].delta.push(row);
         }
     }
     heads
@@ -88,18 +96,14 @@ pub(crate) fn split_heads<'a>(
 /// one pool task each. Each head's buffers sit behind their own (uncontended) mutex, which
 /// only hands the `&mut` to the one task. Every head runs the same code either way, so the
 /// results are bit-identical.
-pub(crate) fn run_heads(
-    pool: Option<&ThreadPool>,
-    mut heads: Vec<HeadIo<'_>>,
-    kernel: &(dyn Fn(usize, &mut HeadIo<'_>) + Sync),
-) {
+pub(crate) fn run_heads<T: Send>(pool: Option<&ThreadPool>, mut heads: Vec<T>, kernel: &(dyn Fn(usize, &mut T) + Sync)) {
     let Some(pool) = pool else {
         for (h, io) in heads.iter_mut().enumerate() {
             kernel(h, io);
         }
         return;
     };
-    let cells: Vec<Mutex<HeadIo<'_>>> = heads.into_iter().map(Mutex::new).collect();
+    let cells: Vec<Mutex<T>> = heads.into_iter().map(Mutex::new).collect();
     pool.run(cells.len(), &|h| {
         let mut io = cells[h].lock().unwrap_or_else(PoisonError::into_inner);
         kernel(h, &mut io);

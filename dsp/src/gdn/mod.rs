@@ -1,7 +1,8 @@
 //! Gated DeltaNet (GDN) kernels for the linear-attention layers of the Qwen3.5 / Qwen3-Next
 //! hybrid models: the gated delta rule as a per-token recurrence ([`recurrent`], decode and
-//! rollback snapshots), as a chunked form for prefill ([`chunked`]), and the short causal
-//! depthwise convolution in front of it ([`conv`]).
+//! verification, with a rollback log), its rollback by replay ([`replay`]), as a chunked form
+//! for prefill ([`chunked`]), and the short causal depthwise convolution in front of it
+//! ([`conv`]).
 //!
 //! The rule (Yang, Kautz & Hatamizadeh 2024, "Gated Delta Networks", eq. 10; the Hugging Face
 //! `torch_recurrent_gated_delta_rule` in `modeling_qwen3_next.py` and llama.cpp
@@ -26,6 +27,7 @@ pub mod conv;
 mod denormals;
 mod heads;
 pub mod recurrent;
+pub mod replay;
 pub mod shape;
 mod tile;
 
@@ -35,7 +37,8 @@ pub use chunked::gdn_chunked as gdn_chunked_pooled;
 pub use conv::{conv1d_silu, conv1d_silu_step, conv1d_silu_taps, ConvTaps};
 /// [`conv1d_silu`] under the name the pooled callers use (it takes the pool itself).
 pub use conv::conv1d_silu as conv1d_silu_pooled;
-pub use recurrent::{gdn_recurrent, gdn_recurrent_with};
+pub use recurrent::{gdn_recurrent, gdn_recurrent_with, RollbackLog};
+pub use replay::{gdn_replay, gdn_replay_with, ReplayInputs};
 /// [`gdn_recurrent`] under the name the pooled callers use (it takes the pool itself).
 pub use recurrent::gdn_recurrent as gdn_recurrent_pooled;
 pub use shape::{GdnInputs, GdnShape};

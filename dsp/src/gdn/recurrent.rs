@@ -1,19 +1,38 @@
-//! The gated delta rule one token at a time: decode, and the last tokens of a rollback-aware
-//! prefill, where the state after each token is kept as a snapshot so a rejected draft can be
-//! rolled back. Follows Hugging Face `torch_recurrent_gated_delta_rule`
+//! The gated delta rule one token at a time: decode, verification, and the last tokens of a
+//! rollback-aware prefill, where the state before them is kept and each token's write logged
+//! ([`RollbackLog`]) so a rejected draft can be rolled back by a replay ([`super::replay`]).
+//! Follows Hugging Face `torch_recurrent_gated_delta_rule`
 //! (`modeling_qwen3_next.py`) and llama.cpp `ggml_compute_forward_gated_delta_net`.
 
 use super::heads::{run_heads, split_heads, HeadIo, Inputs};
-use super::shape::{GdnInputs, GdnShape};
+use super::replay::ReplayInputs;
+use super::shape::GdnInputs;
 use crate::error::DspError;
 use crate::KernelBackend;
 use crate::pool::ThreadPool;
 
 const OP: &str = "gdn_recurrent";
 
+/// Where a pass that may be rolled back leaves what [`super::gdn_replay`] needs: the input
+/// `state` is left as it was (the base: the state before the first token), the state after
+/// the last token goes to `state_out`, and every token's `δ` to `delta`. A rollback to the
+/// state after token `j` replays tokens `0..=j` onto the base (element-wise, exact), so the
+/// pass writes no per-token copies of the state (Tandem §3.3's rollback states).
+pub struct RollbackLog<'a> {
+    /// `[H, d_k, d_v]`: receives the state after the last token.
+    pub state_out: &'a mut [f32],
+    /// `[n, H·d_v]`: receives `δ_t = beta_t·(v_t − S_{t−1}ᵀk_t)` (after the decay) of every
+    /// token, the write `k_t⊗δ_t` that [`super::gdn_replay`] adds.
+    pub delta: &'a mut [f32],
+}
+
 /// Runs the gated delta rule token by token over `n` tokens, updating `state` in place and
-/// writing every token's output. Optionally stores the states after the `m` tokens before
-/// the last into the `m` `snapshots` (the state after the last is `state` itself). With a
+/// writing every token's output; with a [`RollbackLog`], `state` is left as the state before
+/// the first token and the final state and the tokens' `δ` go to the log instead. With
+/// `pending` tokens (a rollback not yet replayed, [`super::gdn_replay`]'s inputs), `state`
+/// is first advanced by them, fused into the first sweep (the same bits as a separate
+/// [`super::gdn_replay`]; with a log, the advanced state is stored back into `state` as the
+/// base). With a
 /// `pool` (`&ThreadPool` or `Some`), the value heads are
 /// spread over it (one task per head); with `None`, all run on the calling thread. Results
 /// are bit-identical either way.
@@ -22,33 +41,31 @@ const OP: &str = "gdn_recurrent";
 /// - `x` ([`GdnInputs`]): `q`, `k` `[n, n_k_heads·d_k]`, L2-normalised per head by the
 ///   caller; `v` `[n, H·d_v]`; `gate` (log decay, ≤ 0) and `beta` (post-sigmoid) `[n, H]`.
 /// - `state`: `[H, d_k, d_v]`, the state before the first token on entry, after the last on
-///   return.
+///   return (without a log).
 /// - `out`: `[n, H·d_v]`, `o_t = Sᵀq_t / √d_k`.
-/// - `snapshots`: `m` slots of `[H, d_k, d_v]` with `m < n` (none: `m = 0`); slot `i`
-///   receives the state after token `n − 1 − m + i`, so the slots and the final `state` are
-///   the states after the last `m + 1` tokens (the final one is not copied: a rollback to the
-///   end is no rollback). `m = n − 1` keeps every token. Separate slots let a rollback swap
-///   one in as the live state instead of copying it.
+/// - `pending`: tokens to replay onto `state` first, of the same shape (more than
+///   [`MAX_FUSED_PENDING`] are replayed by a separate sweep).
+/// - `log`: see [`RollbackLog`].
 ///
 /// Per token and head: `S ← exp(gate)·S; δ = beta·(v − Sᵀk); S ← S + k⊗δ; o = Sᵀq·scale`
 /// (module docs of [`super`]), each element's operations in this order, `k⊗δ` added and
 /// each sum over the rows (in increasing order) accumulated with fused multiply-adds
 /// (`f32::mul_add`, one rounding: the same bits in every build). The state is swept once per
-/// token: the write `k⊗δ` and the read `Sᵀq` of token `t`, its snapshot, then the decay and
-/// the read `Sᵀk` of token `t + 1` row by row (one more sweep before the first token).
+/// token: the write `k⊗δ` and the read `Sᵀq` of token `t`, then the decay and the read `Sᵀk`
+/// of token `t + 1` row by row (one more sweep before the first token).
 ///
 /// # Errors
-/// `InvalidArgument` for a bad [`GdnShape`] or `n` or more snapshots, or one that is not a
-/// whole state;
+/// `InvalidArgument` for a bad [`super::GdnShape`] or `pending` of another shape;
 /// `LengthMismatch` for any buffer whose length does not fit `n = gate.len() / H`.
 pub fn gdn_recurrent<'p>(
     pool: impl Into<Option<&'p ThreadPool>>,
     x: GdnInputs<'_>,
     state: &mut [f32],
     out: &mut [f32],
-    snapshots: &mut [&mut [f32]],
+    pending: Option<ReplayInputs<'_>>,
+    log: Option<RollbackLog<'_>>,
 ) -> Result<(), DspError> {
-    gdn_recurrent_with(crate::backend::select(), pool, x, state, out, snapshots)
+    gdn_recurrent_with(crate::backend::select(), pool, x, state, out, pending, log)
 }
 
 /// [`gdn_recurrent`] with backend `be`'s build of the head loop
@@ -63,13 +80,33 @@ pub fn gdn_recurrent_with<'p>(
     x: GdnInputs<'_>,
     state: &mut [f32],
     out: &mut [f32],
-    snapshots: &mut [&mut [f32]],
+    pending: Option<ReplayInputs<'_>>,
+    log: Option<RollbackLog<'_>>,
 ) -> Result<(), DspError> {
     let n = x.check_io(OP, state, out)?;
     let shape = x.shape;
-    check_snapshots(shape, n, snapshots)?;
-    let inp = Inputs { n, x };
-    let heads = split_heads(shape, state, out, snapshots);
+    if let Some(log) = &log {
+        DspError::check_len(OP, "log.state_out [H, d_k, d_v]", shape.state_len(), log.state_out.len())?;
+        DspError::check_len(OP, "log.delta [n, H·d_v]", n * shape.n_v_heads * shape.d_v, log.delta.len())?;
+    }
+    let pool = pool.into();
+    let pending = match pending {
+        Some(p) if p.shape != shape => {
+            return Err(DspError::InvalidArgument {
+                op: OP,
+                what: "pending",
+                detail: format!("replay of shape {:?} for inputs of shape {shape:?}", p.shape),
+            })
+        }
+        Some(p) if p.tokens(OP)? > MAX_FUSED_PENDING => {
+            super::replay::gdn_replay_with(be, pool, p, state)?;
+            None
+        }
+        Some(p) => Some((p, p.tokens(OP)?)),
+        None => None,
+    };
+    let inp = Inputs { n, x, pending };
+    let heads = split_heads(shape, state, out, log);
     run_heads(pool.into(), heads, &|h, io| {
         let _ftz = super::denormals::FlushDenormals::new();
         be.gdn_recurrent_head(&mut RecurrentHead { inp: &inp, h, io })
@@ -77,22 +114,9 @@ pub fn gdn_recurrent_with<'p>(
     Ok(())
 }
 
-/// Snapshots must be `m < n` whole states.
-fn check_snapshots(shape: GdnShape, n: usize, snaps: &[&mut [f32]]) -> Result<(), DspError> {
-    let len = shape.state_len();
-    if snaps.len() >= n || snaps.iter().any(|s| s.len() != len) {
-        return Err(DspError::InvalidArgument {
-            op: OP,
-            what: "snapshots",
-            detail: format!(
-                "{} slots of lengths {:?}: want fewer than n = {n} slots of {len} (state_len)",
-                snaps.len(),
-                snaps.iter().map(|s| s.len()).collect::<Vec<_>>()
-            ),
-        });
-    }
-    Ok(())
-}
+/// Pending tokens up to which [`gdn_recurrent`] fuses their replay into its first sweep (a
+/// rollback replays at most `n_draft + 1`).
+pub const MAX_FUSED_PENDING: usize = 16;
 
 /// One value head's share of a per-token GDN call, for
 /// [`crate::KernelBackend::gdn_recurrent_head`] (built only inside dsp).
@@ -168,32 +192,58 @@ fn recurrent_head_body(head: &mut RecurrentHead<'_, '_>) {
         j0 += 1;
     }
     SCRATCH.set(scratch);
-    if !io.snaps.is_empty() {
-        snapshot_fence();
+    if io.state_out.is_some() {
+        store_fence();
     }
 }
 
 /// Every token of columns `j0 .. j0 + W` of one head: `blk` (`[d_k][W]`) ← the decayed
 /// columns of the state, then one sweep of `blk` per token (the write `k⊗δ` and the read
-/// `Sᵀq` of token `t`, its snapshot, then the decay and the read `Sᵀk` of token `t + 1`), the
-/// last one storing `blk` back into the state.
+/// `Sᵀq` of token `t`, then the decay and the read `Sᵀk` of token `t + 1`), the last one
+/// storing `blk` into the log's `state_out` or back into the state.
 #[inline(always)]
 fn column_block<const W: usize>(inp: &Inputs<'_>, h: usize, j0: usize, io: &mut HeadIo<'_>, blk: &mut [[f32; W]]) {
     let shape = inp.x.shape;
     let (n, d_v) = (inp.n, shape.d_v);
     let kh = shape.k_head_of(h);
-    // Snapshot slots hold the states after tokens `first_snap ..= n − 2`.
-    let first_snap = n - 1 - io.snaps.len();
     let at = |i: usize| i * d_v + j0..i * d_v + j0 + W;
     // `delta` = Sᵀk of the token about to be written (after its decay), accumulated in the
     // sweep that decays the state for it.
     let mut delta = [0f32; W];
     let (k, decay) = (inp.k(0, kh), inp.gate(0, h).exp());
-    for (i, row) in blk.iter_mut().enumerate() {
-        let x = &io.state[at(i)];
-        for c in 0..W {
-            row[c] = x[c] * decay;
-            delta[c] = k[i].mul_add(row[c], delta[c]);
+    match inp.pending {
+        None => {
+            for (i, row) in blk.iter_mut().enumerate() {
+                let x = &io.state[at(i)];
+                for c in 0..W {
+                    row[c] = x[c] * decay;
+                    delta[c] = k[i].mul_add(row[c], delta[c]);
+                }
+            }
+        }
+        Some((p, np)) => {
+            // The replay's operations per element (`gdn_replay`), then the first decay.
+            let mut p_decay = [0f32; MAX_FUSED_PENDING];
+            for (t, d) in p_decay.iter_mut().enumerate().take(np) {
+                *d = p.gate_at(t, h).exp();
+            }
+            let keep_base = io.state_out.is_some();
+            for (i, row) in blk.iter_mut().enumerate() {
+                row.copy_from_slice(&io.state[at(i)]);
+                for (t, &pd) in p_decay[..np].iter().enumerate() {
+                    let (pk, pdelta) = (p.k_at(t, kh)[i], &p.delta_at(t, h)[j0..j0 + W]);
+                    for c in 0..W {
+                        row[c] = pk.mul_add(pdelta[c], row[c] * pd);
+                    }
+                }
+                if keep_base {
+                    io.state[at(i)].copy_from_slice(row);
+                }
+                for c in 0..W {
+                    row[c] *= decay;
+                    delta[c] = k[i].mul_add(row[c], delta[c]);
+                }
+            }
         }
     }
     for t in 0..n {
@@ -202,17 +252,16 @@ fn column_block<const W: usize>(inp: &Inputs<'_>, h: usize, j0: usize, io: &mut 
         for c in 0..W {
             delta[c] = beta * (v[c] - delta[c]);
         }
+        if let Some(logged) = io.delta.get_mut(t) {
+            logged[j0..j0 + W].copy_from_slice(&delta);
+        }
         let mut out = [0f32; W];
         let (k, q) = (inp.k(t, kh), inp.q(t, kh));
         if t + 1 < n {
             let mut next = [0f32; W];
             let (k1, decay1) = (inp.k(t + 1, kh), inp.gate(t + 1, h).exp());
-            let mut snap = (t >= first_snap).then(|| &mut *io.snaps[t - first_snap]);
             for (i, row) in blk.iter_mut().enumerate() {
                 update_row(row, k[i], q[i], &delta, &mut out);
-                if let Some(snap) = snap.as_deref_mut() {
-                    copy_snapshot(&mut snap[at(i)], row);
-                }
                 for c in 0..W {
                     row[c] *= decay1;
                     next[c] = k1[i].mul_add(row[c], next[c]);
@@ -220,9 +269,18 @@ fn column_block<const W: usize>(inp: &Inputs<'_>, h: usize, j0: usize, io: &mut 
             }
             delta = next;
         } else {
+            let streamed = io.state_out.is_some() && W >= 32;
+            let dst: &mut [f32] = match io.state_out.as_deref_mut() {
+                Some(state_out) => state_out,
+                None => &mut *io.state,
+            };
             for (i, row) in blk.iter_mut().enumerate() {
                 update_row(row, k[i], q[i], &delta, &mut out);
-                io.state[at(i)].copy_from_slice(row);
+                if streamed {
+                    store_streaming(&mut dst[at(i)], row);
+                } else {
+                    dst[at(i)].copy_from_slice(row);
+                }
             }
         }
         let o = &mut io.out[t][j0..j0 + W];
@@ -242,12 +300,12 @@ fn update_row<const W: usize>(row: &mut [f32; W], ki: f32, qi: f32, delta: &[f32
 }
 
 /// `dst = src`, exactly. On x86_64 with non-temporal stores (`movntps`, SSE2, 16-byte
-/// aligned after a scalar head): a snapshot is written once and read only by a rollback, so
-/// its cache lines need not be fetched before they are overwritten, which halves the memory
-/// traffic of the copies (3 snapshots of 1 MiB per layer in a 4-token verification pass of
-/// the 0.8B shape). [`snapshot_fence`] must follow before the head's task ends.
+/// aligned after a scalar head): the log's final state goes to a buffer not in cache, whose
+/// lines need not be fetched before they are overwritten (the read-for-ownership would
+/// double the traffic of the 18 MiB a 0.8B-shape pass writes). [`store_fence`] must follow
+/// before the head's task ends.
 #[inline(always)]
-fn copy_snapshot(dst: &mut [f32], src: &[f32]) {
+fn store_streaming(dst: &mut [f32], src: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_loadu_ps, _mm_stream_ps};
@@ -268,14 +326,13 @@ fn copy_snapshot(dst: &mut [f32], src: &[f32]) {
     dst.copy_from_slice(src);
 }
 
-/// Orders [`copy_snapshot`]'s streaming stores before any later store (the pool's hand-back
-/// to the caller), so a rollback on another thread reads them.
+/// Orders [`store_streaming`]'s stores before any later store (the pool's hand-back to the
+/// caller), so a reader on another thread sees them.
 #[inline(always)]
-fn snapshot_fence() {
+fn store_fence() {
     // SAFETY: SSE2 is part of x86_64.
     #[cfg(target_arch = "x86_64")]
     unsafe {
         std::arch::x86_64::_mm_sfence()
     };
 }
-

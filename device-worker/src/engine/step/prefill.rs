@@ -67,7 +67,7 @@ pub(super) fn run(
         }
         if let Some(e) = plan.end_state.filter(|&e| last && e > b.start) {
             // From the rollback states this batch already wrote: no extra pass.
-            match model.rollback_checkpoint(&slot.seq, e) {
+            match model.rollback_checkpoint(pool, &slot.seq, e) {
                 Ok(Some(cp)) => slot.cache.keep(cp),
                 Ok(None) => {}
                 Err(err) => tracing::warn!(error = %err, "end-of-prompt state not saved"),

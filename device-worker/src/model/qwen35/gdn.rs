@@ -22,7 +22,7 @@ use crate::model::parallel::{for_token_ranges, DisjointMut};
 use crate::model::project::{kernel, mm, mm_shared};
 use crate::model::weights::Linear;
 use crate::model::ModelError;
-use crate::state::recurrent::GdnLayerState;
+use crate::state::recurrent::{GdnLayerState, PendingReplay};
 use crate::state::rollback::{RollbackPrefill, RollbackStates};
 
 /// Weights of one Gated DeltaNet block (GGUF `blk.{i}.attn_qkv|attn_gate|ssm_*`).
@@ -168,10 +168,10 @@ impl GatedDeltaNet {
         r.map(|()| rb_ms)
     }
 
-    /// Projections `qkv, z, alpha, beta`, the conv snapshots of rollback (`m − 1` of them; the
+    /// Projections `qkv, z, alpha, beta`, the conv states of rollback (`m − 1` of them; the
     /// last of the `m` states is the live one), then
     /// the causal conv + SiLU into `s.conv_out`, advancing the layer's conv state
-    /// `conv_state` `[K − 1, channels]`. Returns the milliseconds of the snapshots.
+    /// `conv_state` `[K − 1, channels]`. Returns the milliseconds of the conv-state copies.
     #[allow(clippy::too_many_arguments)]
     fn project_and_conv(
         &self,
@@ -272,28 +272,43 @@ impl GatedDeltaNet {
             beta: &s.beta[..n * hv],
         };
         let out = &mut s.gout[..n * vd];
+        // A rollback's pending replay (`state/recurrent.rs`): the first kernel call applies it.
+        let pending = st.pending.take();
+        let mut pend = pending.as_ref().map(PendingReplay::inputs);
         let Some(rb) = rollback else {
-            return delta_rule(pool, &inputs, 0..n, &mut st.ssm, out).map(|()| 0.0);
+            return delta_rule(pool, &inputs, 0..n, &mut st.ssm, out, pend).map(|()| 0.0);
         };
+        // Tokens before `start` run in place (chunked when long enough in aware mode); the
+        // rest through the per-token recurrence with a rollback log: the state before them
+        // is kept as the base and their writes `δ` logged, so a rollback replays the kept
+        // ones (module docs of `rollback`).
         let mode = rb.mode;
-        // Slots 0..m − 1 hold the states after tokens n − m ..= n − 2; the state after the
-        // last token is the live one (module docs of `rollback`), never copied.
-        let mut snaps: Vec<&mut [f32]> = rb.layer_mut(self.state_layer).ssm[..m - 1].iter_mut().map(|v| &mut v[..]).collect();
-        // Tokens before the snapshot region: chunked when long enough (aware), then the state
-        // after token n − m is slot 0 and the per-token recurrence writes slots 1..m − 1.
-        let head = n - m + 1;
-        if mode == RollbackPrefill::Aware && head >= CHUNKED_MIN_TOKENS {
-            delta_rule(pool, &inputs, 0..head, &mut st.ssm, out)?;
-            let t = Instant::now();
-            if m > 1 {
-                snaps[0].copy_from_slice(&st.ssm);
-                per_token(pool, &inputs, head..n, &mut st.ssm, out, &mut snaps[1..])?;
+        let start = log_start(mode, n, m);
+        if start > 0 {
+            match mode {
+                RollbackPrefill::Aware => delta_rule(pool, &inputs, 0..start, &mut st.ssm, out, pend.take())?,
+                RollbackPrefill::PerToken => per_token(pool, &inputs, 0..start, &mut st.ssm, out, pend.take(), None)?,
             }
-            Ok(ms_since(t))
-        } else {
-            let t = Instant::now();
-            per_token(pool, &inputs, 0..n, &mut st.ssm, out, &mut snaps).map(|()| ms_since(t))
         }
+        let layer = rb.layer_mut(self.state_layer);
+        let mut rb_ms = 0.0;
+        if start < n {
+            let t = Instant::now();
+            let logged = n - start;
+            let log = gdn::RollbackLog {
+                state_out: &mut layer.base,
+                delta: &mut layer.log.delta[..logged * vd],
+            };
+            per_token(pool, &inputs, start..n, &mut st.ssm, out, pend.take(), Some(log))?;
+            std::mem::swap(&mut st.ssm, &mut layer.base);
+            layer.log.k[..logged * kd].copy_from_slice(&inputs.k[start * kd..]);
+            layer.log.gate[..logged * hv].copy_from_slice(&inputs.gate[start * hv..]);
+            rb_ms = ms_since(t);
+        }
+        if let Some(p) = pending {
+            layer.spare = Some(p.log);
+        }
+        Ok(rb_ms)
     }
 
     /// Gated RMSNorm per value head (weights shared by all heads): `gv = rms_norm(gout_h) ·
@@ -324,38 +339,58 @@ impl GatedDeltaNet {
 }
 
 /// The gated delta rule over the tokens `range` of a micro-batch's inputs `x`, no rollback
-/// states: chunked for [`CHUNKED_MIN_TOKENS`] tokens or more, else [`per_token`]; `out` is
-/// the whole batch's output `[n, H·d_v]`.
+/// states: chunked for [`CHUNKED_MIN_TOKENS`] tokens or more (after a separate sweep for a
+/// pending replay), else [`per_token`] (the replay fused); `out` is the whole batch's output
+/// `[n, H·d_v]`.
 fn delta_rule(
     pool: &ThreadPool,
     x: &GdnInputs<'_>,
     range: std::ops::Range<usize>,
     ssm: &mut [f32],
     out: &mut [f32],
+    pending: Option<gdn::ReplayInputs<'_>>,
 ) -> Result<(), ModelError> {
     if range.len() < CHUNKED_MIN_TOKENS {
-        return per_token(pool, x, range, ssm, out, &mut []);
+        return per_token(pool, x, range, ssm, out, pending, None);
+    }
+    if let Some(p) = pending {
+        gdn::gdn_replay(pool, p, ssm).map_err(kernel("gated_delta_net replay"))?;
     }
     let vd = x.shape.n_v_heads * x.shape.d_v;
     let out = &mut out[range.start * vd..range.end * vd];
     gdn::gdn_chunked_pooled(pool, x.tokens(range), ssm, out, gdn::DEFAULT_CHUNK).map_err(kernel("gated_delta_net"))
 }
 
-/// The per-token gated delta rule over the tokens `range` (per token also when long: the
-/// rollback states must come from the recurrence), keeping the states after the last
-/// `snapshots.len()` tokens but the last of `range` in `snapshots` ([`gdn::gdn_recurrent`]);
-/// `out` as [`delta_rule`].
+/// The per-token gated delta rule over the tokens `range` (per token also when long: a
+/// rollback must replay the recurrence's own writes), applying a pending replay first and
+/// keeping a rollback log when given ([`gdn::gdn_recurrent`]); `out` as [`delta_rule`].
 fn per_token(
     pool: &ThreadPool,
     x: &GdnInputs<'_>,
     range: std::ops::Range<usize>,
     ssm: &mut [f32],
     out: &mut [f32],
-    snapshots: &mut [&mut [f32]],
+    pending: Option<gdn::ReplayInputs<'_>>,
+    log: Option<gdn::RollbackLog<'_>>,
 ) -> Result<(), ModelError> {
     let vd = x.shape.n_v_heads * x.shape.d_v;
     let out = &mut out[range.start * vd..range.end * vd];
-    gdn::gdn_recurrent_pooled(pool, x.tokens(range), ssm, out, snapshots).map_err(kernel("gated_delta_net"))
+    gdn::gdn_recurrent_pooled(pool, x.tokens(range), ssm, out, pending, log).map_err(kernel("gated_delta_net"))
+}
+
+/// The first token of a pass of `n` tokens keeping `m` rollback states that the per-token
+/// recurrence logs for a rollback by replay (`n`: nothing to log, `m ≤ 1`). The states kept
+/// are those after tokens `n − m ..= n − 1`; the log starts at `n − m` (the state before it
+/// is the base, so every kept state is one replay away), or at `n − m + 1` when the aware
+/// prefill runs the tokens before it chunked (Tandem §3.3; the base is then the state after
+/// token `n − m` itself).
+pub(super) fn log_start(mode: RollbackPrefill, n: usize, m: usize) -> usize {
+    let head = n + 1 - m.max(1);
+    match mode {
+        _ if m <= 1 => n,
+        RollbackPrefill::Aware if head >= CHUNKED_MIN_TOKENS => head,
+        _ => n - m,
+    }
 }
 
 /// Conv states after each of the last `m` tokens of a batch but the last, for rollback

@@ -136,22 +136,23 @@ pub struct BenchOptions {
     /// rollback-aware prefill keeping --rollback-k states, and with the per-token prefill
     /// keeping them (llama.cpp's way), the three interleaved per repetition; prints tokens/s
     /// and the ratios to plain (speculative decoding's prefill overhead, Tandem §3.3).
-    #[arg(long)]
+    #[arg(long, group = "n_draft_runs")]
     pub rollback_ablation: bool,
     /// Rollback states kept per pass in --rollback-ablation (default: n_draft + 1, the
-    /// verification pass of --n-draft drafts).
-    #[arg(long)]
+    /// verification pass of --n-draft drafts), at most the prompt and the micro-batch.
+    #[arg(long, requires = "rollback_ablation", value_parser = at_least_one)]
     pub rollback_k: Option<usize>,
     /// Instead of pp/tg, on a Qwen3.5 model with an MTP block: (a) prefill tokens/s without
     /// and with filling the MTP KV cache, (b) one verification pass of 1 + --n-draft tokens
     /// vs one decode pass, (c) ms per MTP draft token, full vocabulary and (when the file has
     /// one) trimmed head; --gen-tokens rounds for (b) and (c).
-    #[arg(long)]
+    #[arg(long, group = "n_draft_runs")]
     pub mtp_overhead: bool,
-    /// Drafts per verification pass (--mtp-overhead; --rollback-ablation keeps n_draft + 1
-    /// rollback states).
-    #[arg(long, default_value_t = d::N_DRAFT as usize)]
-    pub n_draft: usize,
+    /// Drafts per verification pass, 1..=8 as `serve --n-draft`: with --mtp-overhead, or
+    /// with --rollback-ablation (which keeps n_draft + 1 rollback states unless --rollback-k
+    /// is given); the other runs have no drafts.
+    #[arg(long, default_value_t = d::N_DRAFT, value_parser = crate::config::n_draft(), requires = "n_draft_runs")]
+    pub n_draft: u32,
 }
 
 impl BenchOptions {
@@ -161,19 +162,53 @@ impl BenchOptions {
     }
 
     /// The usage checks clap cannot make, before anything is read: the image-token budget,
-    /// off its defaults only with `--mmproj` (as `serve`).
+    /// off its defaults only with `--mmproj` (as `serve`), and the rollback states of
+    /// `--rollback-ablation` within the prompt and the micro-batch.
     ///
     /// Errors: [`crate::config::ConfigError`] naming the option.
     pub fn check_usage(&self) -> Result<(), crate::config::ConfigError> {
-        crate::config::check_image_budget_usage(self.mmproj.is_some(), self.image_min_tokens, self.image_max_tokens)
+        crate::config::check_image_budget_usage(self.mmproj.is_some(), self.image_min_tokens, self.image_max_tokens)?;
+        let (k, n_batch) = (self.rollback_states(), self.n_batch());
+        if !self.rollback_ablation || k <= n_batch {
+            return Ok(());
+        }
+        let batch = format!("--prompt-tokens {}, --micro-batch {}", self.prompt_tokens, self.micro_batch);
+        Err(match self.rollback_k {
+            Some(_) => crate::config::ConfigError {
+                option: "rollback-k",
+                value: format!("{k} ({batch})"),
+                reason: "must be at most the prompt and the micro-batch length",
+            },
+            None => crate::config::ConfigError {
+                option: "n-draft",
+                value: format!("{} (--rollback-ablation keeps n_draft + 1 = {k} rollback states; {batch})", self.n_draft),
+                reason: "the rollback states must fit the prompt and the micro-batch: lower --n-draft or set --rollback-k",
+            },
+        })
+    }
+
+    /// Drafts per verification pass (`--n-draft`).
+    pub fn drafts(&self) -> usize {
+        self.n_draft as usize
+    }
+
+    /// The prefill micro-batch of the runs: `--micro-batch`, at most the prompt.
+    pub fn n_batch(&self) -> usize {
+        self.micro_batch.clamp(1, self.prompt_tokens.max(1))
+    }
+
+    /// Rollback states kept per pass by `--rollback-ablation`: `--rollback-k`, else the
+    /// verification pass of `--n-draft` drafts.
+    pub fn rollback_states(&self) -> usize {
+        self.rollback_k.unwrap_or(pass_tokens(self.drafts()))
     }
 
     /// The context the runs fill: `--depth`, the prompt, the decode runs (after the prompt
     /// too; `--mtp-overhead` rounds grow the sequence by up to `1 + n_draft` tokens each),
     /// the drafts of a verification pass and a few warm-up tokens.
     pub fn n_ctx(&self) -> usize {
-        let per_round = self.n_draft.saturating_add(1).max(2);
-        [self.prompt_tokens, per_round.saturating_mul(self.gen_tokens), self.n_draft, 8]
+        let per_round = pass_tokens(self.drafts()).max(2);
+        [self.prompt_tokens, per_round.saturating_mul(self.gen_tokens), self.drafts(), 8]
             .into_iter()
             .fold(self.depth, usize::saturating_add)
     }
@@ -244,10 +279,10 @@ pub fn run(cfg: &BenchOptions) -> anyhow::Result<()> {
         }
     }
     let mut seq = model.new_sequence_state(cfg.n_ctx());
-    let n_batch = cfg.micro_batch.clamp(1, cfg.prompt_tokens.max(1));
+    let n_batch = cfg.n_batch();
     // Buffers for a prefill micro-batch, the warm-up below and a verification pass of
     // 1 + n_draft tokens (--mtp-overhead), whichever is largest.
-    model.set_max_batch(n_batch.max(8).max(pass_tokens(cfg.n_draft)));
+    model.set_max_batch(n_batch.max(8).max(pass_tokens(cfg.drafts())));
     // Deterministic pseudo-random token ids, as llama-bench uses random tokens.
     let n_vocab = model.n_vocab() as u64;
     let mut x = 0x2545_F491_4F6C_DD1Du64;
@@ -491,19 +526,12 @@ fn print_speed(
 fn rollback_ablation(b: &mut Bench, cfg: &BenchOptions, seq: &mut SequenceState, prompt: &[u32]) -> anyhow::Result<()> {
     let (model, pool, n_batch) = (&mut *b.model, b.pool, b.n_batch);
     use crate::state::rollback::RollbackPrefill;
-    let rollback_k = cfg.rollback_k.unwrap_or(pass_tokens(cfg.n_draft));
+    let rollback_k = cfg.rollback_states();
     if !model.is_recurrent() {
         anyhow::bail!(
             "--rollback-ablation needs a hybrid (recurrent) model; {} is {} (attention only: a rollback is a KV truncation)",
             cfg.model.as_ref().map_or("the default model".into(), |p| p.display().to_string()),
             model.architecture()
-        );
-    }
-    if rollback_k == 0 || rollback_k > prompt.len().min(n_batch) {
-        anyhow::bail!(
-            "--rollback-k {} must be in 1..={} (at most the prompt and micro-batch length)",
-            rollback_k,
-            prompt.len().min(n_batch)
         );
     }
     let modes: [(&str, Option<RollbackPrefill>); 3] = [
@@ -587,10 +615,7 @@ fn mtp_overhead(b: &mut Bench, cfg: &BenchOptions, seq: &mut SequenceState, prom
                 .map_or("the default model".into(), |p| p.display().to_string())
         );
     }
-    let k = pass_tokens(cfg.n_draft);
-    if cfg.n_draft == 0 || k > n_batch {
-        anyhow::bail!("--n-draft {} must be in 1..={}", cfg.n_draft, n_batch - 1);
-    }
+    let k = pass_tokens(cfg.drafts());
     let reps = cfg.repetitions.max(1);
     let rounds = cfg.gen_tokens.max(1);
     model.set_rollback(k, RollbackPrefill::Aware);
@@ -661,7 +686,7 @@ fn mtp_overhead(b: &mut Bench, cfg: &BenchOptions, seq: &mut SequenceState, prom
             };
             let newest = prompt[r % prompt.len()];
             let t = Instant::now();
-            let d = crate::speculative::mtp::draft(&mut step, &mut c, prompt, newest, cfg.n_draft, head)?;
+            let d = crate::speculative::mtp::draft(&mut step, &mut c, prompt, newest, cfg.drafts(), head)?;
             secs += t.elapsed().as_secs_f64();
             drafted += d.map_or(0, |d| d.len());
         }

@@ -588,6 +588,82 @@ fn bench_usage_errors_exit_2() {
     assert_usage_error(&out, &["--prompt-tokens", "999999", "context size"]);
 }
 
+/// `bench --n-draft` takes what `serve --n-draft` takes (1..=8, one value parser): another
+/// value is clap's usage error naming `--n-draft` and the range (100000 was blamed on
+/// `--prompt-tokens`, 0 and 9 exited 1), and 8 runs with a prompt of 8 tokens (the
+/// verification pass of 9 tokens was refused as longer than the micro-batch).
+#[test]
+fn bench_n_draft_takes_the_range_serve_takes() {
+    for value in ["100000", "9", "0"] {
+        for args in [&["bench", "--model", TINY, "--mtp-overhead"][..], &["bench", "--model", TINY], &["serve", "--model", TINY, "--print-config"]] {
+            let out = device_worker(&[args, &["--n-draft", value]].concat());
+            assert_usage_error(&out, &["'--n-draft <N_DRAFT>'", &format!("{value} is not in 1..=8")]);
+            assert!(!String::from_utf8_lossy(&out.stderr).contains("--prompt-tokens"), "{}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+    let out = device_worker(&["bench", "--model", TINY, "--json", "--prompt-tokens", "8", "--gen-tokens", "2", "-r", "1", "-t", "1", "--mtp-overhead", "--n-draft", "8"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(json["n_draft"], 8);
+}
+
+/// The bench options only one kind of run reads are usage errors without it, not silently
+/// ignored: `--n-draft` without `--mtp-overhead` or `--rollback-ablation`, `--rollback-k`
+/// without `--rollback-ablation`; and the two runs are one or the other (with both, only the
+/// ablation ran).
+#[test]
+fn bench_options_without_the_run_that_reads_them_are_usage_errors() {
+    let bench = ["bench", "--model", TINY, "--prompt-tokens", "8", "--gen-tokens", "2", "-r", "1", "-t", "1"];
+    for (args, want) in [
+        (&["--n-draft", "5"][..], &["required", "--n-draft <N_DRAFT>", "<--rollback-ablation|--mtp-overhead>"][..]),
+        (&["--rollback-k", "5"], &["required", "--rollback-ablation"]),
+        (&["--mtp-overhead", "--rollback-ablation"], &["'--mtp-overhead' cannot be used with '--rollback-ablation'"]),
+    ] {
+        let out = device_worker(&[&bench[..], args].concat());
+        assert_usage_error(&out, want);
+        assert!(out.stdout.is_empty(), "{args:?} ran");
+    }
+}
+
+/// The rollback states of `bench --rollback-ablation` out of range are usage errors (exit
+/// code 2, as clap's; they exited 1 after the model was loaded), naming the option that set
+/// them: `--rollback-k` (0, or more than the prompt and micro-batch), else `--n-draft` (its
+/// n_draft + 1 states).
+#[test]
+fn bench_rollback_state_counts_out_of_range_are_usage_errors() {
+    let bench = ["bench", "--model", TINY, "--prompt-tokens", "8", "--gen-tokens", "2", "-r", "1", "-t", "1", "--rollback-ablation"];
+    for (args, want) in [
+        (&["--rollback-k", "0"][..], &["'--rollback-k <ROLLBACK_K>'", "must be at least 1"][..]),
+        (&["--rollback-k", "9"], &["--rollback-k = 9 (--prompt-tokens 8, --micro-batch 512)", "at most the prompt and the micro-batch"]),
+        (&["--rollback-k", "3", "--micro-batch", "2"], &["--rollback-k = 3 (--prompt-tokens 8, --micro-batch 2)"]),
+        (&["--n-draft", "8"], &["--n-draft = 8", "n_draft + 1 = 9 rollback states", "lower --n-draft or set --rollback-k"]),
+    ] {
+        let out = device_worker(&[&bench[..], args].concat());
+        assert_usage_error(&out, want);
+        assert!(out.stdout.is_empty(), "{args:?} ran");
+    }
+    let out = device_worker(&[&bench[..], &["--n-draft", "8", "--rollback-k", "8", "--json"]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(json["rollback_k"], 8);
+}
+
+/// A drafter named twice in `--drafters` (on the command line or in a `--config` file) is a
+/// usage error naming it (it was accepted and counted once).
+#[test]
+fn a_drafter_listed_twice_is_a_usage_error() {
+    for (list, twice) in [("mtp,mtp", "mtp"), ("prompt-lookup, experience,Prompt-Lookup", "prompt-lookup")] {
+        let out = device_worker(&["serve", "--model", TINY, "--drafters", list, "--print-config"]);
+        assert_usage_error(&out, &["'--drafters <DRAFTERS>'", &format!("drafter {twice} is listed twice")]);
+        assert!(out.stdout.is_empty());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("worker.toml");
+    std::fs::write(&file, "drafters = \"experience,experience\"\n").unwrap();
+    let out = device_worker(&["serve", "--model", TINY, "--config", file.to_str().unwrap(), "--print-config"]);
+    assert_usage_error(&out, &["key \"drafters\"", "drafter experience is listed twice"]);
+}
+
 /// `request` and `power` at a worker's Prometheus port (`serve --metrics-listen`, served here
 /// for an engine of the tiny model) say that it answers plain HTTP/1.1 and where the worker's
 /// gRPC port is, instead of a bare transport error; where nothing listens they say which

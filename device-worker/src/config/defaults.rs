@@ -36,5 +36,8 @@ pub const IMAGE_CACHE_MIB: usize = 128;
 pub const DRAFTERS: &str = "experience,prompt-lookup";
 /// Most drafts verified per pass (DESIGN.md: up to 3).
 pub const N_DRAFT: u32 = 3;
+/// The most drafts per verification pass `--n-draft` takes, on `serve` and `bench` alike
+/// ([`super::n_draft`]).
+pub const MAX_N_DRAFT: u32 = 8;
 /// Experience drafter memory, MiB.
 pub const EXPERIENCE_MIB: usize = 64;

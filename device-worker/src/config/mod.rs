@@ -54,6 +54,13 @@ pub fn ctx_size(s: &str) -> Result<usize, String> {
     settings::at_least_min_ctx(n).map_err(|e| e.reason.to_string())
 }
 
+/// Clap value parser for `--n-draft` (`serve` and `bench`): drafts per verification pass,
+/// 1..=[`defaults::MAX_N_DRAFT`]; another value is clap's usage error naming the flag and the
+/// range.
+pub fn n_draft() -> clap::builder::RangedI64ValueParser<u32> {
+    clap::value_parser!(u32).range(1..=i64::from(defaults::MAX_N_DRAFT))
+}
+
 /// As [`at_least_one`] for `u64` values (milliseconds).
 pub fn at_least_one_u64(s: &str) -> Result<u64, String> {
     match s.parse::<u64>() {

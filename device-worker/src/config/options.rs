@@ -134,14 +134,15 @@ pub struct EngineOptions {
     /// Qwen3.5 GGUFs with the nextn layer), `mtp-trimmed` (the MTP block with a trimmed draft
     /// vocabulary, added by `tandem-tools draft-vocab`), or `none`. With --draft-length
     /// adaptive the proposal with the most expected tokens per ms wins; with fixed, the first
-    /// in this order. Greedy requests only; the output is identical with or without. The
-    /// MTP drafters also fill the MTP block's KV cache during prefill (a small prefill cost),
-    /// so they are not in the default even for models that have the block.
+    /// in this order. Greedy requests only; the output is plain greedy decoding's on the same
+    /// prefill (hybrid models: see --rollback-prefill). The MTP drafters also fill the MTP
+    /// block's KV cache during prefill (a small prefill cost), so they are not in the default
+    /// even for models that have the block. Each drafter may be named once.
     #[arg(long, default_value = d::DRAFTERS)]
     #[serde(serialize_with = "as_display")]
     pub drafters: Drafters,
     /// Most drafts verified in one pass, 1..=8 (the verification pass holds n + 1 tokens).
-    #[arg(long, default_value_t = d::N_DRAFT, value_parser = clap::value_parser!(u32).range(1..=8))]
+    #[arg(long, default_value_t = d::N_DRAFT, value_parser = super::n_draft())]
     pub n_draft: u32,
     /// `adaptive`: draft length chosen per round from measured acceptance and pass latency;
     /// `fixed`: always the longest proposal up to --n-draft.
@@ -150,9 +151,9 @@ pub struct EngineOptions {
     pub draft_length: DraftLengthMode,
     /// How prefill batches keep the recurrent states a rollback needs (hybrid models, with
     /// drafters on): `aware` (chunked kernel for all but the last n_draft tokens) or
-    /// `per-token` (llama.cpp's behaviour: the whole batch per token; for ablations — it
-    /// rounds differently from the chunked form, so near-tie outputs can differ from
-    /// `--drafters none`, as they would between llama.cpp's modes).
+    /// `per-token` (llama.cpp's behaviour: the whole batch per token; for ablations). Both
+    /// round differently from the all-chunked prefill of `--drafters none`, so where two
+    /// logits nearly tie the output can differ from it, as between llama.cpp's modes.
     #[arg(long, value_enum, default_value_t = crate::state::rollback::RollbackPrefill::Aware)]
     #[serde(serialize_with = "as_value_enum")]
     pub rollback_prefill: crate::state::rollback::RollbackPrefill,
@@ -250,9 +251,10 @@ impl std::str::FromStr for Drafters {
             let kind = crate::speculative::DrafterKind::from_str(part, true).map_err(|_| {
                 format!("unknown drafter {part:?}: expected prompt-lookup, experience, mtp, mtp-trimmed or none")
             })?;
-            if !out.contains(&kind) {
-                out.push(kind);
+            if out.contains(&kind) {
+                return Err(format!("drafter {} is listed twice: name each drafter once", kind.name()));
             }
+            out.push(kind);
         }
         Ok(Self(out))
     }

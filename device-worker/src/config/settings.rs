@@ -262,11 +262,11 @@ impl EngineOptions {
                 Ok(v)
             }
         };
-        if !(1..=8).contains(&self.n_draft) {
+        if !(1..=d::MAX_N_DRAFT).contains(&self.n_draft) {
             return Err(ConfigError {
                 option: "n-draft",
-                value: self.n_draft.to_string(),
-                reason: "must be in 1..=8",
+                value: format!("{} (not in 1..={})", self.n_draft, d::MAX_N_DRAFT),
+                reason: "drafts per verification pass out of range",
             });
         }
         let threads = positive("threads", super::threads_or_all_cores(self.threads))?;

@@ -33,13 +33,12 @@ fn main() {
     let beta: Vec<f32> = lcg.vec(n * 16).iter().map(|x| 0.5 + 0.4 * x).collect();
     let x = GdnInputs { shape, q: &q, k: &k, v: &v, gate: &gate, beta: &beta };
     let mut states: Vec<Vec<f32>> = (0..layers).map(|_| lcg.vec(shape.state_len())).collect();
-    let mut bases: Vec<Vec<f32>> = (0..layers).map(|_| vec![0f32; shape.state_len()]).collect();
     // This pass's logged writes and the previous pass's (pending).
     let (mut logged, mut pending): (Vec<Vec<f32>>, Vec<Vec<f32>>) =
         ((0..layers).map(|_| vec![0f32; n * vd]).collect(), (0..layers).map(|_| vec![0f32; n * vd]).collect());
     let mut out = vec![0f32; n * vd];
     let pool = ThreadPool::new(threads).expect("pool");
-    let kept = n - 1;
+    let kept = n - 1; // a rejected last draft
     let mut ms = Vec::with_capacity(reps);
     for rep in 0..=reps {
         let t = std::time::Instant::now();
@@ -54,9 +53,9 @@ fn main() {
                 gate: &gate[..kept * 16],
                 delta: &pending[l][..kept * vd],
             });
-            let log = RollbackLog { state_out: &mut bases[l], delta: &mut logged[l] };
+            let log = RollbackLog { delta: &mut logged[l] };
             gdn_recurrent(&pool, x, &mut states[l], &mut out, pend, Some(log)).expect("gdn");
-            // The rollback: the base stays the live state with `kept` tokens pending.
+            // The rollback: the base stays the live state with `kept` tokens of the log pending.
         }
         if rep > 0 {
             ms.push(t.elapsed().as_secs_f64() * 1e3);

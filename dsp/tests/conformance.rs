@@ -419,7 +419,7 @@ macro_rules! backend_conformance {
             /// gives the scalar build's bits: outputs, the replayed base, the final state
             /// and the logged writes of a pass with a pending replay and a rollback log, and
             /// a separate replay (the loops are element-wise with `f32::mul_add` in every
-            /// build; the final state is streamed on x86_64). Shapes with `d_v` not a
+            /// build), and the same pass without a log (its final state stored). Shapes with `d_v` not a
             /// multiple of 16 reach the vector loops' tails.
             #[test]
             fn gdn_recurrent_equals_scalar_bitwise() {
@@ -442,15 +442,19 @@ macro_rules! backend_conformance {
                     let run = |b: &dyn KernelBackend| {
                         let mut state = state0.clone();
                         let mut out = vec![0f32; n * n_v_heads * d_v];
-                        let (mut fin, mut delta) = (vec![0f32; state0.len()], vec![0f32; out.len()]);
-                        let log = RollbackLog { state_out: &mut fin, delta: &mut delta };
+                        let mut delta = vec![0f32; out.len()];
+                        let log = RollbackLog { delta: &mut delta };
                         gdn_recurrent_with(b, &pool, x, &mut state, &mut out, Some(pending), Some(log)).expect("gdn_recurrent");
                         let mut replayed = state0.clone();
                         gdn_replay_with(b, &pool, pending, &mut replayed).expect("gdn_replay");
-                        [out, state, fin, delta, replayed].map(|v| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>())
+                        // Without a log: the final state is stored.
+                        let (mut fin, mut out_plain) = (state0.clone(), vec![0f32; out.len()]);
+                        gdn_recurrent_with(b, &pool, x, &mut fin, &mut out_plain, Some(pending), None).expect("gdn_recurrent");
+                        [out, state, fin, delta, replayed, out_plain].map(|v| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>())
                     };
                     let (got, want) = (run(be), run(backend::scalar()));
-                    for (part, (g, w)) in ["out", "base", "final state", "writes", "replay"].iter().zip(got.iter().zip(&want)) {
+                    let parts = ["out", "base", "final state", "writes", "replay", "out without a log"];
+                    for (part, (g, w)) in parts.iter().zip(got.iter().zip(&want)) {
                         assert!(g == w, "{part} differs from the scalar build (d_k {d_k}, d_v {d_v}, n {n}, m {m})");
                     }
                 }

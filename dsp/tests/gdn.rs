@@ -127,13 +127,12 @@ impl Case {
         ReplayInputs { shape: self.shape, k: x.k, gate: x.gate, delta: &delta[..j * vd] }
     }
 
-    /// A logged run from `state0`: (out, the base left in `state`, the final state, `δ`).
-    fn logged(&self, pool: Option<&ThreadPool>) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    /// A logged run from `state0`: (out, the base left in `state`, `δ`).
+    fn logged(&self, pool: Option<&ThreadPool>) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         let (mut out, mut state) = self.buffers();
-        let (mut fin, mut delta) = (vec![f32::NAN; self.shape.state_len()], vec![f32::NAN; self.out_len()]);
-        let log = RollbackLog { state_out: &mut fin, delta: &mut delta };
-        self.run_recurrent(pool, &mut state, &mut out, Some(log)).expect("gdn_recurrent");
-        (out, state, fin, delta)
+        let mut delta = vec![f32::NAN; self.out_len()];
+        self.run_recurrent(pool, &mut state, &mut out, Some(RollbackLog { delta: &mut delta })).expect("gdn_recurrent");
+        (out, state, delta)
     }
 
     /// [`gdn_chunked`] on this case's inputs, on `pool` or (`None`) the calling thread.
@@ -296,8 +295,10 @@ fn rollback_prefill_chunked_then_recurrent_matches_recurrent() {
         .slice(0, head, case.state0.clone())
         .chunked(DEFAULT_CHUNK);
     let tail = case.slice(head, n, state_a.clone());
-    let (out_b, base, fin, delta) = tail.logged(None);
+    let (out_b, base, delta) = tail.logged(None);
     assert!(max_rel_err(&[out_a, out_b].concat(), &out) <= CHUNK_TOL);
+    let mut fin = base.clone();
+    gdn_replay(None, tail.replay_inputs(&delta, kk - 1), &mut fin).expect("gdn_replay");
     assert!(max_rel_err(&fin, &state) <= CHUNK_TOL);
     assert_eq!(base, state_a, "the base is the state before the logged tokens");
     // One token before the end: the base with the first K − 2 logged tokens replayed.
@@ -368,11 +369,11 @@ fn bits(v: &[f32]) -> Vec<u32> {
 fn rollback_log_keeps_the_base_and_replays_rebuild_every_state() {
     for (shape, n) in [(SHAPE, 9), (gdn_shape(2, 6, 12, 10), 5), (gdn_shape(1, 2, 128, 160), 3)] {
         let case = random_case(shape, n, 21);
-        let (out, base, fin, delta) = case.logged(None);
-        let (out_plain, state_plain) = case.recurrent();
+        let (out, base, delta) = case.logged(None);
+        let (out_plain, _) = case.recurrent();
         assert_eq!(bits(&out), bits(&out_plain), "the log must not change the output");
         assert_eq!(bits(&base), bits(&case.state0), "the state is left as the base");
-        assert_eq!(bits(&fin), bits(&state_plain), "state_out is the final state");
+        // j = n: the pass's final state, which it does not write, is the whole log replayed.
         for j in 0..=n {
             // The state after the first j tokens: the base with j tokens replayed.
             let (_, prefix_state) = case.slice(0, j.max(1), case.state0.clone()).recurrent();
@@ -391,7 +392,7 @@ fn pending_replay_is_fused_with_the_bits_of_a_separate_replay() {
     // and past the fused limit (the separate sweep).
     let shape = gdn_shape(2, 4, 16, 40);
     let prev = random_case(shape, 20, 3);
-    let (_, base, _, delta) = prev.logged(None);
+    let (_, base, delta) = prev.logged(None);
     for j in [1, 3, 17] {
         let next = random_case(shape, 4, 5 + j as u64);
         let mut settled = base.clone();
@@ -399,14 +400,19 @@ fn pending_replay_is_fused_with_the_bits_of_a_separate_replay() {
         let want = next.slice(0, 4, settled.clone()).recurrent();
         for with_log in [false, true] {
             let (mut state, mut out) = (base.clone(), vec![0f32; next.out_len()]);
-            let (mut fin, mut d) = (vec![0f32; shape.state_len()], vec![0f32; next.out_len()]);
-            let log = with_log.then(|| RollbackLog { state_out: &mut fin, delta: &mut d });
+            let mut d = vec![0f32; next.out_len()];
+            let log = with_log.then(|| RollbackLog { delta: &mut d });
             gdn_recurrent(None, next.inputs(), &mut state, &mut out, Some(prev.replay_inputs(&delta, j)), log)
                 .expect("gdn_recurrent");
             assert_eq!(bits(&out), bits(&want.0), "j {j} log {with_log}: out");
-            let (end, kept) = if with_log { (&fin, &state) } else { (&state, &settled) };
-            assert_eq!(bits(end), bits(&want.1), "j {j} log {with_log}: final state");
-            assert_eq!(bits(kept), bits(&settled), "j {j} log {with_log}: the base is the replayed state");
+            if with_log {
+                assert_eq!(bits(&state), bits(&settled), "j {j}: the base is the replayed state");
+                let mut end = state.clone();
+                gdn_replay(None, next.replay_inputs(&d, 4), &mut end).expect("gdn_replay");
+                assert_eq!(bits(&end), bits(&want.1), "j {j}: the base with the new log replayed is the final state");
+            } else {
+                assert_eq!(bits(&state), bits(&want.1), "j {j}: final state");
+            }
         }
     }
 }
@@ -422,11 +428,12 @@ fn pooled_variants_are_bit_identical() {
     assert_eq!(logged_pooled, logged_serial);
     let (out_s, state_s) = case.recurrent();
     assert_eq!(logged_pooled.0, out_s);
-    assert_eq!(logged_pooled.2, state_s);
     let (mut serial, mut pooled) = (case.state0.clone(), case.state0.clone());
-    gdn_replay(None, case.replay_inputs(&logged_serial.3, 69), &mut serial).expect("gdn_replay");
-    gdn_replay(&pool, case.replay_inputs(&logged_serial.3, 69), &mut pooled).expect("gdn_replay pooled");
+    gdn_replay(None, case.replay_inputs(&logged_serial.2, 69), &mut serial).expect("gdn_replay");
+    gdn_replay(&pool, case.replay_inputs(&logged_serial.2, 69), &mut pooled).expect("gdn_replay pooled");
     assert_eq!(pooled, serial);
+    gdn_replay(&pool, case.replay_inputs(&logged_serial.2, 70), &mut pooled).expect("gdn_replay pooled");
+    assert_eq!(pooled, state_s, "the whole log replayed is the final state");
 
     let (mut out, mut state) = case.buffers();
     case.run_chunked(Some(&pool), &mut state, &mut out, DEFAULT_CHUNK)
@@ -704,15 +711,15 @@ fn shape_errors_are_reported() {
     );
 
     // A log sized for another token count or state, a pending replay of another shape.
-    let (mut fin, mut delta) = (vec![0f32; SHAPE.state_len()], vec![0f32; case.out_len()]);
-    for (fin_len, delta_len) in [(SHAPE.state_len() - 1, case.out_len()), (SHAPE.state_len(), case.out_len() + 1)] {
-        let (mut f, mut d) = (vec![0f32; fin_len], vec![0f32; delta_len]);
-        let err = case.run_recurrent(None, &mut state, &mut out, Some(RollbackLog { state_out: &mut f, delta: &mut d }));
-        assert!(matches!(err, Err(DspError::LengthMismatch { .. })), "{fin_len} {delta_len}: {err:?}");
+    let mut delta = vec![0f32; case.out_len()];
+    for delta_len in [case.out_len() - 1, case.out_len() + 1] {
+        let mut d = vec![0f32; delta_len];
+        let err = case.run_recurrent(None, &mut state, &mut out, Some(RollbackLog { delta: &mut d }));
+        assert!(matches!(err, Err(DspError::LengthMismatch { .. })), "{delta_len}: {err:?}");
     }
     let other = gdn_shape(2, 2, 4, 4);
     let pend = ReplayInputs { shape: other, k: &[0.0; 8], gate: &[0.0; 2], delta: &[0.0; 8] };
-    let log = Some(RollbackLog { state_out: &mut fin, delta: &mut delta });
+    let log = Some(RollbackLog { delta: &mut delta });
     let err = gdn_recurrent(None, case.inputs(), &mut state, &mut out, Some(pend), log);
     assert!(matches!(err, Err(DspError::InvalidArgument { .. })), "{err:?}");
     let short = ReplayInputs { shape: SHAPE, k: &case.k[..SHAPE.n_k_heads * SHAPE.d_k], gate: &case.gate[..2 * SHAPE.n_v_heads], delta: &[0.0; 4] };

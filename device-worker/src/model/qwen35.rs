@@ -591,7 +591,7 @@ impl CausalLm for Qwen35Model {
         self.scratch.rows = 0;
         self.scratch.n_rows = 0;
         if let Some(rb) = self.scratch.rollback.as_mut() {
-            rb.clear();
+            rb.begin_pass();
         }
         let (kv, rec) = self.check_pass(seq, n)?;
         let (c, s) = (&self.cfg, &mut self.scratch);

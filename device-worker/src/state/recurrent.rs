@@ -7,11 +7,12 @@
 //! - `ssm`: `[n_v_heads, d_k, d_v]` f32, the delta-rule state `S` of every value head (layout
 //!   of [`dsp::gdn::GdnShape`], the Hugging Face `recurrent_state` order).
 //!
-//! - `pending`: a rollback not yet replayed ([`PendingReplay`]): the layer's delta-rule
-//!   state is then `ssm` advanced by the pending tokens. A rollback leaves it
-//!   (`state/rollback.rs`), the layer's next forward pass consumes it (fused into the
-//!   per-token recurrence's first sweep, which reads the state anyway), and
-//!   [`RecurrentState::settle`] applies it on its own. Clones and copies carry it.
+//! - `pending`: logged tokens not yet replayed ([`PendingReplay`]): the layer's delta-rule
+//!   state is then `ssm` advanced by the pending tokens. A pass that keeps rollback states
+//!   leaves its log there, a rollback shortens it (`state/rollback.rs`), the layer's next
+//!   forward pass consumes it (fused into the per-token recurrence's first sweep, which
+//!   reads the state anyway), and [`RecurrentState::settle`] applies it on its own. Clones
+//!   and copies carry it.
 //!
 //! Unlike a KV cache, this state cannot be truncated: it is valid only at the one position
 //! it was computed for. Checkpoints are whole copies ([`Clone`], or [`RecurrentState::copy_from`]
@@ -75,14 +76,20 @@ impl TokenLog {
     pub fn bytes(&self) -> usize {
         (self.k.len() + self.gate.len() + self.delta.len()) * 4
     }
+
+    /// Token slots.
+    pub fn slots(&self) -> usize {
+        self.gate.len() / self.shape.n_v_heads.max(1)
+    }
 }
 
-/// A rollback not yet replayed: the delta-rule state is `ssm` advanced by the first `tokens`
-/// tokens of `log`.
+/// Logged tokens not yet replayed: the delta-rule state is `ssm` advanced by the first
+/// `tokens` tokens of `log`, written by the pass with id `pass` (`state/rollback.rs`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PendingReplay {
     pub tokens: usize,
     pub log: TokenLog,
+    pub pass: u64,
 }
 
 impl PendingReplay {

@@ -52,16 +52,16 @@ pub(crate) struct HeadIo<'a> {
     pub state: &'a mut [f32],
     /// Output rows: `out[t]` is `[d_v]`, one per token.
     pub out: Vec<&'a mut [f32]>,
-    /// The rollback log's final state `[d_k, d_v]` ([`super::recurrent::RollbackLog`]):
-    /// when present, the last token's state goes here and `state` is only read.
-    pub state_out: Option<&'a mut [f32]>,
+    /// A rollback log is kept ([`super::recurrent::RollbackLog`]): `state` is left as the
+    /// base, the last token's state is not stored.
+    pub logged: bool,
     /// The rollback log's `δ` rows: `delta[t]` is `[d_v]`, one per token (empty without a
     /// log).
     pub delta: Vec<&'a mut [f32]>,
 }
 
-/// Cuts `state [H, d_k, d_v]`, `out [n, H·d_v]` and the log's `state_out [H, d_k, d_v]` and
-/// `delta [n, H·d_v]` into one [`HeadIo`] per value head.
+/// Cuts `state [H, d_k, d_v]`, `out [n, H·d_v]` and the log's `delta [n, H·d_v]` into one
+/// [`HeadIo`] per value head.
 pub(crate) fn split_heads<'a>(
     shape: GdnShape,
     state: &'a mut [f32],
@@ -74,7 +74,7 @@ pub(crate) fn split_heads<'a>(
         .map(|state| HeadIo {
             state,
             out: Vec::new(),
-            state_out: None,
+            logged: false,
             delta: Vec::new(),
         })
         .collect();
@@ -82,8 +82,8 @@ pub(crate) fn split_heads<'a>(
         heads[i % h_n].out.push(row);
     }
     if let Some(log) = log {
-        for (h, part) in log.state_out.chunks_exact_mut(shape.head_state_len()).enumerate() {
-            heads[h].state_out = Some(part);
+        for head in &mut heads {
+            head.logged = true;
         }
         for (i, row) in log.delta.chunks_exact_mut(shape.d_v).enumerate() {
             heads[i % h_n].delta.push(row);

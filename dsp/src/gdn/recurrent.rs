@@ -13,14 +13,14 @@ use crate::pool::ThreadPool;
 
 const OP: &str = "gdn_recurrent";
 
-/// Where a pass that may be rolled back leaves what [`super::gdn_replay`] needs: the input
-/// `state` is left as it was (the base: the state before the first token), the state after
-/// the last token goes to `state_out`, and every token's `δ` to `delta`. A rollback to the
-/// state after token `j` replays tokens `0..=j` onto the base (element-wise, exact), so the
-/// pass writes no per-token copies of the state (Tandem §3.3's rollback states).
+/// Where a pass that may be rolled back logs what [`super::gdn_replay`] needs: the input
+/// `state` is left as the base (the state before the first token; after a `pending` replay,
+/// which the pass stores back into it) and every token's write `δ` goes to `delta`. The state
+/// after token `j` is the base with tokens `0..=j` replayed (element-wise, exact), the state
+/// after the last token included: the pass writes no state of its own, so a rollback
+/// anywhere in it, or none, is a replay of a prefix of the log (Tandem §3.3's rollback
+/// states, without a copy of the state per token or for the pass's end).
 pub struct RollbackLog<'a> {
-    /// `[H, d_k, d_v]`: receives the state after the last token.
-    pub state_out: &'a mut [f32],
     /// `[n, H·d_v]`: receives `δ_t = beta_t·(v_t − S_{t−1}ᵀk_t)` (after the decay) of every
     /// token, the write `k_t⊗δ_t` that [`super::gdn_replay`] adds.
     pub delta: &'a mut [f32],
@@ -28,7 +28,8 @@ pub struct RollbackLog<'a> {
 
 /// Runs the gated delta rule token by token over `n` tokens, updating `state` in place and
 /// writing every token's output; with a [`RollbackLog`], `state` is left as the state before
-/// the first token and the final state and the tokens' `δ` go to the log instead. With
+/// the first token and only the tokens' `δ` are written (the state after them is the base
+/// with all of them replayed, [`super::gdn_replay`]). With
 /// `pending` tokens (a rollback not yet replayed, [`super::gdn_replay`]'s inputs), `state`
 /// is first advanced by them, fused into the first sweep (the same bits as a separate
 /// [`super::gdn_replay`]; with a log, the advanced state is stored back into `state` as the
@@ -40,8 +41,8 @@ pub struct RollbackLog<'a> {
 /// Shapes (layouts in [`super::shape`]; `H = n_v_heads`):
 /// - `x` ([`GdnInputs`]): `q`, `k` `[n, n_k_heads·d_k]`, L2-normalised per head by the
 ///   caller; `v` `[n, H·d_v]`; `gate` (log decay, ≤ 0) and `beta` (post-sigmoid) `[n, H]`.
-/// - `state`: `[H, d_k, d_v]`, the state before the first token on entry, after the last on
-///   return (without a log).
+/// - `state`: `[H, d_k, d_v]`, the state before the first token on entry; on return the state
+///   after the last (without a log) or the base (with one).
 /// - `out`: `[n, H·d_v]`, `o_t = Sᵀq_t / √d_k`.
 /// - `pending`: tokens to replay onto `state` first, of the same shape (more than
 ///   [`MAX_FUSED_PENDING`] are replayed by a separate sweep).
@@ -52,7 +53,10 @@ pub struct RollbackLog<'a> {
 /// each sum over the rows (in increasing order) accumulated with fused multiply-adds
 /// (`f32::mul_add`, one rounding: the same bits in every build). The state is swept once per
 /// token: the write `k⊗δ` and the read `Sᵀq` of token `t`, then the decay and the read `Sᵀk`
-/// of token `t + 1` row by row (one more sweep before the first token).
+/// of token `t + 1` row by row (one more sweep before the first token). With a log the last
+/// token's sweep only reads (`Sᵀq` of the written rows, which are not stored), so a logged
+/// pass moves no more state than a decode pass: one read, plus one write when a pending
+/// replay changes the base.
 ///
 /// # Errors
 /// `InvalidArgument` for a bad [`super::GdnShape`] or `pending` of another shape;
@@ -86,7 +90,6 @@ pub fn gdn_recurrent_with<'p>(
     let n = x.check_io(OP, state, out)?;
     let shape = x.shape;
     if let Some(log) = &log {
-        DspError::check_len(OP, "log.state_out [H, d_k, d_v]", shape.state_len(), log.state_out.len())?;
         DspError::check_len(OP, "log.delta [n, H·d_v]", n * shape.n_v_heads * shape.d_v, log.delta.len())?;
     }
     let pool = pool.into();
@@ -102,7 +105,7 @@ pub fn gdn_recurrent_with<'p>(
             super::replay::gdn_replay_with(be, pool, p, state)?;
             None
         }
-        Some(p) => Some((p, p.tokens(OP)?)),
+        Some(p) => Some((p, p.tokens(OP)?)).filter(|&(_, np)| np > 0),
         None => None,
     };
     let inp = Inputs { n, x, pending };
@@ -192,15 +195,12 @@ fn recurrent_head_body(head: &mut RecurrentHead<'_, '_>) {
         j0 += 1;
     }
     SCRATCH.set(scratch);
-    if io.state_out.is_some() {
-        store_fence();
-    }
 }
 
 /// Every token of columns `j0 .. j0 + W` of one head: `blk` (`[d_k][W]`) ← the decayed
 /// columns of the state, then one sweep of `blk` per token (the write `k⊗δ` and the read
 /// `Sᵀq` of token `t`, then the decay and the read `Sᵀk` of token `t + 1`), the last one
-/// storing `blk` into the log's `state_out` or back into the state.
+/// storing `blk` back into the state (without a log) or only reading it (with one).
 #[inline(always)]
 fn column_block<const W: usize>(inp: &Inputs<'_>, h: usize, j0: usize, io: &mut HeadIo<'_>, blk: &mut [[f32; W]]) {
     let shape = inp.x.shape;
@@ -227,7 +227,7 @@ fn column_block<const W: usize>(inp: &Inputs<'_>, h: usize, j0: usize, io: &mut 
             for (t, d) in p_decay.iter_mut().enumerate().take(np) {
                 *d = p.gate_at(t, h).exp();
             }
-            let keep_base = io.state_out.is_some();
+            let keep_base = io.logged;
             for (i, row) in blk.iter_mut().enumerate() {
                 row.copy_from_slice(&io.state[at(i)]);
                 for (t, &pd) in p_decay[..np].iter().enumerate() {
@@ -268,19 +268,18 @@ fn column_block<const W: usize>(inp: &Inputs<'_>, h: usize, j0: usize, io: &mut 
                 }
             }
             delta = next;
+        } else if io.logged {
+            // The final state is the base with the log replayed: only its read `Sᵀq`.
+            for (i, row) in blk.iter().enumerate() {
+                let (ki, qi) = (k[i], q[i]);
+                for c in 0..W {
+                    out[c] = qi.mul_add(ki.mul_add(delta[c], row[c]), out[c]);
+                }
+            }
         } else {
-            let streamed = io.state_out.is_some() && W >= 32;
-            let dst: &mut [f32] = match io.state_out.as_deref_mut() {
-                Some(state_out) => state_out,
-                None => &mut *io.state,
-            };
             for (i, row) in blk.iter_mut().enumerate() {
                 update_row(row, k[i], q[i], &delta, &mut out);
-                if streamed {
-                    store_streaming(&mut dst[at(i)], row);
-                } else {
-                    dst[at(i)].copy_from_slice(row);
-                }
+                io.state[at(i)].copy_from_slice(row);
             }
         }
         let o = &mut io.out[t][j0..j0 + W];
@@ -297,42 +296,4 @@ fn update_row<const W: usize>(row: &mut [f32; W], ki: f32, qi: f32, delta: &[f32
         row[c] = ki.mul_add(delta[c], row[c]);
         out[c] = qi.mul_add(row[c], out[c]);
     }
-}
-
-/// `dst = src`, exactly. On x86_64 with non-temporal stores (`movntps`, SSE2, 16-byte
-/// aligned after a scalar head): the log's final state goes to a buffer not in cache, whose
-/// lines need not be fetched before they are overwritten (the read-for-ownership would
-/// double the traffic of the 18 MiB a 0.8B-shape pass writes). [`store_fence`] must follow
-/// before the head's task ends.
-#[inline(always)]
-fn store_streaming(dst: &mut [f32], src: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_loadu_ps, _mm_stream_ps};
-        let n = dst.len().min(src.len());
-        let head = dst.as_ptr().align_offset(16).min(n);
-        dst[..head].copy_from_slice(&src[..head]);
-        let mut i = head;
-        while i + 4 <= n {
-            // SAFETY: `i + 4 <= n` elements of both slices; `dst + i` is 16-byte aligned
-            // (`head` aligned it, and `i − head` is a multiple of 4 floats). SSE2 is part of
-            // x86_64.
-            unsafe { _mm_stream_ps(dst.as_mut_ptr().add(i), _mm_loadu_ps(src.as_ptr().add(i))) };
-            i += 4;
-        }
-        dst[i..n].copy_from_slice(&src[i..n]);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    dst.copy_from_slice(src);
-}
-
-/// Orders [`store_streaming`]'s stores before any later store (the pool's hand-back to the
-/// caller), so a reader on another thread sees them.
-#[inline(always)]
-fn store_fence() {
-    // SAFETY: SSE2 is part of x86_64.
-    #[cfg(target_arch = "x86_64")]
-    unsafe {
-        std::arch::x86_64::_mm_sfence()
-    };
 }

@@ -272,7 +272,8 @@ impl GatedDeltaNet {
             beta: &s.beta[..n * hv],
         };
         let out = &mut s.gout[..n * vd];
-        // A rollback's pending replay (`state/recurrent.rs`): the first kernel call applies it.
+        // The pending replay of the last pass's log or of a rollback inside it
+        // (`state/recurrent.rs`): the first kernel call applies it.
         let pending = st.pending.take();
         let mut pend = pending.as_ref().map(PendingReplay::inputs);
         let Some(rb) = rollback else {
@@ -280,8 +281,8 @@ impl GatedDeltaNet {
         };
         // Tokens before `start` run in place (chunked when long enough in aware mode); the
         // rest through the per-token recurrence with a rollback log: the state before them
-        // is kept as the base and their writes `δ` logged, so a rollback replays the kept
-        // ones (module docs of `rollback`).
+        // is kept as the base and their writes `δ` logged and left pending, so the next pass
+        // replays them, or a rollback the kept ones (module docs of `rollback`).
         let mode = rb.mode;
         let start = log_start(mode, n, m);
         if start > 0 {
@@ -290,23 +291,21 @@ impl GatedDeltaNet {
                 RollbackPrefill::PerToken => per_token(pool, &inputs, 0..start, &mut st.ssm, out, pend.take(), None)?,
             }
         }
-        let layer = rb.layer_mut(self.state_layer);
         let mut rb_ms = 0.0;
         if start < n {
             let t = Instant::now();
             let logged = n - start;
-            let log = gdn::RollbackLog {
-                state_out: &mut layer.base,
-                delta: &mut layer.log.delta[..logged * vd],
-            };
-            per_token(pool, &inputs, start..n, &mut st.ssm, out, pend.take(), Some(log))?;
-            std::mem::swap(&mut st.ssm, &mut layer.base);
-            layer.log.k[..logged * kd].copy_from_slice(&inputs.k[start * kd..]);
-            layer.log.gate[..logged * hv].copy_from_slice(&inputs.gate[start * hv..]);
+            let log = &mut rb.layer_mut(self.state_layer).log;
+            let delta = gdn::RollbackLog { delta: &mut log.delta[..logged * vd] };
+            per_token(pool, &inputs, start..n, &mut st.ssm, out, pend.take(), Some(delta))?;
+            let freed = pending.map(|p| p.log);
+            log.k[..logged * kd].copy_from_slice(&inputs.k[start * kd..]);
+            log.gate[..logged * hv].copy_from_slice(&inputs.gate[start * hv..]);
+            // `st.ssm` is the base: the state after the pass is the base with the log replayed.
+            st.pending = Some(rb.hand_log(self.state_layer, logged, freed));
             rb_ms = ms_since(t);
-        }
-        if let Some(p) = pending {
-            layer.spare = Some(p.log);
+        } else if let Some(p) = pending {
+            rb.keep_free_log(self.state_layer, p.log);
         }
         Ok(rb_ms)
     }

@@ -177,8 +177,9 @@ impl Speculator {
         let mut best: Option<(f64, Draft)> = None;
         for i in 0..self.drafters.len() {
             let (kind, costly) = (self.drafters[i].kind(), self.drafters[i].runs_model());
+            let cost = self.drafters[i].ms_per_token();
             let ask = match (costly, fixed) {
-                (true, false) => match self.pick_length(kind, 0, n_max) {
+                (true, false) => match self.pick_length(kind, 0, n_max, cost) {
                     Some(n) => n,
                     None => continue,
                 },
@@ -199,14 +200,14 @@ impl Speculator {
             let n = if costly {
                 draft.tokens.len()
             } else {
-                match self.pick_length(kind, draft.bucket, draft.tokens.len().min(n_max)) {
+                match self.pick_length(kind, draft.bucket, draft.tokens.len().min(n_max), cost) {
                     Some(n) => n,
                     None => continue,
                 }
             };
             draft.tokens.truncate(n);
             let alpha = self.length.alpha(draft.kind, draft.bucket);
-            let draft_ms = self.drafters[i].ms_per_token() * n as f64;
+            let draft_ms = cost * n as f64;
             let rate = expected_tokens(alpha, n) / (self.length.pass_ms(n) + draft_ms);
             if best.as_ref().is_none_or(|(r, _)| rate > *r) {
                 best = Some((rate, draft));
@@ -221,11 +222,12 @@ impl Speculator {
         Some(draft)
     }
 
-    /// Adaptive length for a proposal of `avail` tokens of (`kind`, `bucket`): `None` when no
-    /// length pays, except every [`EXPLORE_AFTER`]-th declined proposal, verified with 1.
-    fn pick_length(&mut self, kind: DrafterKind, bucket: usize, avail: usize) -> Option<usize> {
+    /// Adaptive length for a proposal of `avail` tokens of (`kind`, `bucket`), drafting at
+    /// `draft_ms` per token ([`Drafter::ms_per_token`]): `None` when no length pays, except
+    /// every [`EXPLORE_AFTER`]-th declined proposal, verified with 1.
+    fn pick_length(&mut self, kind: DrafterKind, bucket: usize, avail: usize, draft_ms: f64) -> Option<usize> {
         let key = (kind, bucket);
-        let mut n = self.length.choose(kind, bucket, avail);
+        let mut n = self.length.choose(kind, bucket, avail, draft_ms);
         if n == 0 {
             let d = self.declined.entry(key).or_insert(0);
             *d += 1;

@@ -6,8 +6,10 @@
 //! verification pass should check. With a per-token acceptance probability `α` (acceptance
 //! is a prefix: the first rejected token ends it) the pass yields on average
 //! `E(n) = 1 + α + … + αⁿ = (1 − αⁿ⁺¹)/(1 − α)` tokens (the accepted prefix plus the target's
-//! own next token; `E = n + 1` at `α = 1`), and takes `t(n)` ms. The controller returns the
-//! `n` maximising `E(n)/t(n)`, tokens per ms; `n = 0` (a plain decode pass) when no draft pays.
+//! own next token; `E = n + 1` at `α = 1`), and takes `t(n)` ms to verify plus `n·c` ms to
+//! draft (`c`, the drafter's cost per drafted token: an MTP step, 0 for prompt lookup). The
+//! controller returns the `n` maximising `E(n)/(t(n) + n·c)`, tokens per ms; `n = 0` (a plain
+//! decode pass) when no draft pays.
 //!
 //! `α` is estimated per (drafter, bucket) (the bucket is the experience memory's similarity
 //! bucket, 0 otherwise) and `t(n)` per `n`, both as exponential moving averages.
@@ -174,13 +176,16 @@ impl DraftLength {
     }
 
     /// The draft length in `0..=n_max` maximising expected tokens per ms,
-    /// `expected_tokens(α, n) / pass_ms(n)` with `α = alpha(kind, bucket)`; the shorter length
-    /// on ties, so 0 when no draft pays.
-    pub fn choose(&self, kind: DrafterKind, bucket: usize, n_max: usize) -> usize {
+    /// `expected_tokens(α, n) / (pass_ms(n) + n·draft_ms_per_token)` with
+    /// `α = alpha(kind, bucket)` and the drafter's cost per drafted token (ms, 0 for drafters
+    /// that run no model; negative or non-finite counts as 0); the shorter length on ties, so
+    /// 0 when no draft pays.
+    pub fn choose(&self, kind: DrafterKind, bucket: usize, n_max: usize, draft_ms_per_token: f64) -> usize {
         let alpha = self.alpha(kind, bucket);
+        let c = if draft_ms_per_token.is_finite() { draft_ms_per_token.max(0.0) } else { 0.0 };
         let mut best = (0, expected_tokens(alpha, 0) / self.pass_ms(0));
         for n in 1..=n_max {
-            let rate = expected_tokens(alpha, n) / self.pass_ms(n);
+            let rate = expected_tokens(alpha, n) / (self.pass_ms(n) + n as f64 * c);
             if rate > best.1 {
                 best = (n, rate);
             }
@@ -314,14 +319,14 @@ mod tests {
             ctl.record_verify(K, 3, 6, 6);
             ctl.record_verify(K, 0, 6, 1);
         }
-        let high = ctl.choose(K, 3, 6);
-        let low = ctl.choose(K, 0, 6);
+        let high = ctl.choose(K, 3, 6, 0.0);
+        let low = ctl.choose(K, 0, 6, 0.0);
         assert!(high > low, "high {high} low {low}");
         assert_eq!(
             high, 6,
             "α ≈ 1 with a 10% cost per token: the longest draft pays"
         );
-        assert!(ctl.choose(K, 3, 2) == 2, "n_max caps the choice");
+        assert!(ctl.choose(K, 3, 2, 0.0) == 2, "n_max caps the choice");
     }
 
     #[test]
@@ -334,7 +339,30 @@ mod tests {
         for n in 0..=3 {
             ctl.record_pass(n, 30.0 + 6.0 * n as f64);
         }
-        assert_eq!(ctl.choose(K, 0, 3), 0);
+        assert_eq!(ctl.choose(K, 0, 3, 0.0), 0);
+    }
+
+    #[test]
+    fn the_drafting_cost_shortens_or_stops_drafts() {
+        // α ≈ 0.25 on passes costing 10 % more per verified token: free drafts pay (n ≥ 1);
+        // drafts costing a fifth of a decode pass each (an MTP step on the 0.8B shape) do
+        // not, and a cost between shortens them.
+        let mut ctl = DraftLength::default();
+        for n in 0..=4 {
+            ctl.record_pass(n, 20.0 * (1.0 + 0.1 * n as f64));
+        }
+        for _ in 0..400 {
+            ctl.record_verify(K, 0, 3, 0);
+            ctl.record_verify(K, 0, 3, 1);
+            ctl.record_verify(K, 0, 3, 0);
+        }
+        let alpha = ctl.alpha(K, 0);
+        assert!((0.2..0.3).contains(&alpha), "α {alpha}");
+        let free = ctl.choose(K, 0, 4, 0.0);
+        assert!(free >= 1, "free drafts at α {alpha}: {free}");
+        assert_eq!(ctl.choose(K, 0, 4, 4.0), 0, "a draft token at a fifth of a decode pass");
+        assert!(ctl.choose(K, 0, 4, 1.0) <= free);
+        assert_eq!(ctl.choose(K, 0, 4, f64::NAN), free, "a non-finite cost counts as none");
     }
 
     #[test]
@@ -351,7 +379,7 @@ mod tests {
                 ra.total_cmp(&rb)
             })
             .unwrap_or(0);
-        assert_eq!(ctl.choose(K, 2, 8), best);
+        assert_eq!(ctl.choose(K, 2, 8, 0.0), best);
         assert_eq!(best, 3);
 
         // Only t(0) measured: the others follow the prior from it.
@@ -369,7 +397,7 @@ mod tests {
         for n in 1..=8 {
             ctl.record_pass(n, 10.0 * 2.0 * n as f64);
         }
-        assert_eq!(ctl.choose(K, 0, 8), 0);
+        assert_eq!(ctl.choose(K, 0, 8, 0.0), 0);
     }
 
     #[test]

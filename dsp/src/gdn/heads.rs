@@ -19,30 +19,27 @@ impl Inputs<'_> {
     /// `q` of token `t`, key head `kh`: `[d_k]`.
     #[inline]
     pub fn q(&self, t: usize, kh: usize) -> &[f32] {
-        let d = self.x.shape.d_k;
-        &self.x.q[(t * self.x.shape.n_k_heads + kh) * d..][..d]
+        self.x.shape.k_row(self.x.q, t, kh)
     }
     /// `k` of token `t`, key head `kh`: `[d_k]`.
     #[inline]
     pub fn k(&self, t: usize, kh: usize) -> &[f32] {
-        let d = self.x.shape.d_k;
-        &self.x.k[(t * self.x.shape.n_k_heads + kh) * d..][..d]
+        self.x.shape.k_row(self.x.k, t, kh)
     }
     /// `v` of token `t`, value head `h`: `[d_v]`.
     #[inline]
     pub fn v(&self, t: usize, h: usize) -> &[f32] {
-        let d = self.x.shape.d_v;
-        &self.x.v[(t * self.x.shape.n_v_heads + h) * d..][..d]
+        self.x.shape.v_row(self.x.v, t, h)
     }
     /// Log decay of token `t`, value head `h`.
     #[inline]
     pub fn gate(&self, t: usize, h: usize) -> f32 {
-        self.x.gate[t * self.x.shape.n_v_heads + h]
+        self.x.shape.head_entry(self.x.gate, t, h)
     }
     /// Write strength of token `t`, value head `h`.
     #[inline]
     pub fn beta(&self, t: usize, h: usize) -> f32 {
-        self.x.beta[t * self.x.shape.n_v_heads + h]
+        self.x.shape.head_entry(self.x.beta, t, h)
     }
 }
 

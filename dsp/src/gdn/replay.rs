@@ -40,21 +40,19 @@ impl ReplayInputs<'_> {
     /// `k` of token `t`, key head `kh`: `[d_k]`.
     #[inline]
     pub(crate) fn k_at(&self, t: usize, kh: usize) -> &[f32] {
-        let d = self.shape.d_k;
-        &self.k[(t * self.shape.n_k_heads + kh) * d..][..d]
+        self.shape.k_row(self.k, t, kh)
     }
 
     /// Log decay of token `t`, value head `h`.
     #[inline]
     pub(crate) fn gate_at(&self, t: usize, h: usize) -> f32 {
-        self.gate[t * self.shape.n_v_heads + h]
+        self.shape.head_entry(self.gate, t, h)
     }
 
     /// `δ` of token `t`, value head `h`: `[d_v]`.
     #[inline]
     pub(crate) fn delta_at(&self, t: usize, h: usize) -> &[f32] {
-        let d = self.shape.d_v;
-        &self.delta[(t * self.shape.n_v_heads + h) * d..][..d]
+        self.shape.v_row(self.delta, t, h)
     }
 }
 

@@ -122,6 +122,26 @@ impl GdnShape {
         h % self.n_k_heads
     }
 
+    /// Key head `kh` of token `t` in a token-major `[n, n_k_heads·d_k]` buffer (`q`, `k`):
+    /// `[d_k]`.
+    #[inline]
+    pub(crate) fn k_row<'a>(&self, x: &'a [f32], t: usize, kh: usize) -> &'a [f32] {
+        &x[(t * self.n_k_heads + kh) * self.d_k..][..self.d_k]
+    }
+
+    /// Value head `h` of token `t` in a token-major `[n, n_v_heads·d_v]` buffer (`v`, the
+    /// writes `δ`): `[d_v]`.
+    #[inline]
+    pub(crate) fn v_row<'a>(&self, x: &'a [f32], t: usize, h: usize) -> &'a [f32] {
+        &x[(t * self.n_v_heads + h) * self.d_v..][..self.d_v]
+    }
+
+    /// Value head `h`'s entry of token `t` in a `[n, n_v_heads]` buffer (`gate`, `beta`).
+    #[inline]
+    pub(crate) fn head_entry(&self, x: &[f32], t: usize, h: usize) -> f32 {
+        x[t * self.n_v_heads + h]
+    }
+
     /// Output scale `1/√d_k`. Hugging Face multiplies `q` by it before the rule; we scale the
     /// output `Sᵀq` instead, which is the same up to rounding.
     pub fn scale(&self) -> f32 {

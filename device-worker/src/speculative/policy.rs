@@ -244,6 +244,16 @@ mod tests {
 
     const K: DrafterKind = DrafterKind::PromptLookup;
 
+    /// A controller whose passes of `0..=n_max` drafts were measured at 20 ms plus 10 % per
+    /// drafted token.
+    fn with_passes_up_to(n_max: usize) -> DraftLength {
+        let mut ctl = DraftLength::default();
+        for n in 0..=n_max {
+            ctl.record_pass(n, 20.0 * (1.0 + 0.1 * n as f64));
+        }
+        ctl
+    }
+
     #[test]
     fn expected_tokens_matches_closed_form() {
         for &alpha in &[0.0, 0.3, 0.6, 0.9, 0.999] {
@@ -311,10 +321,7 @@ mod tests {
 
     #[test]
     fn high_acceptance_chooses_longer_drafts() {
-        let mut ctl = DraftLength::default();
-        for n in 0..=6 {
-            ctl.record_pass(n, 20.0 * (1.0 + 0.1 * n as f64));
-        }
+        let mut ctl = with_passes_up_to(6);
         for _ in 0..500 {
             ctl.record_verify(K, 3, 6, 6);
             ctl.record_verify(K, 0, 6, 1);
@@ -347,10 +354,7 @@ mod tests {
         // α ≈ 0.25 on passes costing 10 % more per verified token: free drafts pay (n ≥ 1);
         // drafts costing a fifth of a decode pass each (an MTP step on the 0.8B shape) do
         // not, and a cost between shortens them.
-        let mut ctl = DraftLength::default();
-        for n in 0..=4 {
-            ctl.record_pass(n, 20.0 * (1.0 + 0.1 * n as f64));
-        }
+        let mut ctl = with_passes_up_to(4);
         for _ in 0..400 {
             ctl.record_verify(K, 0, 3, 0);
             ctl.record_verify(K, 0, 3, 1);

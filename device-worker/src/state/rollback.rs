@@ -31,7 +31,7 @@ use dsp::gdn::GdnShape;
 use dsp::pool::ThreadPool;
 
 use super::checkpoint::Checkpoint;
-use super::recurrent::{PendingReplay, RecurrentState, TokenLog};
+use super::recurrent::{GdnLayerState, PendingReplay, RecurrentState, TokenLog};
 use super::sequence::SequenceState;
 
 /// A rollback the last pass's rollback states cannot serve.
@@ -214,12 +214,8 @@ impl RollbackStates {
             self.check_layers(rec, len)?;
             let tokens = self.replay_tokens(slot);
             for (i, l) in self.layers.iter_mut().enumerate() {
-                let st = rec.layer_mut(i);
-                l.restore_conv(slot, self.conv_channels, &mut st.conv);
-                if tokens == 0 {
-                    l.spare = st.pending.take().map(|p| p.log);
-                } else if let Some(p) = st.pending.as_mut() {
-                    p.tokens = tokens;
+                if let Some(freed) = l.cut(slot, self.conv_channels, tokens, rec.layer_mut(i)) {
+                    l.spare = Some(freed);
                 }
             }
             self.clear();
@@ -250,9 +246,7 @@ impl RollbackStates {
             self.check_layers(&rec, len)?;
             let tokens = self.replay_tokens(slot);
             for (i, l) in self.layers.iter().enumerate() {
-                let st = rec.layer_mut(i);
-                l.restore_conv(slot, self.conv_channels, &mut st.conv);
-                st.pending = st.pending.take().filter(|_| tokens > 0).map(|p| PendingReplay { tokens, ..p });
+                l.cut(slot, self.conv_channels, tokens, rec.layer_mut(i));
             }
         }
         rec.settle(pool).map_err(|e| RollbackError { len, reason: format!("replay: {e}") })?;
@@ -304,9 +298,20 @@ impl RollbackStates {
 }
 
 impl RollbackLayer {
-    /// Copies conv slot `slot` (rows `slot .. slot + K_conv − 1`) into `conv`.
-    fn restore_conv(&self, slot: usize, conv_channels: usize, conv: &mut [f32]) {
-        conv.copy_from_slice(&self.conv[slot * conv_channels..][..conv.len()]);
+    /// Cuts `st` (holding the last pass's log as its pending replay) back to the state of
+    /// slot `slot`: copies conv slot `slot` (rows `slot .. slot + K_conv − 1`) into its conv
+    /// state and keeps the first `tokens` logged tokens pending. Returns the log when none is
+    /// kept (`tokens == 0`: the base is that state), for reuse.
+    fn cut(&self, slot: usize, conv_channels: usize, tokens: usize, st: &mut GdnLayerState) -> Option<TokenLog> {
+        let len = st.conv.len();
+        st.conv.copy_from_slice(&self.conv[slot * conv_channels..][..len]);
+        if tokens == 0 {
+            return st.pending.take().map(|p| p.log);
+        }
+        if let Some(p) = st.pending.as_mut() {
+            p.tokens = tokens;
+        }
+        None
     }
 }
 

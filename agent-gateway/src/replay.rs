@@ -329,7 +329,10 @@ impl EpisodeStream {
     async fn step(&mut self, obs: apb::Observation) -> Result<(apb::StepResult, Option<f64>), tonic::Status> {
         let sent = Instant::now();
         let input = apb::EpisodeInput { input: Some(apb::episode_input::Input::Observation(obs)) };
-        self.tx.send(input).await.map_err(|_| closed())?;
+        // A send fails when the gateway already ended the stream (it refused the episode's
+        // settings at its start): its status, read below, says why, so the failure itself
+        // is no error (it was reported as a closed stream, a race with that status).
+        let _ = self.tx.send(input).await;
         let mut first_token_ms = None;
         loop {
             match self.events.next().await {
